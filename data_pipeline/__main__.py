@@ -1,0 +1,48 @@
+"""``python -m data_pipeline [hydra overrides]`` (console script: ``animegamer-pipeline``)."""
+from __future__ import annotations
+
+import json
+import logging
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from animegamer.config.compose import config_dir
+from animegamer.config.schema import register_configs
+from animegamer.config.validate import validate_pipeline_run
+from animegamer.utils.logging import setup_logging
+
+log = logging.getLogger("data_pipeline")
+
+
+def run(cfg: DictConfig) -> dict:
+    from data_pipeline.run import run_pipeline
+
+    setup_logging(cfg.log_level)
+    validate_pipeline_run(cfg)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    typed = OmegaConf.to_object(cfg)
+    report = run_pipeline(typed.pipeline, resolved, typed.model)
+    return report
+
+
+@hydra.main(config_path=str(config_dir()), config_name="pipeline", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    report = run(cfg)
+    counts = report.get("counts", {})
+    log.info("clip shards: %s (%s clips, %s inputs skipped)", report.get("output"), counts.get("clips"),
+             counts.get("skipped_inputs"))
+    log.info("report: %s/report.json", cfg.pipeline.output)
+    if "features" in report:
+        log.info("features: %s", report["features"]["output"])
+    if "sessions" in report:
+        log.info("sessions: %s", report["sessions"]["output"])
+
+
+def main() -> None:
+    register_configs()
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

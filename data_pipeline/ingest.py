@@ -1,0 +1,134 @@
+"""Ingest: find the input films and probe each with decord, rejecting what cannot be used.
+
+Every rejection is a :class:`BadInput` with a reason code that ends up in ``report.json``; probing
+never raises anything else, so one broken file cannot stop a run over a thousand films.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from animegamer.config.schema import ClipsConfig, IngestConfig
+from animegamer.utils.io import sha256_file
+from data_pipeline.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+# Reason codes (report.json), named once.
+EMPTY = "empty_file"
+UNREADABLE = "unreadable"
+NO_VIDEO = "no_video_stream"
+TRUNCATED = "truncated"
+TOO_SHORT = "too_short"
+BAD_SIZE = "bad_frame_size"
+VFR = "variable_frame_rate"
+
+
+@dataclass(frozen=True)
+class FilmInfo:
+    """What the later stages need to know about one readable film."""
+
+    film_id: str
+    path: str
+    size: int
+    sha256: str
+    fps: float
+    num_frames: int
+    width: int
+    height: int
+
+    @property
+    def duration(self) -> float:
+        return self.num_frames / self.fps
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path]:
+    """Expand files, folders (recursively, by extension) and globs into a sorted, unique list."""
+    exts = {e.lower() for e in extensions}
+    found: set[Path] = set()
+    for pattern in patterns:
+        path = Path(pattern)
+        if path.is_dir():
+            found.update(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+        elif path.exists():
+            found.add(path)  # named explicitly: probed whatever its extension
+        else:
+            found.update(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    return sorted(p.resolve() for p in found)
+
+
+def film_ids(paths: list[Path]) -> dict[Path, str]:
+    """Stable, shard-key-safe ids from file stems; clashing stems get a short path hash."""
+    stems = {p: re.sub(r"[^A-Za-z0-9_]+", "_", p.stem).strip("_") or "film" for p in paths}
+    counts: dict[str, int] = {}
+    for stem in stems.values():
+        counts[stem] = counts.get(stem, 0) + 1
+    return {
+        p: stem if counts[stem] == 1 else f"{stem}_{hashlib.sha1(str(p).encode()).hexdigest()[:8]}"
+        for p, stem in stems.items()
+    }
+
+
+def split_part(paths: list[Path], part: int, num_parts: int) -> list[Path]:
+    """Deterministic share of machine ``part`` of ``num_parts``: round-robin over the sorted list."""
+    return [p for i, p in enumerate(sorted(paths)) if i % num_parts == part]
+
+
+def _open(path: Path):
+    import decord  # imported here: decord loads ffmpeg libraries, not needed by importers of FilmInfo
+
+    try:
+        return decord.VideoReader(str(path), num_threads=1)
+    except Exception as exc:  # decord raises its own DECORDError for every ffmpeg failure
+        message = str(exc).splitlines()[0][:200]
+        if "stream" in message.lower() and "video" in message.lower():
+            raise BadInput(str(path), NO_VIDEO, message) from None
+        raise BadInput(str(path), UNREADABLE, message) from None
+
+
+def _check_constant_rate(path: Path, reader, tolerance: float) -> None:
+    stamps = np.asarray(reader.get_frame_timestamp(range(len(reader))))[:, 0]
+    deltas = np.diff(stamps)
+    if len(deltas) < 2:
+        return
+    median = float(np.median(deltas))
+    spread = float(deltas.max() - deltas.min())
+    if median <= 0 or spread > tolerance * median:
+        raise BadInput(str(path), VFR, f"frame intervals {deltas.min():.4f}..{deltas.max():.4f}s")
+
+
+def probe(path: Path, film_id: str, ingest: IngestConfig, clips: ClipsConfig) -> FilmInfo:
+    """Open ``path`` and return its :class:`FilmInfo`, or raise :class:`BadInput` saying why not."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        raise BadInput(str(path), EMPTY)
+    reader = _open(path)
+    num_frames = len(reader)
+    if num_frames == 0:
+        raise BadInput(str(path), NO_VIDEO, "no decodable frames")
+    fps = float(reader.get_avg_fps())
+    height, width = reader[0].shape[:2]
+    if min(height, width) < ingest.min_side or max(height, width) / min(height, width) > ingest.max_aspect:
+        raise BadInput(str(path), BAD_SIZE, f"{width}x{height}")
+    clip_seconds = (clips.frames - 1) / clips.fps
+    if not fps > 0 or num_frames / fps < clip_seconds:
+        raise BadInput(str(path), TOO_SHORT, f"{num_frames} frames at {fps:.3f} fps < {clip_seconds:.2f}s")
+    _check_constant_rate(path, reader, ingest.vfr_tolerance)
+    try:
+        reader.seek(0)
+        reader[num_frames - 1]  # a cut-off download decodes its header but not its tail
+    except Exception as exc:
+        raise BadInput(str(path), TRUNCATED, str(exc).splitlines()[0][:200]) from None
+    return FilmInfo(film_id, str(path), size, sha256_file(path), fps, num_frames, width, height)

@@ -1,0 +1,139 @@
+"""Precompute: frozen-encoder features of every captioned clip, as feature shards with the same keys.
+
+Phase (a)'s fast path reads these instead of running T5, CLIP and the VAE in the training step.
+Feature shards mirror the clip shards one to one (same names, same keys minus uncaptioned clips) and
+carry the clip json, so a training reader needs only this folder. The manifest records the clip
+manifest's hash and the encoders' fingerprint; a mismatch at the next run discards stale shards.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import webdataset as wds
+from tqdm import tqdm
+
+from animegamer.config.schema import ModelConfig, PipelineConfig
+from animegamer.data.shards import iter_samples, shard_urls
+from animegamer.utils.io import atomic_path, npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.writer import CLIPS_DIR, MANIFEST, TAR_MTIME
+
+log = logging.getLogger(__name__)
+
+FEATURES_DIR = "features"
+STATE_FILE = ".state.json"
+# Member names of a feature sample (DESIGN section 3).
+LATENTS, TEXT, IMAGE = "latents.npy", "text.npy", "image.npy"
+
+
+def folder_fingerprint(path: str) -> list:
+    """Cheap identity of a weights folder: relative names and sizes (hashing 10 GB would take minutes)."""
+    root = Path(path)
+    return sorted([str(p.relative_to(root)), p.stat().st_size] for p in root.rglob("*") if p.is_file())
+
+
+def encoders_fingerprint(model: ModelConfig) -> str:
+    """Hash of the encoder config and of each local weight folder's listing."""
+    from dataclasses import asdict
+
+    enc = model.encoders
+    ident = {"config": asdict(enc), "folders": {k: folder_fingerprint(getattr(enc, k).path)
+                                                for k in ("t5", "clip", "vae") if getattr(enc, k).path}}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _batches(samples, size: int):
+    batch = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def encode_batch(encoders, batch: list[dict]) -> dict[str, np.ndarray]:
+    """Features of a batch of decoded clip samples: (B, ...) arrays per member name."""
+    import torch
+
+    video = np.stack([s["mp4"] for s in batch])  # (B, T, H, W, 3) uint8
+    first_frames = video[:, 0]  # (B, H, W, 3): the image branch sees the clip's first frame
+    texts = [s["json"]["motion_text"] for s in batch]
+    with torch.inference_mode():
+        latents = encoders.vae.encode(torch.from_numpy(video))
+        text = encoders.t5.encode(texts)
+        image = encoders.clip.encode(torch.from_numpy(first_frames))
+    return {LATENTS: latents.float().cpu().numpy(), TEXT: text.float().cpu().numpy(), IMAGE: image.float().cpu().numpy()}
+
+
+def _captioned(samples, skipped: list[str]):
+    """Clips whose caption failed have no motion_text to encode: listed, not encoded."""
+    for sample in samples:
+        if sample["json"]["captioner"]["status"] == "ok":
+            yield sample
+        else:
+            skipped.append(sample["__key__"])
+
+
+def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int) -> dict:
+    """One feature shard from one clip shard, renamed into place when complete."""
+    written, skipped = 0, []
+    with atomic_path(out_path) as tmp, open(tmp, "wb") as stream:
+        with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
+            for batch in _batches(_captioned(iter_samples([clip_url]), skipped), batch_size):
+                features = encode_batch(encoders, batch)
+                for i, sample in enumerate(batch):
+                    record = {"__key__": sample["__key__"], "json": json.dumps(sample["json"], sort_keys=True).encode()}
+                    record.update({name: npy_bytes(array[i]) for name, array in features.items()})
+                    tar.write(record)
+                    written += 1
+    return {"name": out_path.name, "count": written, "skipped": skipped, "sha256": sha256_file(out_path)}
+
+
+def _state(clip_dir: Path, model: ModelConfig, cfg: PipelineConfig) -> dict:
+    return {"clip_manifest_sha256": sha256_file(clip_dir / MANIFEST), "encoders": encoders_fingerprint(model),
+            "dtype": cfg.precompute.dtype}
+
+
+def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
+    """Feature shards for every clip shard; resumes shard by shard, discards stale ones."""
+    import torch
+
+    from animegamer.models.frozen_encoders import build_frozen_encoders
+
+    clip_dir, out_dir = Path(cfg.output) / CLIPS_DIR, Path(cfg.output) / FEATURES_DIR
+    state = _state(clip_dir, model, cfg)
+    state_path = out_dir / STATE_FILE
+    if state_path.exists() and json.loads(state_path.read_text()) != state:
+        log.warning("clip shards or encoders changed since %s was written: recomputing all features", out_dir)
+        shutil.rmtree(out_dir)
+    write_json_atomic(state_path, state)
+    encoders = build_frozen_encoders(model.encoders, device=cfg.precompute.device,
+                                     dtype=getattr(torch, cfg.precompute.dtype))
+    shards = []
+    for url in tqdm(shard_urls(clip_dir), desc="precompute", unit="shard", disable=None):
+        out_path = out_dir / Path(url).name
+        done_path = out_dir / f".{out_path.name}.json"  # per-shard record, written after the shard
+        if out_path.exists() and done_path.exists():
+            shards.append(json.loads(done_path.read_text()))
+            continue
+        record = write_feature_shard(encoders, url, out_path, cfg.precompute.batch_size)
+        write_json_atomic(done_path, record)
+        shards.append(record)
+    manifest = {
+        "kind": "features",
+        "command": " ".join(sys.argv),
+        "config": resolved,
+        **state,
+        "members": [LATENTS, TEXT, IMAGE],
+        "counts": {"clips": sum(s["count"] for s in shards), "skipped_uncaptioned": sum(len(s["skipped"]) for s in shards)},
+        "shards": [{k: s[k] for k in ("name", "count", "sha256")} for s in shards],
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    return {"output": str(out_dir), **manifest["counts"]}

@@ -1,0 +1,155 @@
+"""Writer: motion bins over all staged clips, webdataset clip shards, manifest and human report."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import webdataset as wds
+from tqdm import tqdm
+
+from animegamer.config.schema import PipelineConfig
+from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
+from data_pipeline.motion import LEVELS, MotionBins, compute_bins
+from data_pipeline.staging import Staging
+
+log = logging.getLogger(__name__)
+
+CLIPS_DIR = "clips"
+MANIFEST = "manifest.json"
+REPORT = "report.json"
+HISTOGRAM = "motion_levels.png"
+SHARD_PATTERN = "shard-{:06d}.tar"
+# Fixed tar metadata: shards must be byte-identical whenever their contents are.
+TAR_MTIME = 0.0
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Collected:
+    """Everything the staging area says about the assigned inputs."""
+
+    clips: list[tuple[str, Path, dict]] = field(default_factory=list)
+    sources: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    failed_tasks: list[dict] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _add_timings(total: dict[str, float], part: dict[str, float]) -> None:
+    for name, seconds in part.items():
+        total[name] = total.get(name, 0.0) + seconds
+
+
+def collect(staging: Staging, films: dict[str, str]) -> Collected:
+    """Gather staged results of ``films`` (source path -> film id), sorted by film id and key."""
+    out = Collected()
+    for path, film_id in sorted(films.items(), key=lambda item: item[1]):
+        rejection = staging.rejection(path)
+        if rejection is not None:
+            out.skipped.append(rejection)
+            continue
+        plan = staging.plan(film_id)
+        if plan is None:
+            out.pending.append(path)
+            continue
+        film = plan["film"]
+        out.sources.append({k: film[k] for k in ("film_id", "path", "size", "sha256", "fps", "num_frames", "width", "height")})
+        _add_timings(out.timings, plan["timings"])
+        for task in range(len(plan["tasks"])):
+            if staging.task_done(film_id, task):
+                _add_timings(out.timings, staging.task_info(film_id, task)["timings"])
+                out.clips.extend(staging.task_clips(film_id, task))
+            elif (error := staging.task_error(film_id, task)) is not None:
+                out.failed_tasks.append({k: error[k] for k in ("film_id", "task", "reason", "detail")})
+            else:
+                out.pending.append(f"{path} (task {task})")
+    return out
+
+
+def with_levels(clips: list[tuple[str, Path, dict]], bins: MotionBins) -> list[tuple[str, Path, dict]]:
+    return [(key, mp4, {**meta, "motion": {**meta["motion"], "level": bins.level(meta["motion"]["flow"])}})
+            for key, mp4, meta in clips]
+
+
+def write_shards(clips: list[tuple[str, Path, dict]], out_dir: Path, maxcount: int) -> list[dict]:
+    """Clip shards in key order; each shard renamed into place only when complete."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards = []
+    groups = [clips[i : i + maxcount] for i in range(0, len(clips), maxcount)]
+    for index, group in enumerate(tqdm(groups, desc="shards", unit="shard", disable=None)):
+        path = out_dir / SHARD_PATTERN.format(index)
+        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
+            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
+                for key, mp4_path, meta in group:
+                    tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
+                               "mp4": mp4_path.read_bytes()})
+        shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
+    for stale in sorted(out_dir.glob("shard-*.tar"))[len(groups):]:
+        stale.unlink()  # a previous run with more clips: its extra shards are no longer valid
+    return shards
+
+
+def save_histogram(bins: MotionBins, flows: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    left.bar([str(l) for l in LEVELS], [bins.counts.get(l, 0) for l in LEVELS], color="tab:blue")
+    left.set(title="clips per motion level", xlabel="level")
+    right.hist(flows, bins=40, color="tab:gray")
+    for edge in bins.edges:
+        right.axvline(edge, color="tab:red", linewidth=1)
+    right.set(title=f"clip flow ({bins.source} edges in red)", xlabel="mean flow (px/frame)")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], extra_report: dict) -> dict:
+    """Write clip shards, manifest and report for ``films``; raises if some input is unfinished."""
+    root = Path(cfg.output)
+    collected = collect(Staging(root), films)
+    if collected.pending:
+        raise RuntimeError(
+            f"{len(collected.pending)} inputs are not processed yet (other parts still running?): "
+            + ", ".join(collected.pending[:10])
+        )
+    flows = [meta["motion"]["flow"] for _, _, meta in collected.clips]
+    bins = compute_bins(flows, cfg.motion)
+    clips = with_levels(collected.clips, bins)
+    shards = write_shards(clips, root / CLIPS_DIR, cfg.writer.maxcount)
+    failed_captions = [meta["key"] for _, _, meta in clips if meta["captioner"]["status"] != "ok"]
+    manifest = {
+        "kind": "clips",
+        "format_version": FORMAT_VERSION,
+        "command": " ".join(sys.argv),
+        "config": resolved_config,
+        "sources": collected.sources,
+        "counts": {"films": len(collected.sources), "clips": len(clips), "skipped_inputs": len(collected.skipped),
+                   "caption_failed": len(failed_captions), "shards": len(shards)},
+        "motion_bins": bins.to_json(),
+        "shards": shards,
+    }
+    write_json_atomic(root / CLIPS_DIR / MANIFEST, manifest)
+    if cfg.writer.report_histogram and clips:
+        save_histogram(bins, flows, root / HISTOGRAM)
+    report = {
+        "output": str(root / CLIPS_DIR),
+        "counts": manifest["counts"],
+        "motion_bins": manifest["motion_bins"],
+        "skipped_inputs": collected.skipped,
+        "failed_tasks": collected.failed_tasks,
+        "caption_failed": failed_captions,
+        "seconds_per_stage": {k: round(v, 3) for k, v in sorted(collected.timings.items())},
+        "film_seconds": sum(s["num_frames"] / s["fps"] for s in collected.sources),
+        **extra_report,
+    }
+    write_json_atomic(root / REPORT, report)
+    return report

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install the project with its test extras. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+# torch first, pinned: installed alone it comes from the local CPU wheel, never a CUDA build.
+python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet -e ".[dev]"

@@ -1,0 +1,1 @@
+"""Typed configuration: schemas (ConfigStore), composition helpers and the validation pass."""

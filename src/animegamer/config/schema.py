@@ -1,0 +1,197 @@
+"""Typed schemas of every config node, registered in Hydra's ConfigStore.
+
+YAML files under ``configs/`` only override these defaults; anything not named here is rejected by
+OmegaConf's structured merge, so a typo in an override fails at composition time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from hydra.core.config_store import ConfigStore
+
+# Paper numbers that several nodes derive from (DESIGN section 3 and 5).
+PAPER_CLIP_FPS = 8
+PAPER_CLIP_FRAMES = 17
+PAPER_CLIP_HEIGHT = 480
+PAPER_CLIP_WIDTH = 720
+NUM_MOTION_LEVELS = 5
+PAPER_TEXT_TOKENS = 30
+
+
+# --------------------------------------------------------------------------- frozen encoders
+@dataclass
+class T5Config:
+    """T5 v1.1 encoder. ``path`` = local HF folder; empty -> random weights at the sizes below."""
+
+    path: str = ""
+    d_model: int = 4096
+    d_kv: int = 64
+    d_ff: int = 10240
+    num_layers: int = 24
+    num_heads: int = 64
+    vocab_size: int = 32128
+    max_tokens: int = PAPER_TEXT_TOKENS
+
+
+@dataclass
+class ClipVisionConfig:
+    """CLIP ViT vision tower (penultimate-layer patch tokens, CLS dropped)."""
+
+    path: str = ""
+    hidden_size: int = 768
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    image_size: int = 224
+    patch_size: int = 16
+
+
+@dataclass
+class VAEConfig:
+    """CogVideoX 3-D VAE; the latent scale factor always comes from the model's own config."""
+
+    path: str = ""
+    block_out_channels: List[int] = field(default_factory=lambda: [128, 256, 256, 512])
+    layers_per_block: int = 3
+    latent_channels: int = 16
+    norm_num_groups: int = 32
+    temporal_compression_ratio: int = 4
+    scaling_factor: float = 1.15258426
+    # Tiled decoding/encoding keeps 480x720 clips inside a 24 GB card; irrelevant for tiny sizes.
+    tiling: bool = False
+
+
+@dataclass
+class EncodersConfig:
+    t5: T5Config = field(default_factory=T5Config)
+    clip: ClipVisionConfig = field(default_factory=ClipVisionConfig)
+    vae: VAEConfig = field(default_factory=VAEConfig)
+    seed: int = 0  # seed of random-weight builds, so two processes build the same "random" model
+
+
+@dataclass
+class ModelConfig:
+    """The ``model/`` group: every network's sizes (tiny, paper). Phases add their networks here."""
+
+    name: str = "paper"
+    encoders: EncodersConfig = field(default_factory=EncodersConfig)
+
+
+# --------------------------------------------------------------------------- pipeline stages
+@dataclass
+class IngestConfig:
+    extensions: List[str] = field(default_factory=lambda: [".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", ".ogv"])
+    min_side: int = 64  # smaller frames cannot give a meaningful 480x720 crop
+    max_aspect: float = 4.0  # wider/taller than this is not film footage
+    # Relative spread of frame-to-frame time deltas above which a file is variable frame rate.
+    vfr_tolerance: float = 0.05
+
+
+@dataclass
+class ShotsConfig:
+    detector: str = "content"  # content | adaptive
+    threshold: float = 27.0  # ContentDetector
+    adaptive_threshold: float = 3.0  # AdaptiveDetector
+    min_content_val: float = 15.0  # AdaptiveDetector
+    min_scene_frames: int = 8
+    analysis_width: int = 256  # frames are decoded at this width for detection and flow
+
+
+@dataclass
+class ClipsConfig:
+    fps: float = PAPER_CLIP_FPS
+    frames: int = PAPER_CLIP_FRAMES
+    height: int = PAPER_CLIP_HEIGHT
+    width: int = PAPER_CLIP_WIDTH
+    stride_seconds: float = 2.0  # distance between window starts inside a shot
+    margin_frames: int = 2  # source frames kept away from a cut (fades, encoder smear)
+    max_clips_per_shot: int = 0  # 0 = no limit
+    crf: int = 18
+    codec: str = "libx264"
+
+
+@dataclass
+class MotionConfig:
+    estimator: str = "farneback"  # farneback | raft
+    raft_weights: str = ""  # local torchvision RAFT weights file, for estimator=raft
+    threshold: float = 0.2  # pixels (in output-resolution units) below which flow counts as static
+    analysis_width: int = 256  # flow resolution; magnitudes are rescaled to output pixels
+    bins: str = "quantile"  # quantile | fixed
+    # Inner edges between levels 1..5 (4 values), output-resolution pixels per output frame.
+    fixed_edges: List[float] = field(default_factory=lambda: [0.5, 2.5, 10.0, 20.0])
+
+
+@dataclass
+class CaptionConfig:
+    backend: str = "jsonl"  # jsonl | vlm | http | none
+    path: str = ""  # jsonl: caption file, or a folder of <film_id>.jsonl
+    model_path: str = ""  # vlm: local transformers image-text-to-text folder
+    reference_images: str = ""  # optional folder of <character>.png reference images
+    url: str = ""  # http: OpenAI-compatible base URL (http://host:port/v1)
+    model_name: str = ""  # http: model name sent to the endpoint
+    api_key_env: str = "OPENAI_API_KEY"  # http: env var holding the key (never in config files)
+    num_frames: int = 4
+    max_new_tokens: int = 256
+    retries: int = 2
+    timeout_s: float = 60.0
+    trust_remote_code: bool = False
+
+
+@dataclass
+class WriterConfig:
+    maxcount: int = 1000  # clips per shard
+    report_histogram: bool = True
+
+
+@dataclass
+class PrecomputeConfig:
+    enabled: bool = True
+    batch_size: int = 4
+    device: str = "cpu"
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+
+
+@dataclass
+class SessionsConfig:
+    turns: int = 5  # K consecutive clips per session
+    stride: int = 1
+
+
+@dataclass
+class PipelineConfig:
+    inputs: List[str] = field(default_factory=list)  # files, folders or globs
+    output: str = "outputs/pipeline"
+    # Which steps to run: process (per film, parallel), finalize (bins, shards, report),
+    # precompute (features), sessions (index). Empty = all.
+    steps: List[str] = field(default_factory=list)
+    workers: int = 1
+    part: int = 0  # this machine's part when the inputs are split over num_parts machines
+    num_parts: int = 1
+    shots_per_task: int = 8  # long films are cut into tasks of this many shots
+    toy_film: bool = False  # generate the toy film into the output folder and use it as input
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    shots: ShotsConfig = field(default_factory=ShotsConfig)
+    clips: ClipsConfig = field(default_factory=ClipsConfig)
+    motion: MotionConfig = field(default_factory=MotionConfig)
+    caption: CaptionConfig = field(default_factory=CaptionConfig)
+    writer: WriterConfig = field(default_factory=WriterConfig)
+    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+
+
+@dataclass
+class PipelineRunConfig:
+    """Root of ``configs/pipeline.yaml``."""
+
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    seed: int = 0
+    log_level: str = "INFO"
+
+
+def register_configs() -> None:
+    """Register every schema; idempotent so tests and entry points may both call it."""
+    cs = ConfigStore.instance()
+    cs.store(name="pipeline_schema", node=PipelineRunConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)

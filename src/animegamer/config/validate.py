@@ -1,0 +1,124 @@
+"""One validation pass over a composed config: every problem is collected, then all are reported.
+
+Checks live in small functions, each returning a list of messages that name the config key, so a
+user fixing a config sees everything wrong at once instead of one error per run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from animegamer.config.schema import NUM_MOTION_LEVELS, EncodersConfig, PipelineConfig
+
+Check = Callable[[object], list[str]]
+# decord 0.6 copies decoded frames with a 16-pixel-aligned line size: other widths fail to decode.
+DECODER_WIDTH_MULTIPLE = 16
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"{len(problems)} configuration problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _choice(key: str, value: str, choices: Iterable[str]) -> list[str]:
+    choices = tuple(choices)
+    return [] if value in choices else [f"{key}={value!r} is not one of {choices}"]
+
+
+def _positive(prefix: str, node: object, names: Iterable[str]) -> list[str]:
+    return [f"{prefix}.{n}={getattr(node, n)} must be > 0" for n in names if not getattr(node, n) > 0]
+
+
+def _local_folder(key: str, path: str) -> list[str]:
+    if path and not Path(path).is_dir():
+        return [f"{key}={path!r}: no such folder (put the weights there, see checkpoints/README.md, "
+                f"or set it to '' for random weights)"]
+    return []
+
+
+def check_encoders(enc: EncodersConfig) -> list[str]:
+    problems = []
+    problems += _local_folder("model.encoders.t5.path", enc.t5.path)
+    problems += _local_folder("model.encoders.clip.path", enc.clip.path)
+    problems += _local_folder("model.encoders.vae.path", enc.vae.path)
+    t5 = enc.t5
+    if t5.d_kv * t5.num_heads <= 0 or t5.max_tokens <= 0:
+        problems.append("model.encoders.t5: d_kv, num_heads and max_tokens must be > 0")
+    clip = enc.clip
+    if clip.image_size % clip.patch_size:
+        problems.append(f"model.encoders.clip.image_size={clip.image_size} is not a multiple of patch_size={clip.patch_size}")
+    if clip.hidden_size % clip.num_attention_heads:
+        problems.append(f"model.encoders.clip.hidden_size={clip.hidden_size} is not divisible by num_attention_heads={clip.num_attention_heads}")
+    vae = enc.vae
+    if any(c % vae.norm_num_groups for c in vae.block_out_channels):
+        problems.append(f"model.encoders.vae.block_out_channels={list(vae.block_out_channels)} must be multiples of norm_num_groups={vae.norm_num_groups}")
+    return problems
+
+
+def vae_spatial_factor(enc: EncodersConfig) -> int:
+    return 2 ** (len(enc.vae.block_out_channels) - 1)
+
+
+def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list[str]:
+    problems: list[str] = []
+    problems += _positive("pipeline.clips", p.clips, ("fps", "frames", "height", "width", "stride_seconds"))
+    problems += _positive("pipeline", p, ("workers", "num_parts", "shots_per_task"))
+    problems += _positive("pipeline.writer", p.writer, ("maxcount",))
+    problems += _positive("pipeline.sessions", p.sessions, ("turns", "stride"))
+    problems += _positive("pipeline.motion", p.motion, ("analysis_width",))
+    problems += _positive("pipeline.shots", p.shots, ("analysis_width", "min_scene_frames"))
+    if not 0 <= p.part < max(p.num_parts, 1):
+        problems.append(f"pipeline.part={p.part} must be in [0, pipeline.num_parts={p.num_parts})")
+    if p.clips.height % 2 or p.clips.width % DECODER_WIDTH_MULTIPLE:
+        problems.append(f"pipeline.clips size {p.clips.width}x{p.clips.height}: width must be a multiple of "
+                        f"{DECODER_WIDTH_MULTIPLE} (decord mis-copies other widths) and height even (yuv420p)")
+    problems += _choice("pipeline.shots.detector", p.shots.detector, ("content", "adaptive"))
+    problems += _choice("pipeline.motion.estimator", p.motion.estimator, ("farneback", "raft"))
+    problems += _choice("pipeline.motion.bins", p.motion.bins, ("quantile", "fixed"))
+    problems += _choice("pipeline.caption.backend", p.caption.backend, ("jsonl", "vlm", "http", "none"))
+    problems += _choice("pipeline.precompute.dtype", p.precompute.dtype, ("float32", "bfloat16", "float16"))
+    for step in p.steps:
+        problems += _choice("pipeline.steps[]", step, PIPELINE_STEPS)
+    edges = list(p.motion.fixed_edges)
+    if len(edges) != NUM_MOTION_LEVELS - 1 or edges != sorted(edges):
+        problems.append(f"pipeline.motion.fixed_edges={edges} must be {NUM_MOTION_LEVELS - 1} ascending values")
+    if p.motion.estimator == "raft" and not Path(p.motion.raft_weights or "/nonexistent").is_file():
+        problems.append(f"pipeline.motion.raft_weights={p.motion.raft_weights!r}: estimator=raft needs a local weights file")
+    problems += _check_caption(p)
+    if not p.toy_film and not p.inputs and ("process" in (p.steps or PIPELINE_STEPS)):
+        problems.append("pipeline.inputs is empty: name films, folders or globs (or use data=toy)")
+    if enc is not None:
+        factor = vae_spatial_factor(enc)
+        if p.clips.height % factor or p.clips.width % factor:
+            problems.append(f"pipeline.clips size {p.clips.width}x{p.clips.height} must be a multiple of the VAE's "
+                            f"spatial compression {factor}")
+        if (p.clips.frames - 1) % enc.vae.temporal_compression_ratio:
+            problems.append(f"pipeline.clips.frames={p.clips.frames} must be 1 + a multiple of the VAE's temporal "
+                            f"compression {enc.vae.temporal_compression_ratio}")
+    return problems
+
+
+def _check_caption(p: PipelineConfig) -> list[str]:
+    c = p.caption
+    if c.backend == "jsonl" and not p.toy_film and not Path(c.path or "/nonexistent").exists():
+        return [f"pipeline.caption.path={c.path!r}: the jsonl backend needs a caption file or folder"]
+    if c.backend == "vlm" and not Path(c.model_path or "/nonexistent").is_dir():
+        return [f"pipeline.caption.model_path={c.model_path!r}: the vlm backend needs a local model folder"]
+    if c.backend == "http" and not c.url.startswith(("http://", "https://")):
+        return [f"pipeline.caption.url={c.url!r}: the http backend needs an http(s) URL"]
+    if c.num_frames <= 0 or c.num_frames > p.clips.frames:
+        return [f"pipeline.caption.num_frames={c.num_frames} must be in 1..pipeline.clips.frames={p.clips.frames}"]
+    return []
+
+
+PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions")
+
+
+def validate_pipeline_run(cfg) -> None:
+    """Raise :class:`ConfigError` listing every problem of a pipeline run config."""
+    problems = check_pipeline(cfg.pipeline, cfg.model.encoders)
+    if "precompute" in (cfg.pipeline.steps or PIPELINE_STEPS) and cfg.pipeline.precompute.enabled:
+        problems += check_encoders(cfg.model.encoders)
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,1 @@
+"""Reading the pipeline's shards (clips, features, representations, sessions)."""

@@ -1,0 +1,118 @@
+"""Atomic file writes, content hashes and safe array (de)serialisation shared by every stage."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+_HASH_CHUNK = 1 << 20
+_FILE_MODE = 0o666
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str:
+    """Hex sha256 of a file's bytes (the first ``limit`` bytes when given)."""
+    digest = hashlib.sha256()
+    remaining = limit
+    with open(path, "rb") as f:
+        while remaining is None or remaining > 0:
+            chunk = f.read(_HASH_CHUNK if remaining is None else min(_HASH_CHUNK, remaining))
+            if not chunk:
+                break
+            digest.update(chunk)
+            if remaining is not None:
+                remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; rename it into place only if the block succeeds.
+
+    A process killed inside the block leaves at most a ``.tmp-*`` file, never a truncated ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.chmod(tmp_path, _FILE_MODE & ~_umask())  # mkstemp's 0600 would hide shards from other users
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Like :func:`atomic_path` for a folder: built under a temp name, renamed when complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """Serialise an array as ``.npy`` (never pickled; object arrays are refused)."""
+    if array.dtype == object:
+        raise TypeError("object arrays cannot be stored: they would need pickle")
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def load_npy_bytes(data: bytes) -> np.ndarray:
+    """Inverse of :func:`npy_bytes`; a pickled payload raises instead of executing code."""
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def clean_stale_temps(folder: str | os.PathLike) -> int:
+    """Remove ``.tmp-*`` leftovers of a killed run; returns how many were removed."""
+    folder = Path(folder)
+    if not folder.exists():
+        return 0
+    removed = 0
+    for stale in folder.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        removed += 1
+    return removed

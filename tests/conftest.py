@@ -1,0 +1,46 @@
+"""Shared fixtures: the toy film (generated once per session) and a pipeline runner."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach a model hub
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+# Small clips keep every pipeline test to seconds; the tiny VAE's compression divides them.
+SMALL_CLIPS = ["pipeline.clips.height=64", "pipeline.clips.width=96"]
+
+
+@pytest.fixture(scope="session")
+def toy_film(tmp_path_factory):
+    from data_pipeline.toyfilm import make_toy_film
+
+    return make_toy_film(tmp_path_factory.mktemp("toy"))
+
+
+def pipeline_overrides(output: Path, inputs: list, captions: str | Path | None, *extra: str) -> list[str]:
+    """Overrides for a run over explicit inputs (not data=toy, so sources stay at fixed paths)."""
+    listed = ",".join(f"'{p}'" for p in inputs)
+    caption = [f"pipeline.caption.path='{captions}'"] if captions else ["pipeline.caption.backend=none"]
+    return ["data=films", f"pipeline.inputs=[{listed}]", f"pipeline.output='{output}'", *caption, *SMALL_CLIPS, *extra]
+
+
+def run_pipeline(overrides: list[str]) -> dict:
+    from animegamer.config.compose import compose_config
+    from data_pipeline.__main__ import run
+
+    return run(compose_config("pipeline", overrides))
+
+
+@pytest.fixture(scope="session")
+def toy_run(toy_film, tmp_path_factory):
+    """One full pipeline run (all steps) over the toy film; many tests read its outputs."""
+    output = tmp_path_factory.mktemp("toy_run")
+    report = run_pipeline(pipeline_overrides(output, [toy_film.video_path], toy_film.captions_path,
+                                             "pipeline.workers=2"))
+    return output, report
