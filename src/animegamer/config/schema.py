@@ -107,7 +107,9 @@ class ClipsConfig:
     stride_seconds: float = 2.0  # distance between window starts inside a shot
     margin_frames: int = 2  # source frames kept away from a cut (fades, encoder smear)
     max_clips_per_shot: int = 0  # 0 = no limit
-    crf: int = 18
+    # Constant quantiser, not CRF: x264's CRF rate control gave different bytes for the same frames
+    # from run to run (measured), which would break byte-identical restarts.
+    qp: int = 20
     codec: str = "libx264"
 
 

@@ -1,0 +1,50 @@
+"""Pluggable caption-and-state backends of the clip-and-caption pipeline.
+
+``build_captioner(cfg.pipeline.caption, film_paths)`` returns a :class:`Captioner`; each clip's
+``captioner.caption(ClipContext(...))`` gives a :class:`CaptionResult` (``ok`` with caption + states,
+or ``failed`` with the reason). Backends: ``jsonl`` (import), ``vlm`` (local transformers model),
+``http`` (OpenAI-compatible server), ``none`` (caption later).
+"""
+from .base import (
+    BACKENDS,
+    STATUS_FAILED,
+    STATUS_OK,
+    CaptionResult,
+    Captioner,
+    ClipContext,
+    build_captioner,
+    evenly_spaced_indices,
+    pick_frames,
+)
+from .fields import (
+    CAPTION_FIELDS,
+    INSTRUCTION_TEMPLATE,
+    MOTION_TEXT_TEMPLATE,
+    STATE_FIELDS,
+    Caption,
+    States,
+    build_instruction,
+    build_motion_text,
+    parse_caption_json,
+)
+
+__all__ = [
+    "BACKENDS",
+    "CAPTION_FIELDS",
+    "INSTRUCTION_TEMPLATE",
+    "MOTION_TEXT_TEMPLATE",
+    "STATE_FIELDS",
+    "STATUS_FAILED",
+    "STATUS_OK",
+    "Caption",
+    "CaptionResult",
+    "Captioner",
+    "ClipContext",
+    "States",
+    "build_captioner",
+    "build_instruction",
+    "build_motion_text",
+    "evenly_spaced_indices",
+    "parse_caption_json",
+    "pick_frames",
+]

@@ -1,0 +1,210 @@
+"""The contract between the clip pipeline and any caption backend, and the factory that picks one.
+
+A backend turns a :class:`ClipContext` into a :class:`CaptionResult`. Per-clip problems (no record,
+unparseable model answer, HTTP error) become ``status="failed"`` results so one bad clip never stops a
+film; configuration problems (missing file, unknown backend) raise at construction time instead.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, runtime_checkable
+
+import numpy as np
+
+from .fields import Caption, States
+
+if TYPE_CHECKING:  # the schema pulls in Hydra; backends only read plain attributes from it
+    from animegamer.config.schema import CaptionConfig
+
+logger = logging.getLogger(__name__)
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+
+BACKEND_JSONL = "jsonl"
+BACKEND_VLM = "vlm"
+BACKEND_HTTP = "http"
+BACKEND_NONE = "none"
+BACKENDS: tuple[str, ...] = (BACKEND_JSONL, BACKEND_VLM, BACKEND_HTTP, BACKEND_NONE)
+
+FilmPaths = Mapping[str, "str | Path"]
+
+
+@dataclass
+class ClipContext:
+    """Everything a backend may look at for one clip: where it is in its film and its frames.
+
+    ``frames`` is the decoded clip, uint8 (T, H, W, 3). Backends with ``needs_frames = False`` ignore
+    it, so the pipeline may pass an empty (0, H, W, 3) array to them.
+    """
+
+    film_id: str
+    clip_key: str
+    start_s: float
+    end_s: float
+    frames: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.end_s < self.start_s:
+            raise ValueError(f"clip {self.clip_key!r}: end_s {self.end_s} < start_s {self.start_s}")
+        frames = self.frames
+        if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+            desc = f"{frames.dtype} {frames.shape}" if isinstance(frames, np.ndarray) else type(frames).__name__
+            raise ValueError(f"clip {self.clip_key!r}: frames must be uint8 (T, H, W, 3), got {desc}")
+
+    @property
+    def midpoint_s(self) -> float:
+        """The time that decides which imported caption record a clip belongs to."""
+        return 0.5 * (self.start_s + self.end_s)
+
+
+@dataclass
+class CaptionResult:
+    """One clip's caption outcome; ``caption``/``states`` are set only when ``status == "ok"``.
+
+    A failed result never carries placeholder values: downstream code must see the failure, not
+    train on invented captions.
+    """
+
+    status: str
+    captioner: str
+    captioner_version: str
+    caption: Optional[Caption] = None
+    states: Optional[States] = None
+    error: str = ""
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.status not in (STATUS_OK, STATUS_FAILED):
+            raise ValueError(f"status must be {STATUS_OK!r} or {STATUS_FAILED!r}, got {self.status!r}")
+        if self.status == STATUS_OK and self.caption is None:
+            raise ValueError("an ok result needs a caption")
+        if self.status == STATUS_FAILED and (self.caption is not None or self.states is not None):
+            raise ValueError("a failed result must not carry caption or states")
+        if self.status == STATUS_FAILED and not self.error:
+            raise ValueError("a failed result needs an error message")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    @classmethod
+    def success(
+        cls, caption: Caption, states: Optional[States], captioner: str, version: str, attempts: int = 1
+    ) -> "CaptionResult":
+        return cls(STATUS_OK, captioner, version, caption=caption, states=states, attempts=attempts)
+
+    @classmethod
+    def failure(cls, error: str, captioner: str, version: str, attempts: int = 0) -> "CaptionResult":
+        return cls(STATUS_FAILED, captioner, version, error=error, attempts=attempts)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (what the shard writer stores next to each clip)."""
+        return {
+            "status": self.status,
+            "caption": self.caption.to_dict() if self.caption is not None else None,
+            "states": self.states.to_dict() if self.states is not None else None,
+            "error": self.error,
+            "captioner": self.captioner,
+            "captioner_version": self.captioner_version,
+            "attempts": self.attempts,
+        }
+
+
+@runtime_checkable
+class Captioner(Protocol):
+    """A caption backend. ``version`` changes whenever its output for the same clip could change."""
+
+    name: str
+    version: str
+    needs_frames: bool  # False: the pipeline may skip decoding frames for this backend
+
+    def caption(self, ctx: ClipContext) -> CaptionResult: ...
+
+
+# --------------------------------------------------------------------------- frames
+def evenly_spaced_indices(total: int, count: int) -> list[int]:
+    """``count`` frame indices spread over ``total`` frames, always including the first and last.
+
+    Asking for more frames than exist returns every frame once (never duplicates).
+    """
+    if total <= 0:
+        raise ValueError(f"cannot pick frames from an empty clip (total={total})")
+    if count <= 0:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if count >= total:
+        return list(range(total))
+    if count == 1:
+        return [(total - 1) // 2]  # the middle frame represents the clip best
+    return [int(i) for i in np.linspace(0, total - 1, count).round().astype(int)]
+
+
+def pick_frames(frames: np.ndarray, count: int) -> list[np.ndarray]:
+    """The ``count`` evenly spaced frames of a (T, H, W, 3) clip, in temporal order."""
+    return [frames[i] for i in evenly_spaced_indices(len(frames), count)]
+
+
+# --------------------------------------------------------------------------- films
+def film_aliases(film_id: str, film_paths: Optional[FilmPaths]) -> list[str]:
+    """Names by which captions/reference images may refer to a film, most specific first.
+
+    Users write caption files by hand; they know "ep01.mkv" or "ep01", not the pipeline's film id.
+    """
+    aliases = [film_id]
+    if film_paths and film_id in film_paths:
+        path = Path(film_paths[film_id])
+        aliases += [str(path), path.name, path.stem]
+    return list(dict.fromkeys(aliases))  # de-duplicate, keep order
+
+
+# --------------------------------------------------------------------------- factory
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def validate_caption_config(cfg: "CaptionConfig") -> None:
+    """Fail before any clip is processed when the config cannot work for its backend."""
+    _require(cfg.backend in BACKENDS, f"unknown caption backend {cfg.backend!r}; choose one of {list(BACKENDS)}")
+    _require(cfg.num_frames >= 1, f"caption.num_frames must be >= 1, got {cfg.num_frames}")
+    _require(cfg.retries >= 0, f"caption.retries must be >= 0, got {cfg.retries}")
+    _require(cfg.max_new_tokens >= 1, f"caption.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    _require(cfg.timeout_s > 0, f"caption.timeout_s must be > 0, got {cfg.timeout_s}")
+    if cfg.backend == BACKEND_JSONL:
+        _require(bool(cfg.path), "caption.path must name a .jsonl file or a folder of them for backend=jsonl")
+    if cfg.backend == BACKEND_VLM:
+        _require(bool(cfg.model_path), "caption.model_path must name a local model folder for backend=vlm")
+        _require(Path(cfg.model_path).is_dir(), f"caption.model_path {cfg.model_path!r} is not a folder")
+    if cfg.backend == BACKEND_HTTP:
+        _require(bool(cfg.url), "caption.url must be set (e.g. http://host:8000/v1) for backend=http")
+        _require(bool(cfg.model_name), "caption.model_name must be set for backend=http")
+    if cfg.backend in (BACKEND_VLM, BACKEND_HTTP) and cfg.reference_images:
+        folder = Path(cfg.reference_images)
+        _require(folder.is_dir(), f"caption.reference_images {cfg.reference_images!r} is not a folder")
+
+
+def build_captioner(cfg: "CaptionConfig", film_paths: Optional[FilmPaths] = None) -> Captioner:
+    """Build the backend named by ``cfg.backend``.
+
+    ``film_paths`` maps the pipeline's film ids to their video files, so caption records and reference
+    images may name a film by file name or stem instead of its id.
+    """
+    validate_caption_config(cfg)
+    # Backends are imported here: ``vlm`` pulls in torch/transformers, which jsonl users never need.
+    if cfg.backend == BACKEND_JSONL:
+        from .jsonl import JsonlCaptioner
+
+        return JsonlCaptioner(cfg.path, film_paths=film_paths)
+    if cfg.backend == BACKEND_VLM:
+        from .vlm import build_vlm_captioner
+
+        return build_vlm_captioner(cfg, film_paths=film_paths)
+    if cfg.backend == BACKEND_HTTP:
+        from .http import build_http_captioner
+
+        return build_http_captioner(cfg, film_paths=film_paths)
+    from .none import NoneCaptioner
+
+    return NoneCaptioner()
