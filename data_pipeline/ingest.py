@@ -92,8 +92,10 @@ def _open(path: Path):
         return decord.VideoReader(str(path), num_threads=1)
     except Exception as exc:  # decord raises its own DECORDError for every ffmpeg failure
         message = str(exc).splitlines()[0][:200]
-        if "stream" in message.lower() and "video" in message.lower():
+        if "st_nb" in message or ("stream" in message.lower() and "video" in message.lower()):
             raise BadInput(str(path), NO_VIDEO, message) from None
+        if "av_read_frame" in message:  # the index was read, the packets it points to are missing
+            raise BadInput(str(path), TRUNCATED, message) from None
         raise BadInput(str(path), UNREADABLE, message) from None
 
 
