@@ -99,3 +99,29 @@ def test_sessions_are_consecutive_clips_of_one_film(toy_run):
     for session in index["sessions"]:
         numbers = [int(k.rsplit("-", 1)[1]) for k in session["keys"]]
         assert numbers == list(range(numbers[0], numbers[0] + 5))
+
+
+def test_feature_shards_round_trip_the_contract(toy_run):
+    from animegamer.config.compose import compose_config
+
+    output, report = toy_run
+    enc = compose_config("pipeline", ["model=tiny"]).model.encoders
+    clip_keys = [m["key"] for m in _clip_metas(output)]
+    samples = list(iter_samples(shard_urls(output / "features"), video=False))
+    assert [s["__key__"] for s in samples] == clip_keys
+    assert report["features"]["clips"] == len(samples)
+    patches = (enc.clip.image_size // enc.clip.patch_size) ** 2
+    spatial = 2 ** (len(enc.vae.block_out_channels) - 1)
+    for sample in samples:
+        meta = sample["json"]
+        latent_frames = (meta["frames"] - 1) // enc.vae.temporal_compression_ratio + 1
+        expected = {
+            "latents.npy": (latent_frames, enc.vae.latent_channels, meta["height"] // spatial, meta["width"] // spatial),
+            "text.npy": (enc.t5.max_tokens, enc.t5.d_model),
+            "image.npy": (patches, enc.clip.hidden_size),
+        }
+        for name, shape in expected.items():
+            assert sample[name].shape == shape and sample[name].dtype == np.float32, name
+            assert np.isfinite(sample[name]).all()
+    manifest = read_manifest(output / "features")
+    assert manifest["clip_manifest_sha256"] and manifest["encoders"]

@@ -32,6 +32,9 @@ class T5Config:
     num_heads: int = 64
     vocab_size: int = 32128
     max_tokens: int = PAPER_TEXT_TOKENS
+    # CogVideoX (diffusers and the official SAT code) run T5 without an attention mask, so the
+    # pretrained decoder saw padding positions computed that way; keep it off to match them.
+    attention_mask: bool = False
 
 
 @dataclass
