@@ -6,7 +6,6 @@ import hashlib
 import io
 import json
 import logging
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,14 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-for _root in (REPO_ROOT, REPO_ROOT / "src"):  # until the package is installed in the test environment
-    if str(_root) not in sys.path:
-        sys.path.insert(0, str(_root))
-
-from animegamer.config.schema import CaptionConfig  # noqa: E402
-from data_pipeline.captioners import fields  # noqa: E402
-from data_pipeline.captioners.base import (  # noqa: E402
+from animegamer.config.schema import CaptionConfig
+from data_pipeline.captioners import fields
+from data_pipeline.captioners.base import (
     BACKENDS,
     CaptionResult,
     Captioner,
@@ -33,17 +27,17 @@ from data_pipeline.captioners.base import (  # noqa: E402
     evenly_spaced_indices,
     pick_frames,
 )
-from data_pipeline.captioners.fields import (  # noqa: E402
+from data_pipeline.captioners.fields import (
     Caption,
     States,
     build_instruction,
     build_motion_text,
     parse_caption_json,
 )
-from data_pipeline.captioners.http import build_http_captioner  # noqa: E402
-from data_pipeline.captioners.jsonl import JsonlCaptioner  # noqa: E402
-from data_pipeline.captioners.none import DISABLED_REASON  # noqa: E402
-from data_pipeline.captioners.prompting import (  # noqa: E402
+from data_pipeline.captioners.http import build_http_captioner
+from data_pipeline.captioners.jsonl import JsonlCaptioner
+from data_pipeline.captioners.none import DISABLED_REASON
+from data_pipeline.captioners.prompting import (
     IMAGE,
     PROMPT,
     REFERENCE_LABEL,
