@@ -73,12 +73,72 @@ class EncodersConfig:
     seed: int = 0  # seed of random-weight builds, so two processes build the same "random" model
 
 
+PAPER_REP_WIDTH = 1920  # D: CogVideoX-2B's inner width (30 heads x 64), so the decoder needs no text_proj
+PAPER_IMAGE_TOKENS = 196  # (224 / 16) ** 2 CLIP patches
+
+
+@dataclass
+class ActionEncoderConfig:
+    """The action-aware encoder E(text, image) -> N x D (DESIGN section 5)."""
+
+    text_dim: int = 4096  # T5 width
+    image_dim: int = 768  # CLIP width
+    text_tokens: int = PAPER_TEXT_TOKENS
+    image_tokens: int = PAPER_IMAGE_TOKENS
+    width: int = PAPER_REP_WIDTH  # D
+    fusion: str = "concat"  # concat | add | cross_attention (Table 3 ablations)
+    mlp: bool = True  # False: one Linear per branch (the "less params" ablation)
+    cross_attention_heads: int = 8
+    layernorm_eps: float = 1e-5
+
+
+@dataclass
+class DecoderConfig:
+    """CogVideoX-2B transformer with the motion-scope embedder and LoRA (DESIGN section 5)."""
+
+    path: str = ""  # local diffusers transformer folder (CogVideoX-2B); '' = random weights
+    num_layers: int = 30
+    num_attention_heads: int = 30
+    attention_head_dim: int = 64
+    in_channels: int = 16
+    out_channels: int = 16
+    patch_size: int = 2
+    time_embed_dim: int = 512
+    sample_frames: int = 49  # diffusers' position-embedding grid: 49 frames -> 13 latent frames
+    sample_height: int = 60
+    sample_width: int = 90
+    spatial_interpolation_scale: float = 1.875
+    temporal_interpolation_scale: float = 1.0
+    motion_scope: bool = True  # False: the "without motion scope" ablation
+    lora_rank: int = 64
+    lora_alpha: float = 1.0
+    lora_targets: List[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DiffusionConfig:
+    """Zero-terminal-SNR v-prediction DDPM of CogVideoX, and its sampler (DESIGN section 5)."""
+
+    num_train_timesteps: int = 1000
+    beta_start: float = 0.00085
+    beta_end: float = 0.012
+    beta_schedule: str = "scaled_linear"
+    snr_shift_scale: float = 3.0
+    sampling_steps: int = 50
+    guidance_scale: float = 6.0
+    guidance_exponent: float = 5.0  # dynamic CFG
+
+
 @dataclass
 class ModelConfig:
     """The ``model/`` group: every network's sizes (tiny, paper). Phases add their networks here."""
 
     name: str = "paper"
     encoders: EncodersConfig = field(default_factory=EncodersConfig)
+    encoder: ActionEncoderConfig = field(default_factory=ActionEncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
 
 
 # --------------------------------------------------------------------------- pipeline stages
