@@ -245,12 +245,86 @@ class PipelineConfig:
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
 
 
+# --------------------------------------------------------------------------- training
 @dataclass
-class PipelineRunConfig:
-    """Root of ``configs/pipeline.yaml``."""
+class PhaseConfig:
+    """The ``phase/`` group: what trains and how (DESIGN section 5)."""
+
+    name: str = "a_joint"  # a_warmup | a_joint | b | c
+    max_steps: int = 80_000
+    lr: float = 2e-4
+    warmup_steps: int = 1000
+    lr_schedule: str = "constant"  # constant | cosine (after warm-up)
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    weight_decay: float = 1e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    batch_size: int = 1  # per device
+    text_dropout: float = 0.05  # CFG dropout of the text branch
+    image_dropout: float = 0.05  # CFG dropout of the image branch
+    random_frame: bool = False  # Table 3 ablation: condition on a random frame, not the first
+    input: str = "features"  # features (precomputed) | clips (frozen encoders run in the step)
+    init_from: str = ""  # export folder of an earlier stage/phase to start from (a_joint <- a_warmup)
+    val_every_n_steps: int = 1000
+    val_clips: int = 2  # clips decoded and logged at each validation
+    val_sampling_steps: int = 0  # 0 = model.diffusion.sampling_steps
+
+
+@dataclass
+class TrainDataConfig:
+    """Where a phase reads its shards: the pipeline's output folder and its sub-folders."""
+
+    root: str = "outputs/pipeline"
+    clips: str = "clips"
+    features: str = "features"
+    representations: str = "representations"
+    val_fraction: float = 0.1  # held-out clips (by key hash), never trained on
+    num_workers: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    """The ``trainer/`` group: Lightning Trainer settings; distribution is configuration only."""
+
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    accumulate_grad_batches: int = 1
+    log_every_n_steps: int = 10
+    deterministic: bool = False
+    benchmark: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    """The ``logger/`` group: wandb (offline by default), tensorboard, csv or none."""
+
+    kind: str = "csv"  # wandb | tensorboard | csv | none
+    project: str = "animegamer"
+    offline: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    every_n_steps: int = 1000
+    keep_last: int = 3
+
+
+@dataclass
+class RunConfig:
+    """Root of every entry point (``configs/pipeline.yaml``, ``configs/train.yaml``): one tree."""
 
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    phase: PhaseConfig = field(default_factory=PhaseConfig)
+    data: TrainDataConfig = field(default_factory=TrainDataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output_dir: str = "outputs/train"
     seed: int = 0
     log_level: str = "INFO"
 
@@ -258,5 +332,8 @@ class PipelineRunConfig:
 def register_configs() -> None:
     """Register every schema; idempotent so tests and entry points may both call it."""
     cs = ConfigStore.instance()
-    cs.store(name="pipeline_schema", node=PipelineRunConfig)
+    cs.store(name="run_schema", node=RunConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="phase", name="phase_schema", node=PhaseConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -122,3 +122,58 @@ def validate_pipeline_run(cfg) -> None:
         problems += check_encoders(cfg.model.encoders)
     if problems:
         raise ConfigError(problems)
+
+
+PHASE_NAMES = ("a_warmup", "a_joint")  # grows as phases (b) and (c) arrive
+
+
+def check_training(cfg) -> list[str]:
+    """Phase, model and data agreement: sizes between encoders, encoder and decoder, inputs present."""
+    problems: list[str] = []
+    phase, model = cfg.phase, cfg.model
+    problems += _choice("phase.name", phase.name, PHASE_NAMES)
+    problems += _choice("phase.input", phase.input, ("features", "clips"))
+    problems += _choice("phase.lr_schedule", phase.lr_schedule, ("constant", "cosine"))
+    problems += _choice("logger.kind", cfg.logger.kind, ("wandb", "tensorboard", "csv", "none"))
+    problems += _choice("model.encoder.fusion", model.encoder.fusion, ("concat", "add", "cross_attention"))
+    problems += _positive("phase", phase, ("max_steps", "lr", "batch_size"))
+    for name in ("text_dropout", "image_dropout"):
+        if not 0 <= getattr(phase, name) < 1:
+            problems.append(f"phase.{name}={getattr(phase, name)} must be in [0, 1)")
+    if phase.random_frame and phase.input != "clips":
+        problems.append("phase.random_frame needs phase.input=clips: precomputed features hold the first frame only")
+    enc, dec, frozen = model.encoder, model.decoder, model.encoders
+    hidden = dec.num_attention_heads * dec.attention_head_dim
+    if enc.width != hidden:
+        problems.append(f"model.encoder.width={enc.width} != decoder hidden {dec.num_attention_heads}x"
+                        f"{dec.attention_head_dim}={hidden} (the representation feeds the decoder's text stream)")
+    if enc.text_dim != frozen.t5.d_model:
+        problems.append(f"model.encoder.text_dim={enc.text_dim} != model.encoders.t5.d_model={frozen.t5.d_model}")
+    if enc.text_tokens != frozen.t5.max_tokens:
+        problems.append(f"model.encoder.text_tokens={enc.text_tokens} != model.encoders.t5.max_tokens={frozen.t5.max_tokens}")
+    if enc.image_dim != frozen.clip.hidden_size:
+        problems.append(f"model.encoder.image_dim={enc.image_dim} != model.encoders.clip.hidden_size={frozen.clip.hidden_size}")
+    patches = (frozen.clip.image_size // frozen.clip.patch_size) ** 2
+    if enc.image_tokens != patches:
+        problems.append(f"model.encoder.image_tokens={enc.image_tokens} != CLIP patches ({frozen.clip.image_size}/"
+                        f"{frozen.clip.patch_size})^2={patches}")
+    if dec.in_channels != frozen.vae.latent_channels:
+        problems.append(f"model.decoder.in_channels={dec.in_channels} != model.encoders.vae.latent_channels="
+                        f"{frozen.vae.latent_channels}")
+    problems += _local_folder("model.decoder.path", dec.path)
+    if phase.init_from and not Path(phase.init_from).is_dir():
+        problems.append(f"phase.init_from={phase.init_from!r}: no such export folder (train the earlier stage first)")
+    root = Path(cfg.data.root)
+    shards = root / (cfg.data.features if phase.input == "features" else cfg.data.clips) / "manifest.json"
+    if not shards.exists():
+        problems.append(f"{shards}: missing; run the pipeline first (python -m data_pipeline ...) or set data.root")
+    if not 0 < cfg.data.val_fraction < 1:
+        problems.append(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
+    return problems
+
+
+def validate_train_run(cfg) -> None:
+    """Raise :class:`ConfigError` listing every problem of a training run config."""
+    problems = check_training(cfg) + check_encoders(cfg.model.encoders)
+    if problems:
+        raise ConfigError(problems)

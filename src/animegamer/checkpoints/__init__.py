@@ -1,0 +1,1 @@
+"""Portable exports of what a phase trained, and the official-release importers' shared report."""

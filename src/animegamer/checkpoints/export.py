@@ -1,0 +1,70 @@
+"""Portable export: the parameters a phase trained, as safetensors, plus a self-describing json.
+
+An export is what the next phase (or a user) loads; the Lightning checkpoint beside it is only for
+resuming. Frozen weights are not in it: they come from the base model the config names, and the
+json records that config so the export says what it belongs to.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from animegamer.utils.io import atomic_dir
+
+log = logging.getLogger(__name__)
+
+EXPORT_FILE = "export.json"
+TRAINED_FILE = "trained.safetensors"
+FORMAT_VERSION = 1
+
+
+def trained_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every trainable parameter, by name, detached and contiguous on CPU."""
+    return {n: p.detach().to("cpu").contiguous() for n, p in module.named_parameters() if p.requires_grad}
+
+
+def save_export(folder: str | Path, module: nn.Module, meta: dict) -> Path:
+    """Write ``trained.safetensors`` + ``export.json`` atomically (a killed save leaves the old one)."""
+    folder = Path(folder)
+    state = trained_state(module)
+    with atomic_dir(folder) as tmp:
+        save_file(state, str(tmp / TRAINED_FILE))
+        record = {"format_version": FORMAT_VERSION, "tensors": len(state),
+                  "parameters": int(sum(t.numel() for t in state.values())), **meta}
+        (tmp / EXPORT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+    return folder
+
+
+def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...] = ()) -> list[str]:
+    """Load an export into ``module``; every tensor must find its parameter with the same shape.
+
+    ``prefixes`` limits loading to names starting with them (e.g. only the encoder). Returns the
+    names loaded.
+    """
+    folder = Path(folder)
+    path = folder / TRAINED_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{folder}: not an export folder (no {TRAINED_FILE})")
+    tensors = load_file(str(path))
+    if prefixes:
+        tensors = {k: v for k, v in tensors.items() if k.startswith(prefixes)}
+    params = dict(module.named_parameters())
+    problems = [f"{k}: not in the model" for k in tensors if k not in params]
+    problems += [f"{k}: shape {tuple(v.shape)} != {tuple(params[k].shape)}" for k, v in tensors.items()
+                 if k in params and params[k].shape != v.shape]
+    if problems:
+        raise ValueError(f"{path}: cannot load {len(problems)} tensors:\n  " + "\n  ".join(problems[:20]))
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value.to(params[name].dtype))
+    log.info("loaded %d tensors from %s", len(tensors), folder)
+    return sorted(tensors)
+
+
+def read_export_meta(folder: str | Path) -> dict:
+    return json.loads((Path(folder) / EXPORT_FILE).read_text())

@@ -1,0 +1,79 @@
+"""Phase (a) inputs: feature shards (fast path) or clip shards (frozen encoders in the step)."""
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from animegamer.config.schema import RunConfig
+from animegamer.data.indexed import IndexedShardDataset, StepSampler, key_fraction
+
+FEATURES, CLIPS = "features", "clips"
+INPUTS = (FEATURES, CLIPS)
+
+
+def _captioned(sample: dict) -> None:
+    if sample["json"]["captioner"]["status"] != "ok":
+        raise ValueError(f"{sample['__url__']}: {sample['__key__']} has no caption; phase (a) needs motion_text")
+
+
+def feature_transform(sample: dict) -> dict:
+    return {
+        "key": sample["__key__"],
+        "latents": torch.from_numpy(sample["latents.npy"]).float(),  # (T', C, H', W')
+        "text": torch.from_numpy(sample["text.npy"]).float(),  # (Lt, text_dim)
+        "image": torch.from_numpy(sample["image.npy"]).float(),  # (P, image_dim)
+        "flow": torch.tensor(float(sample["json"]["motion"]["flow"])),
+    }
+
+
+def _frame_index(key: str, frames: int, random_frame: bool, seed: int) -> int:
+    """First frame (paper), or a per-clip fixed "random" frame for the Table 3 ablation."""
+    if not random_frame:
+        return 0
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % frames
+
+
+def clip_transform(sample: dict, random_frame: bool, seed: int) -> dict:
+    _captioned(sample)
+    video = sample["mp4"]  # (T, H, W, 3) uint8
+    frame = _frame_index(sample["__key__"], video.shape[0], random_frame, seed)
+    return {
+        "key": sample["__key__"],
+        "video": torch.from_numpy(np.ascontiguousarray(video)),
+        "frame": torch.from_numpy(np.ascontiguousarray(video[frame])),
+        "motion_text": sample["json"]["motion_text"],
+        "flow": torch.tensor(float(sample["json"]["motion"]["flow"])),
+    }
+
+
+def phase_a_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
+    """Train or validation clips; the split is a fixed hash of the key (``data.val_fraction``)."""
+    root = Path(cfg.data.root)
+    val_fraction = cfg.data.val_fraction
+
+    def keep(key: str) -> bool:
+        return (key_fraction(key) < val_fraction) == (split == "val")
+
+    if cfg.phase.input == FEATURES:
+        return IndexedShardDataset(root / cfg.data.features, feature_transform, keep, video=False)
+    transform = partial(clip_transform, random_frame=cfg.phase.random_frame, seed=cfg.seed)
+    return IndexedShardDataset(root / cfg.data.clips, transform, keep, video=True)
+
+
+def train_loader(cfg: RunConfig, dataset, start_step: int, rank: int, world_size: int) -> DataLoader:
+    """Loader whose sample order depends on (seed, step) only: resuming at ``start_step`` is exact."""
+    per_step = cfg.phase.batch_size * cfg.trainer.accumulate_grad_batches
+    sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step,
+                          total=cfg.phase.max_steps * per_step)
+    return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, num_workers=cfg.data.num_workers,
+                      drop_last=True, persistent_workers=cfg.data.num_workers > 0)
+
+
+def val_loader(cfg: RunConfig, dataset) -> DataLoader:
+    return DataLoader(dataset, batch_size=cfg.phase.batch_size, shuffle=False, num_workers=0)

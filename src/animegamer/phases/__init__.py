@@ -1,0 +1,1 @@
+"""One LightningModule per training phase; shared optimiser, randomness and trainable-set helpers."""

@@ -1,0 +1,70 @@
+"""Pieces every phase shares: the optimiser and schedule, step-seeded randomness, trainable sets."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from animegamer.config.schema import PhaseConfig
+
+log = logging.getLogger(__name__)
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def step_generator(seed: int, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator that depends only on (seed, step, rank).
+
+    All randomness of a training step (timesteps, noise, CFG dropout) comes from it, so a resumed
+    run redraws exactly what the uninterrupted run drew, with no RNG state in the checkpoint.
+    """
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
+    return generator
+
+
+def set_trainable(module: nn.Module, names: Iterable[str]) -> list[str]:
+    """Freeze everything, then unfreeze exactly ``names``; returns them sorted. Unknown names raise."""
+    wanted = set(names)
+    params = dict(module.named_parameters())
+    missing = wanted - params.keys()
+    if missing:
+        raise KeyError(f"no such parameters: {sorted(missing)[:5]} ...")
+    for name, param in params.items():
+        param.requires_grad_(name in wanted)
+    return sorted(wanted)
+
+
+def trainable_names(module: nn.Module) -> list[str]:
+    return sorted(n for n, p in module.named_parameters() if p.requires_grad)
+
+
+def lr_lambda(cfg: PhaseConfig):
+    """Linear warm-up, then constant or cosine down to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def make_optimizer(module: nn.Module, cfg: PhaseConfig) -> dict:
+    """AdamW over the trainable parameters (fused kernels on GPU), weight decay off for 1-D tensors."""
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    decay = [p for n, p in params if p.ndim > 1]
+    no_decay = [p for n, p in params if p.ndim <= 1]
+    fused = all(p.is_cuda for _, p in params) and bool(params)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,191 @@
+"""Phase (a): the action-aware encoder and the motion-scope decoder learn to reconstruct clips.
+
+Stage ``a_warmup`` trains the encoder and the motion-scope embedder only; ``a_joint`` adds decoder
+LoRA and every block's AdaLN modulation linear. The decoder sees (noisy latents, timestep,
+representation, flow) and predicts the velocity; the loss is CogVideoX's (DESIGN section 5).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from animegamer.checkpoints.export import load_export
+from animegamer.config.schema import RunConfig
+from animegamer.diffusion.loss import add_noise, cogvideox_v_loss, sample_timesteps
+from animegamer.diffusion.sampler import sample
+from animegamer.diffusion.schedule import alphas_cumprod
+from animegamer.models.decoder import MotionScopeDecoder
+from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.phases.common import make_optimizer, set_trainable, step_generator, trainable_names
+
+log = logging.getLogger(__name__)
+
+WARMUP, JOINT = "a_warmup", "a_joint"
+STAGES = (WARMUP, JOINT)
+VAL_TIMESTEPS = (100, 300, 500, 700, 900)  # fixed: validation loss is comparable across steps
+
+
+@dataclass
+class ClipBatch:
+    """What the decoder trains on, whichever input path produced it."""
+
+    latents: torch.Tensor  # (B, T', C, H', W') scaled VAE latents
+    text: torch.Tensor  # (B, Lt, text_dim) T5 features
+    image: torch.Tensor  # (B, P, image_dim) CLIP patch tokens
+    flow: torch.Tensor  # (B,) motion-scope flow values
+
+
+class ReconstructionModel(torch.nn.Module):
+    """Encoder + decoder as one module, so trainable sets and exports have stable names."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        self.encoder = ActionAwareEncoder(cfg.model.encoder)
+        self.decoder = MotionScopeDecoder(cfg.model.decoder, self.encoder.width, self.encoder.num_tokens)
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, text: torch.Tensor, image: torch.Tensor,
+                flow: torch.Tensor) -> torch.Tensor:
+        return self.decoder(x_t, t, self.encoder(text, image), flow)
+
+    def unconditional(self, like: ClipBatch) -> torch.Tensor:
+        """The CFG branch: the encoder on zeroed text and image features (SAT's unconditional)."""
+        return self.encoder(torch.zeros_like(like.text[:1]), torch.zeros_like(like.image[:1]))
+
+
+def stage_trainable(model: ReconstructionModel, stage: str) -> list[str]:
+    """Exactly the parameter names a stage trains (asserted by name in the tests)."""
+    names = [f"encoder.{n}" for n, _ in model.encoder.named_parameters()]
+    names += [f"decoder.{n}" for n in model.decoder.motion_scope_parameters()]
+    if stage == JOINT:
+        names += [f"decoder.{n}" for n in model.decoder.adaln_parameters()]
+        names += [f"decoder.{n}" for n in model.decoder.lora_parameters()]
+    return names
+
+
+def cfg_dropout(text: torch.Tensor, image: torch.Tensor, p_text: float, p_image: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero each branch per sample with its probability, so the model also learns the unconditional."""
+    batch = text.shape[0]
+    keep_text = (torch.rand(batch, generator=generator, device=generator.device) >= p_text).to(text)
+    keep_image = (torch.rand(batch, generator=generator, device=generator.device) >= p_image).to(image)
+    return text * keep_text.view(batch, 1, 1), image * keep_image.view(batch, 1, 1)
+
+
+class PhaseA(L.LightningModule):
+    def __init__(self, cfg: RunConfig, frozen=None) -> None:
+        super().__init__()
+        if cfg.phase.name not in STAGES:
+            raise ValueError(f"phase.name={cfg.phase.name!r} is not a phase (a) stage {STAGES}")
+        self.cfg = cfg
+        self.model = ReconstructionModel(cfg)
+        if cfg.phase.name == JOINT:
+            self.model.decoder.add_lora()
+        if cfg.phase.init_from:
+            load_export(cfg.phase.init_from, self.model)
+        self.trainable = set_trainable(self.model, stage_trainable(self.model, cfg.phase.name))
+        # Not a buffer: Lightning's bf16-true would cast it, and alpha_bar_0 = 0.9975 rounds to 1.0.
+        self._alphas_cumprod = alphas_cumprod(cfg.model.diffusion)
+        # Frozen encoders (VAE, T5, CLIP) stay out of the module tree: never saved, never optimised.
+        self._frozen = [frozen]
+        # Checkpoints hold only what trains; frozen weights are rebuilt from the config on resume.
+        self.strict_loading = False
+
+    @property
+    def alphas_cumprod(self) -> torch.Tensor:
+        if self._alphas_cumprod.device != self.device:
+            self._alphas_cumprod = self._alphas_cumprod.to(self.device)
+        return self._alphas_cumprod
+
+    # ----------------------------------------------------------------------- data
+    @property
+    def frozen(self):
+        return self._frozen[0]
+
+    def to_clip_batch(self, batch: dict) -> ClipBatch:
+        """Features path: tensors straight from the feature shards. Clips path: encoders run here."""
+        if "latents" in batch:
+            return ClipBatch(batch["latents"], batch["text"], batch["image"], batch["flow"])
+        frozen = self.frozen
+        video = batch["video"]  # (B, T, H, W, 3) uint8
+        with torch.no_grad():
+            latents = frozen.vae.encode(video).to(self.dtype)
+            text = frozen.t5.encode(list(batch["motion_text"])).to(self.dtype)
+            image = frozen.clip.encode(batch["frame"]).to(self.dtype)
+        return ClipBatch(latents, text, image, batch["flow"])
+
+    # ----------------------------------------------------------------------- training
+    def micro_step(self, batch_idx: int) -> int:
+        accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
+        return self.global_step * accumulate + batch_idx % accumulate
+
+    def diffusion_loss(self, clips: ClipBatch, generator: torch.Generator, t: torch.Tensor | None = None,
+                       dropout: bool = True) -> torch.Tensor:
+        phase = self.cfg.phase
+        text, image = clips.text, clips.image
+        if dropout:
+            text, image = cfg_dropout(text, image, phase.text_dropout, phase.image_dropout, generator)
+        latents = clips.latents.float()
+        batch = latents.shape[0]
+        if t is None:
+            t = sample_timesteps(batch, generator, self.cfg.model.diffusion.num_train_timesteps)
+        t = t.to(latents.device)
+        noise = torch.randn(latents.shape, generator=generator, device=generator.device).to(latents.device)
+        x_t = add_noise(latents, noise, t, self.alphas_cumprod)
+        velocity = self.model(x_t.to(self.dtype), t, text, image, clips.flow)
+        return cogvideox_v_loss(velocity, latents, x_t, t, self.alphas_cumprod)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        generator = step_generator(self.cfg.seed, self.micro_step(batch_idx), self.global_rank)
+        loss = self.diffusion_loss(self.to_clip_batch(batch), generator)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0])
+        return loss
+
+    def configure_optimizers(self):
+        return make_optimizer(self.model, self.cfg.phase)
+
+    # ----------------------------------------------------------------------- validation
+    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """Diffusion loss at fixed timesteps and noise: a curve comparable from step to step."""
+        clips = self.to_clip_batch(batch)
+        losses = []
+        for t_value in VAL_TIMESTEPS:
+            generator = step_generator(self.cfg.seed, t_value, batch_idx)
+            t = torch.full((clips.latents.shape[0],), t_value, dtype=torch.long)
+            losses.append(self.diffusion_loss(clips, generator, t=t, dropout=False))
+        loss = torch.stack(losses).mean()
+        self.log("val/loss", loss, batch_size=clips.latents.shape[0], sync_dist=True)
+        return loss
+
+    @torch.no_grad()
+    def reconstruct(self, clips: ClipBatch, generator: torch.Generator, steps: int = 0) -> torch.Tensor:
+        """Sample latents (B, T', C, H', W') from the clips' own representation (the sampler of DESIGN 5)."""
+        diffusion = self.cfg.model.diffusion
+        if steps:
+            from dataclasses import replace
+
+            diffusion = replace(diffusion, sampling_steps=steps)
+        cond = self.model.encoder(clips.text, clips.image)
+        return sample(self.model.decoder, tuple(clips.latents.shape), cond, self.model.unconditional(clips),
+                      clips.flow, diffusion, generator, dtype=self.dtype)
+
+    def trainable_parameter_names(self) -> list[str]:
+        return trainable_names(self.model)
+
+    # ----------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                    if k.removeprefix("model.") in set(self.trainable)}
+
+
+def export_phase_a(module: PhaseA, folder: str | Path, meta: dict) -> Path:
+    """Export what phase (a) trained: tensors + json (always) and the LoRA as a peft adapter folder."""
+    from animegamer.checkpoints.export import save_export
+
+    folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta})
+    if module.model.decoder.has_lora:
+        module.model.decoder.save_lora(Path(folder) / "lora")
+    return Path(folder)

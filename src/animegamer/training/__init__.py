@@ -1,0 +1,1 @@
+"""The training runner shared by every phase: trainer, loggers, callbacks, checkpoints, export."""

@@ -1,0 +1,103 @@
+"""Callbacks: portable exports beside checkpoints, and validation videos (ground truth | sample)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+EXPORT_DIR = "export"
+
+
+class ExportCallback(L.Callback):
+    """Writes ``export/`` (what the phase trained, loadable alone) whenever a checkpoint is saved."""
+
+    def __init__(self, folder: Path, export_fn, meta: dict) -> None:
+        self.folder, self.export_fn, self.meta = Path(folder), export_fn, meta
+
+    def _export(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.export_fn(module, self.folder, {**self.meta, "step": trainer.global_step})
+
+    def on_save_checkpoint(self, trainer, module, checkpoint) -> None:
+        self._export(trainer, module)
+
+    def on_train_end(self, trainer, module) -> None:
+        self._export(trainer, module)
+
+
+def side_by_side(truth: np.ndarray, sample: np.ndarray) -> np.ndarray:
+    """(T, H, W, 3) twice -> (T, H, 2W, 3): ground truth left, reconstruction right."""
+    frames = min(len(truth), len(sample))
+    return np.concatenate([truth[:frames], sample[:frames]], axis=2)
+
+
+class ValidationVideos(L.Callback):
+    """Every ``every`` steps: sample a few validation clips from their representation and log them.
+
+    Videos are always written as mp4 under ``<output>/validation/step-N/``; a wandb logger also gets
+    them as videos, TensorBoard as a frame strip.
+    """
+
+    def __init__(self, cfg, val_dataset, clip_lookup, every: int, count: int, steps: int) -> None:
+        self.cfg, self.dataset, self.clip_lookup = cfg, val_dataset, clip_lookup
+        self.every, self.count, self.steps = every, count, steps
+        self._vae = None
+
+    def _vae_model(self, module):
+        if self._vae is None:
+            from animegamer.models.frozen_encoders import build_frozen_encoders
+
+            self._vae = build_frozen_encoders(self.cfg.model.encoders, device=module.device, which=("vae",)).vae
+        return self._vae
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or self.every <= 0 or step % self.every or step == 0:
+            return
+        if getattr(self, "_last", None) == step:  # gradient accumulation: one call per optimiser step
+            return
+        self._last = step
+        self.log_videos(trainer, module, step)
+
+    @torch.no_grad()
+    def log_videos(self, trainer, module, step: int) -> list[Path]:
+        from animegamer.phases.common import step_generator
+        from data_pipeline.clips import encode_mp4
+
+        out_dir = Path(self.cfg.output_dir) / "validation" / f"step-{step:07d}"
+        written = []
+        for index in range(min(self.count, len(self.dataset))):
+            item = self.dataset[index]
+            batch = {k: (v.unsqueeze(0).to(module.device) if torch.is_tensor(v) else [v]) for k, v in item.items()}
+            clips = module.to_clip_batch(batch)
+            latents = module.reconstruct(clips, step_generator(self.cfg.seed, step, index), self.steps)
+            video = self._vae_model(module).decode(latents.float())[0].clamp(0, 1)  # (T, H, W, 3)
+            sample = (video.cpu().numpy() * 255).round().astype(np.uint8)
+            truth = self.clip_lookup(item["key"])
+            frames = side_by_side(truth, sample)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / f"{item['key']}.mp4"
+            path.write_bytes(encode_mp4(frames, self.cfg.pipeline.clips.fps, self.cfg.pipeline.clips))
+            written.append(path)
+            pixel_mse = float(np.mean((truth[: len(sample)].astype(np.float32) - sample[: len(truth)]) ** 2) / 255**2)
+            module.log("val/pixel_mse", pixel_mse, batch_size=1)
+            self._to_logger(trainer, path, frames, step)
+        log.info("validation videos: %s", out_dir)
+        return written
+
+    @staticmethod
+    def _to_logger(trainer, path: Path, frames: np.ndarray, step: int) -> None:
+        for logger in trainer.loggers:
+            name = type(logger).__name__
+            if name == "WandbLogger":
+                import wandb
+
+                logger.experiment.log({"val/video": wandb.Video(str(path), format="mp4")}, step=step)
+            elif name == "TensorBoardLogger":
+                strip = np.concatenate(list(frames[:: max(1, len(frames) // 4)]), axis=0)  # frames stacked
+                logger.experiment.add_image(f"val/{path.stem}", strip, step, dataformats="HWC")

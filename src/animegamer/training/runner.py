@@ -1,0 +1,102 @@
+"""``train.py``'s body: typed config in, a fitted phase out (checkpoints, export, logs)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from animegamer.config.schema import RunConfig
+from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, ValidationVideos
+from animegamer.training.loggers import make_logger
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+LAST = "last.ckpt"
+
+
+class PhaseAData(L.LightningDataModule):
+    """Train/val loaders; the train loader starts where the (possibly resumed) run stands."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        from animegamer.data.phase_a import phase_a_dataset
+
+        self.cfg = cfg
+        self.train_set = phase_a_dataset(cfg, "train")
+        self.val_set = phase_a_dataset(cfg, "val")
+
+    def train_dataloader(self):
+        from animegamer.data.phase_a import train_loader
+
+        trainer = self.trainer
+        return train_loader(self.cfg, self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
+
+    def val_dataloader(self):
+        from animegamer.data.phase_a import val_loader
+
+        return val_loader(self.cfg, self.val_set)
+
+
+def clip_lookup(cfg: RunConfig, keys: list[str]):
+    """key -> ground-truth frames (T, H, W, 3) from the clip shards, for validation videos."""
+    from animegamer.data.indexed import IndexedShardDataset
+
+    wanted = set(keys)
+    dataset = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in wanted)
+    positions = {key: i for i, key in enumerate(dataset.keys())}
+    return lambda key: dataset[positions[key]]
+
+
+def build_phase(cfg: RunConfig):
+    """(module, datamodule, export function) of the configured phase."""
+    from animegamer.phases.phase_a import STAGES, PhaseA, export_phase_a
+
+    if cfg.phase.name in STAGES:
+        frozen = None
+        if cfg.phase.input == "clips":
+            from animegamer.models.frozen_encoders import build_frozen_encoders
+
+            frozen = build_frozen_encoders(cfg.model.encoders)
+        return PhaseA(cfg, frozen), PhaseAData(cfg), export_phase_a
+    raise NotImplementedError(f"phase {cfg.phase.name!r} is not implemented yet")
+
+
+def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
+    t = cfg.trainer
+    return L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision, accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=cfg.phase.grad_clip or None, max_steps=cfg.phase.max_steps,
+        val_check_interval=cfg.phase.val_every_n_steps, check_val_every_n_epoch=None,
+        log_every_n_steps=t.log_every_n_steps, deterministic=t.deterministic, benchmark=t.benchmark,
+        logger=make_logger(cfg), callbacks=callbacks, default_root_dir=cfg.output_dir,
+        enable_progress_bar=True, num_sanity_val_steps=0,
+    )
+
+
+def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
+    """Fit the configured phase; resumes from ``<output>/checkpoints/last.ckpt`` when it exists."""
+    L.seed_everything(cfg.seed, workers=True)
+    out = Path(cfg.output_dir)
+    resolved = OmegaConf.to_container(resolved, resolve=True) if isinstance(resolved, DictConfig) else resolved
+    module, data, export_fn = build_phase(cfg)
+    checkpoints = ModelCheckpoint(dirpath=str(out / CHECKPOINT_DIR), every_n_train_steps=cfg.checkpoint.every_n_steps,
+                                  save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max", save_last=True,
+                                  filename="step-{step:07d}", auto_insert_metric_name=False)
+    callbacks = [checkpoints, ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved})]
+    if cfg.logger.kind != "none":
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if cfg.phase.val_clips > 0:
+        lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
+        callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
+                                          cfg.phase.val_clips, cfg.phase.val_sampling_steps))
+    trainer = make_trainer(cfg, callbacks)
+    last = out / CHECKPOINT_DIR / LAST
+    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.exists() else None)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
+    return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}
