@@ -29,14 +29,14 @@ def run(cfg: DictConfig) -> dict:
 @hydra.main(config_path=str(config_dir()), config_name="pipeline", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
     report = run(cfg)
-    counts = report.get("counts", {})
-    log.info("clip shards: %s (%s clips, %s inputs skipped)", report.get("output"), counts.get("clips"),
-             counts.get("skipped_inputs"))
-    log.info("report: %s/report.json", cfg.pipeline.output)
-    if "features" in report:
-        log.info("features: %s", report["features"]["output"])
-    if "sessions" in report:
-        log.info("sessions: %s", report["sessions"]["output"])
+    if "counts" in report:
+        counts = report["counts"]
+        log.info("clip shards: %s (%s clips, %s inputs skipped)", report["output"], counts["clips"],
+                 counts["skipped_inputs"])
+        log.info("report: %s/report.json", cfg.pipeline.output)
+    for step in ("features", "sessions", "representations"):
+        if step in report:
+            log.info("%s: %s", step, report[step]["output"])
 
 
 def main() -> None:

@@ -101,5 +101,9 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         from data_pipeline.sessions import build_sessions
 
         report["sessions"] = build_sessions(cfg)
+    if "representations" in steps and cfg.representations.export:
+        from data_pipeline.representations import export_representations
+
+        report["representations"] = export_representations(cfg, model_cfg, resolved)
     report["wall_seconds"] = time.perf_counter() - started
     return report

@@ -224,6 +224,16 @@ class SessionsConfig:
 
 
 @dataclass
+class RepresentationsConfig:
+    """The representation step: a trained phase (a) encoder over the feature shards (DESIGN 3)."""
+
+    export: str = ""  # phase (a) export folder; the step runs only when this is set
+    dtype: str = "float16"
+    batch_size: int = 16
+    device: str = "cpu"
+
+
+@dataclass
 class PipelineConfig:
     inputs: List[str] = field(default_factory=list)  # files, folders or globs
     output: str = "outputs/pipeline"
@@ -243,6 +253,7 @@ class PipelineConfig:
     writer: WriterConfig = field(default_factory=WriterConfig)
     precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    representations: RepresentationsConfig = field(default_factory=RepresentationsConfig)
 
 
 # --------------------------------------------------------------------------- training

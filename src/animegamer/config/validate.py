@@ -86,6 +86,9 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
     if p.motion.estimator == "raft" and not Path(p.motion.raft_weights or "/nonexistent").is_file():
         problems.append(f"pipeline.motion.raft_weights={p.motion.raft_weights!r}: estimator=raft needs a local weights file")
     problems += _check_caption(p)
+    problems += _choice("pipeline.representations.dtype", p.representations.dtype, ("float16", "bfloat16", "float32"))
+    if p.representations.export and not (Path(p.representations.export) / "trained.safetensors").is_file():
+        problems.append(f"pipeline.representations.export={p.representations.export!r}: not a phase (a) export folder")
     if not p.toy_film and not p.inputs and ("process" in (p.steps or PIPELINE_STEPS)):
         problems.append("pipeline.inputs is empty: name films, folders or globs (or use data=toy)")
     if enc is not None:
@@ -112,7 +115,7 @@ def _check_caption(p: PipelineConfig) -> list[str]:
     return []
 
 
-PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions")
+PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations")
 
 
 def validate_pipeline_run(cfg) -> None:

@@ -1,0 +1,81 @@
+"""Representations: a trained phase (a) encoder over the feature shards -> ``rep.npy`` shards.
+
+Phase (b) trains on these (inputs of history turns, targets of the query tokens). The manifest
+names the export and the hash of its weights, and the feature manifest's hash, so a representation
+set made by another checkpoint is never mistaken for this one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch import nn
+from tqdm import tqdm
+
+from animegamer.checkpoints.export import TRAINED_FILE, load_export
+from animegamer.config.schema import ModelConfig, PipelineConfig
+from animegamer.data.shards import iter_samples, shard_urls
+from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.utils.io import atomic_path, npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.precompute import FEATURES_DIR, IMAGE, TEXT, _batches
+from data_pipeline.writer import MANIFEST, TAR_MTIME
+
+log = logging.getLogger(__name__)
+
+REPRESENTATIONS_DIR = "representations"
+REP = "rep.npy"
+
+
+def load_encoder(model: ModelConfig, export: str | Path) -> ActionAwareEncoder:
+    """The encoder of a phase (a) export (its tensors are named ``encoder.*``)."""
+    holder = nn.ModuleDict({"encoder": ActionAwareEncoder(model.encoder)})
+    load_export(export, holder, prefixes=("encoder.",))
+    return holder["encoder"].eval().requires_grad_(False)
+
+
+@torch.inference_mode()
+def encode_representations(encoder: ActionAwareEncoder, batch: list[dict], dtype: np.dtype) -> np.ndarray:
+    device = next(encoder.parameters()).device
+    text = torch.from_numpy(np.stack([s[TEXT] for s in batch])).to(device)  # (B, Lt, text_dim)
+    image = torch.from_numpy(np.stack([s[IMAGE] for s in batch])).to(device)  # (B, P, image_dim)
+    return encoder(text, image).float().cpu().numpy().astype(dtype)  # (B, N, D)
+
+
+def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
+    settings = cfg.representations
+    features = Path(cfg.output) / FEATURES_DIR
+    out_dir = Path(cfg.output) / REPRESENTATIONS_DIR
+    encoder = load_encoder(model, settings.export).to(settings.device)
+    dtype = np.dtype(settings.dtype) if settings.dtype != "bfloat16" else np.float32
+    shards = []
+    for url in tqdm(shard_urls(features), desc="representations", unit="shard", disable=None):
+        path = out_dir / Path(url).name
+        count = 0
+        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
+            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
+                for batch in _batches(iter_samples([url], video=False), settings.batch_size):
+                    reps = encode_representations(encoder, batch, dtype)
+                    for sample, rep in zip(batch, reps):
+                        tar.write({"__key__": sample["__key__"], REP: npy_bytes(rep),
+                                   "json": json.dumps(sample["json"], sort_keys=True).encode()})
+                        count += 1
+        shards.append({"name": path.name, "count": count, "sha256": sha256_file(path)})
+    manifest = {
+        "kind": "representations",
+        "command": " ".join(sys.argv),
+        "config": resolved,
+        "export": str(settings.export),
+        "export_sha256": sha256_file(Path(settings.export) / TRAINED_FILE),
+        "features_manifest_sha256": sha256_file(features / MANIFEST),
+        "shape": [encoder.num_tokens, encoder.width],
+        "dtype": str(dtype),
+        "counts": {"clips": sum(s["count"] for s in shards)},
+        "shards": shards,
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    return {"output": str(out_dir), **manifest["counts"]}
