@@ -7,11 +7,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from animegamer.config.compose import compose_config, config_dir
-from animegamer.config.schema import PipelineRunConfig
+from animegamer.config.schema import RunConfig
 from animegamer.config.validate import ConfigError, validate_pipeline_run
 
 
-def _typed(cfg) -> PipelineRunConfig:
+def _typed(cfg) -> RunConfig:
     return OmegaConf.to_object(cfg)
 
 
@@ -19,7 +19,7 @@ def _typed(cfg) -> PipelineRunConfig:
 def test_every_experiment_composes_and_validates(experiment):
     cfg = compose_config("pipeline", [f"experiment={experiment}"])
     validate_pipeline_run(cfg)
-    assert isinstance(_typed(cfg), PipelineRunConfig)
+    assert isinstance(_typed(cfg), RunConfig)
 
 
 @pytest.mark.parametrize("model", ["tiny", "paper"])

@@ -97,14 +97,15 @@ class StepSampler(Sampler[int]):
         return order[self.rank : self.per_rank_epoch * self.world_size : self.world_size]
 
     def __iter__(self) -> Iterator[int]:
-        position = self.start
-        while self.total is None or position < self.total:
-            epoch, offset = divmod(position, self.per_rank_epoch)
+        # Continues where the previous iteration stopped: a trainer that restarts iteration (a new
+        # "epoch" after a resume) must not replay samples.
+        while self.total is None or self.start < self.total:
+            epoch, offset = divmod(self.start, self.per_rank_epoch)
             for index in self._epoch_order(epoch)[offset:]:
-                if self.total is not None and position >= self.total:
+                if self.total is not None and self.start >= self.total:
                     return
+                self.start += 1
                 yield index
-                position += 1
 
     def __len__(self) -> int:
         if self.total is None:

@@ -69,8 +69,8 @@ def phase_a_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
 def train_loader(cfg: RunConfig, dataset, start_step: int, rank: int, world_size: int) -> DataLoader:
     """Loader whose sample order depends on (seed, step) only: resuming at ``start_step`` is exact."""
     per_step = cfg.phase.batch_size * cfg.trainer.accumulate_grad_batches
-    sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step,
-                          total=cfg.phase.max_steps * per_step)
+    # Endless: one never-ending epoch, stopped by max_steps, so no epoch boundary can restart it.
+    sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step)
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, num_workers=cfg.data.num_workers,
                       drop_last=True, persistent_workers=cfg.data.num_workers > 0)
 

@@ -44,8 +44,12 @@ class ReconstructionModel(torch.nn.Module):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
-        self.encoder = ActionAwareEncoder(cfg.model.encoder)
-        self.decoder = MotionScopeDecoder(cfg.model.decoder, self.encoder.width, self.encoder.num_tokens)
+        # Seeded construction: random frozen weights must be rebuilt identically on resume, because
+        # checkpoints and exports hold only what trains.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            self.encoder = ActionAwareEncoder(cfg.model.encoder)
+            self.decoder = MotionScopeDecoder(cfg.model.decoder, self.encoder.width, self.encoder.num_tokens)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, text: torch.Tensor, image: torch.Tensor,
                 flow: torch.Tensor) -> torch.Tensor:

@@ -97,6 +97,8 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     trainer = make_trainer(cfg, callbacks)
     last = out / CHECKPOINT_DIR / LAST
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.exists() else None)
+    # The periodic saves may miss the final step: save it so a longer run continues from here.
+    trainer.save_checkpoint(str(last))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}

@@ -1,0 +1,313 @@
+"""MotionScope decoder: CogVideoX-2B's transformer conditioned on the representation and motion scope.
+
+Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward (DESIGN section 5):
+
+- **Representation as the text stream.** The pretrained ``patch_embed.text_proj`` (T5 4096 ->
+  hidden) is replaced by ``nn.Identity``: the representation already has the hidden width and is
+  what the official network feeds the text stream. The transformer's ``max_text_seq_length`` is set
+  to the representation's token count N because the joint position embedding (zeros on the text
+  part, 3-D sin-cos on the video part) is laid out for exactly N text tokens.
+- **Motion scope.** diffusers' ``ofs`` path (sinusoid -> TimestepEmbedding, added to the timestep
+  embedding before the blocks) sits exactly where the official ``flow_embed`` sits, only at other
+  widths; ``ofs_proj`` / ``ofs_embedding`` are rebuilt at the official widths (sinusoid of the hidden
+  width, cosine first; Linear(hidden, time) - SiLU - Linear(time, time)) and the flow value is
+  passed as ``ofs``. The last Linear starts at zero, so a new embedder leaves the pretrained
+  decoder's output unchanged until it learns.
+- **Final AdaLN epsilon.** The official final layer normalises with eps 1e-6 where diffusers builds
+  ``norm_out`` with the block eps (1e-5); it is set to 1e-6 to reproduce the official network.
+- **LoRA** through peft on the attention projections, added after construction (``add_lora``)
+  because phase a1 trains without it and a2 adds it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
+
+if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
+    from diffusers import CogVideoXTransformer3DModel
+    from peft import LoraConfig
+
+logger = logging.getLogger(__name__)
+
+LORA_ADAPTER = "default"  # peft adapter name; get_peft_model_state_dict strips it from saved keys
+LORA_WEIGHTS_FILE = "adapter_model.safetensors"
+LORA_CONFIG_FILE = "adapter_config.json"
+FINAL_ADALN_EPS = 1e-6  # official final-layer LayerNorm eps (diffusers would use the block eps)
+FLIP_SIN_TO_COS = True  # official sinusoids put the cosine half first
+FREQ_SHIFT = 0  # official sinusoid frequencies: exp(-log(10000) * i / half)
+TIMESTEP_ACTIVATION = "silu"
+PAPER_REP_TOKENS = PAPER_TEXT_TOKENS + PAPER_IMAGE_TOKENS  # 226
+_TRANSFORMER_SUBFOLDERS = ("", "transformer")
+_DIFFUSERS_CONFIG = "config.json"
+# Settings a checkpoint folder must share with the config: the sizes the rest of the code relies
+# on, and the CogVideoX-2B choices (sin-cos positions, no temporal patching) this module assumes.
+_ARCHITECTURE_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
+                      "patch_size", "time_embed_dim", "use_rotary_positional_embeddings", "flip_sin_to_cos",
+                      "freq_shift")
+# Per-block AdaLN modulation linears (CogVideoXLayerNormZero.linear of the attention and FF halves).
+_ADALN_SUFFIXES = (".norm1.linear.weight", ".norm1.linear.bias", ".norm2.linear.weight", ".norm2.linear.bias")
+_FINAL_ADALN_PREFIX = "transformer.norm_out.linear."
+_OFS_KEY_PREFIX = "ofs_embedding."
+_MOTION_SCOPE_PREFIX = "transformer." + _OFS_KEY_PREFIX
+_LORA_MARKERS = (".lora_A.", ".lora_B.")
+_PEFT_BASE = ".base_layer."
+
+
+# --------------------------------------------------------------------------- building
+def _transformer_kwargs(cfg: DecoderConfig, rep_tokens: int) -> Dict[str, object]:
+    """diffusers config of a CogVideoX-2B-style transformer at the configured sizes."""
+    hidden = cfg.num_attention_heads * cfg.attention_head_dim
+    return dict(
+        num_attention_heads=cfg.num_attention_heads,
+        attention_head_dim=cfg.attention_head_dim,
+        in_channels=cfg.in_channels,
+        out_channels=cfg.out_channels,
+        flip_sin_to_cos=FLIP_SIN_TO_COS,
+        freq_shift=FREQ_SHIFT,
+        time_embed_dim=cfg.time_embed_dim,
+        ofs_embed_dim=None,  # the motion-scope embedder is rebuilt at the official widths below
+        text_embed_dim=hidden,  # irrelevant: text_proj is replaced by Identity
+        num_layers=cfg.num_layers,
+        sample_width=cfg.sample_width,
+        sample_height=cfg.sample_height,
+        sample_frames=cfg.sample_frames,
+        patch_size=cfg.patch_size,
+        max_text_seq_length=rep_tokens,
+        spatial_interpolation_scale=cfg.spatial_interpolation_scale,
+        temporal_interpolation_scale=cfg.temporal_interpolation_scale,
+        use_rotary_positional_embeddings=False,
+    )
+
+
+def _find_transformer_folder(path: str) -> Path:
+    """The diffusers transformer folder: ``path`` itself or a pipeline folder's ``transformer/``."""
+    root = Path(path).expanduser()
+    for sub in _TRANSFORMER_SUBFOLDERS:
+        folder = root / sub if sub else root
+        if (folder / _DIFFUSERS_CONFIG).is_file():
+            return folder
+    raise FileNotFoundError(f"no diffusers transformer ({_DIFFUSERS_CONFIG}) in {root} or {root / 'transformer'}")
+
+
+def _check_loaded_sizes(model: "CogVideoXTransformer3DModel", expected: Dict[str, object], folder: Path) -> None:
+    """Refuse a folder whose architecture disagrees with the config, naming every difference."""
+    wrong = [f"{key}: folder {model.config[key]} vs config {expected[key]}"
+             for key in _ARCHITECTURE_KEYS if model.config[key] != expected[key]]
+    if model.config.get("patch_size_t") is not None:
+        wrong.append(f"patch_size_t: folder {model.config['patch_size_t']} (CogVideoX 1.5) vs config None")
+    if wrong:
+        raise ValueError(f"decoder weights in {folder} do not match model.decoder: " + "; ".join(wrong))
+
+
+def build_transformer(cfg: DecoderConfig, rep_tokens: int) -> "CogVideoXTransformer3DModel":
+    """Random weights at the configured sizes, or the local folder ``cfg.path`` (never the hub).
+
+    Position-embedding settings (sample grid, interpolation scales, text length) are taken from the
+    config even when loading, since they are buffers computed at build time, not weights.
+    """
+    from diffusers import CogVideoXTransformer3DModel
+
+    kwargs = _transformer_kwargs(cfg, rep_tokens)
+    if not cfg.path:
+        return CogVideoXTransformer3DModel(**kwargs)
+    folder = _find_transformer_folder(cfg.path)
+    overrides = {k: kwargs[k] for k in ("sample_width", "sample_height", "sample_frames", "max_text_seq_length",
+                                         "spatial_interpolation_scale", "temporal_interpolation_scale")}
+    model = CogVideoXTransformer3DModel.from_pretrained(folder, local_files_only=True, **overrides)
+    _check_loaded_sizes(model, kwargs, folder)
+    logger.info("decoder transformer loaded from %s", folder)
+    return model
+
+
+def _restore_motion_scope(embedding: nn.Module, cfg: DecoderConfig) -> None:
+    """Fill a new motion-scope embedder from ``cfg.path`` when that folder holds one.
+
+    A transformer saved with ``save_pretrained`` after motion-scope training keeps the
+    ``ofs_embedding.*`` tensors, but its config says ``ofs_embed_dim=None`` (the embedder is not a
+    diffusers option at these widths), so ``from_pretrained`` drops them; they are read back here.
+    """
+    from safetensors import safe_open
+
+    folder = _find_transformer_folder(cfg.path)
+    found: Dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith(_OFS_KEY_PREFIX):
+                    found[key[len(_OFS_KEY_PREFIX):]] = handle.get_tensor(key)
+    if not found:
+        return  # a plain CogVideoX folder: the embedder starts at its zero-output init
+    embedding.load_state_dict(found, strict=True)
+    logger.info("motion-scope embedder restored from %s", folder)
+
+
+def _motion_scope_modules(hidden: int, time_embed_dim: int) -> tuple[nn.Module, nn.Module]:
+    """(ofs_proj, ofs_embedding) at the official widths, the output linear zero-initialised."""
+    from diffusers.models.embeddings import TimestepEmbedding, Timesteps
+
+    proj = Timesteps(hidden, flip_sin_to_cos=FLIP_SIN_TO_COS, downscale_freq_shift=FREQ_SHIFT)
+    embedding = TimestepEmbedding(hidden, time_embed_dim, act_fn=TIMESTEP_ACTIVATION)
+    nn.init.zeros_(embedding.linear_2.weight)
+    nn.init.zeros_(embedding.linear_2.bias)
+    return proj, embedding
+
+
+# --------------------------------------------------------------------------- the module
+class MotionScopeDecoder(nn.Module):
+    """v-prediction of CogVideoX-2B given the representation (text stream) and the motion scope.
+
+    ``rep_tokens`` is the encoder's token count N (``ActionAwareEncoder.num_tokens``), which fixes
+    the layout of the joint position embedding. Parameter names reported by the group helpers are
+    those of ``self.named_parameters()``.
+    """
+
+    def __init__(self, cfg: DecoderConfig, rep_width: int, rep_tokens: int = PAPER_REP_TOKENS) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.hidden = cfg.num_attention_heads * cfg.attention_head_dim
+        if rep_width != self.hidden:
+            raise ValueError(f"representation width {rep_width} must equal the decoder hidden size {self.hidden} "
+                             "(the pretrained text projection is bypassed)")
+        self.rep_tokens = rep_tokens
+        self.transformer = build_transformer(cfg, rep_tokens)
+        self.transformer.patch_embed.text_proj = nn.Identity()
+        self.transformer.norm_out.norm.eps = FINAL_ADALN_EPS
+        if cfg.motion_scope:
+            self.transformer.ofs_proj, self.transformer.ofs_embedding = _motion_scope_modules(
+                self.hidden, cfg.time_embed_dim)
+            if cfg.path:
+                _restore_motion_scope(self.transformer.ofs_embedding, cfg)
+        else:
+            self.transformer.ofs_proj, self.transformer.ofs_embedding = None, None
+        self.set_gradient_checkpointing(cfg.gradient_checkpointing)
+
+    # ----------------------------------------------------------------------- forward
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, rep: torch.Tensor,
+                flow: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """latents (B, T, C, H, W), timestep (B,), rep (B, N, D), flow (B,) -> (B, T, C, H, W) velocity.
+
+        ``flow`` is the motion-scope value (ignored, and may be None, without motion scope).
+        """
+        self._check_inputs(latents, rep)
+        if self.cfg.motion_scope:
+            if flow is None:
+                raise ValueError("the motion-scope decoder needs a flow value per sample")
+            flow = flow.to(device=latents.device, dtype=torch.float32)
+        else:
+            flow = None
+        (velocity,) = self.transformer(hidden_states=latents, encoder_hidden_states=rep, timestep=timestep,
+                                       ofs=flow, return_dict=False)
+        return velocity
+
+    def _check_inputs(self, latents: torch.Tensor, rep: torch.Tensor) -> None:
+        """Name the shapes: a token-count mismatch otherwise fails inside the position embedding."""
+        if latents.ndim != 5 or latents.shape[2] != self.cfg.in_channels:
+            raise ValueError(f"latents must be (B, T, {self.cfg.in_channels}, H, W), got {tuple(latents.shape)}")
+        if rep.ndim != 3 or rep.shape[1:] != (self.rep_tokens, self.hidden):
+            raise ValueError(f"rep must be (B, {self.rep_tokens}, {self.hidden}), got {tuple(rep.shape)}")
+
+    # ----------------------------------------------------------------------- switches
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute block activations in backward (the paper-scale memory saver)."""
+        if enabled:
+            self.transformer.enable_gradient_checkpointing()
+        else:
+            self.transformer.disable_gradient_checkpointing()
+
+    @property
+    def has_lora(self) -> bool:
+        return LORA_ADAPTER in getattr(self.transformer, "peft_config", {})
+
+    def lora_config(self, rank: Optional[int] = None, alpha: Optional[float] = None,
+                    targets: Optional[List[str]] = None) -> "LoraConfig":
+        """peft LoraConfig (scaling alpha / r, no dropout, B = 0 at init); unset fields from the config."""
+        from peft import LoraConfig
+
+        return LoraConfig(r=rank or self.cfg.lora_rank,
+                          lora_alpha=alpha if alpha is not None else self.cfg.lora_alpha,
+                          target_modules=sorted(targets or self.cfg.lora_targets), lora_dropout=0.0, bias="none",
+                          init_lora_weights=True)
+
+    def add_lora(self, config: Optional["LoraConfig"] = None) -> None:
+        """Inject the LoRA adapter; the output is unchanged at init because lora_B starts at zero.
+
+        peft marks every non-adapter parameter frozen when it injects; the previous flags are
+        restored so trainability stays the phase's decision, not a side effect of adding LoRA.
+        """
+        if self.has_lora:
+            raise RuntimeError("the decoder already has its LoRA adapter")
+        flags = {name: p.requires_grad for name, p in self.named_parameters()}
+        # diffusers' add_adapter = peft's inject_adapter_in_model plus diffusers' own adapter bookkeeping.
+        self.transformer.add_adapter(config or self.lora_config(), adapter_name=LORA_ADAPTER)
+        for name, param in self.named_parameters():
+            # peft moved each wrapped Linear's tensors under ``base_layer``; new LoRA tensors train.
+            param.requires_grad_(flags.get(name.replace(_PEFT_BASE, "."), True))
+        logger.info("decoder LoRA added: %d tensors", len(self.lora_parameters()))
+
+    # ----------------------------------------------------------------------- parameter groups
+    def motion_scope_parameters(self) -> List[str]:
+        """Names of the motion-scope embedder's parameters (empty without motion scope)."""
+        return [n for n, _ in self.named_parameters() if n.startswith(_MOTION_SCOPE_PREFIX)]
+
+    def adaln_parameters(self, include_final: bool = False) -> List[str]:
+        """Names of the per-block AdaLN modulation linears (norm1.linear and norm2.linear of each block).
+
+        The final layer's modulation (``norm_out.linear``) is not a per-block AdaLN and stays frozen
+        by default, as DESIGN section 5 lists only the per-block ones; ``include_final`` adds it.
+        """
+        names = [n for n, _ in self.named_parameters()
+                 if n.startswith("transformer.transformer_blocks.") and n.endswith(_ADALN_SUFFIXES)]
+        if include_final:
+            names += [n for n, _ in self.named_parameters() if n.startswith(_FINAL_ADALN_PREFIX)]
+        return names
+
+    def lora_parameters(self) -> List[str]:
+        """Names of the LoRA matrices (empty before ``add_lora``)."""
+        return [n for n, _ in self.named_parameters() if any(m in n for m in _LORA_MARKERS)]
+
+    # ----------------------------------------------------------------------- LoRA folders
+    def save_lora(self, folder: str | Path) -> Path:
+        """Write the adapter as a peft folder (adapter_model.safetensors + adapter_config.json)."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        if not self.has_lora:
+            raise RuntimeError("the decoder has no LoRA adapter to save")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = get_peft_model_state_dict(self.transformer, adapter_name=LORA_ADAPTER)
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / LORA_WEIGHTS_FILE))
+        self.transformer.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
+        return folder
+
+    def load_lora(self, folder: str | Path) -> None:
+        """Load a peft adapter folder, adding the adapter (with the folder's r/alpha) when absent.
+
+        Every adapter tensor must be filled and no stray key accepted: a silently partial LoRA
+        would look like a trained model and behave like an untrained one.
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        saved = json.loads((folder / LORA_CONFIG_FILE).read_text())
+        if not self.has_lora:
+            self.add_lora(self.lora_config(rank=saved["r"], alpha=saved["lora_alpha"],
+                                           targets=saved.get("target_modules")))
+        current = self.transformer.peft_config[LORA_ADAPTER]
+        if (saved["r"], saved["lora_alpha"]) != (current.r, current.lora_alpha):
+            raise ValueError(f"adapter in {folder} has rank {saved['r']} / alpha {saved['lora_alpha']}, the "
+                             f"decoder's has rank {current.r} / alpha {current.lora_alpha}")
+        state = load_file(str(folder / LORA_WEIGHTS_FILE))
+        result = set_peft_model_state_dict(self.transformer, state, adapter_name=LORA_ADAPTER)
+        missing = [k for k in result.missing_keys if any(m in f".{k}" for m in _LORA_MARKERS)]
+        if result.unexpected_keys or missing:
+            raise ValueError(f"LoRA folder {folder} does not fit the decoder: unexpected "
+                             f"{list(result.unexpected_keys)}, missing {missing}")
