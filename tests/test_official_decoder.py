@@ -147,3 +147,22 @@ def test_import_refuses_other_sizes(case):
 def test_state_dict_reader_strips_the_prefix():
     state = read_official_state_dict(GOLDEN)  # a folder works too
     assert "flow_embed.0.weight" in state and not any(k.startswith("model.") for k in state)
+
+
+@pytest.mark.parametrize("stage", ["a_warmup", "a_joint"])
+def test_phase_a_starts_from_the_official_decoder_by_config(case, arrays, stage):
+    """``model.decoder.official_checkpoint`` makes phase (a) start from the official network."""
+    from dataclasses import replace
+
+    from animegamer.config.schema import ModelConfig, PhaseConfig, RunConfig
+    from animegamer.phases.phase_a import PhaseA
+
+    encoder_cfg, decoder_cfg, _ = _configs(case)
+    decoder_cfg = replace(decoder_cfg, official_checkpoint=str(CHECKPOINT))
+    cfg = RunConfig(model=ModelConfig(name="golden", encoder=encoder_cfg, decoder=decoder_cfg),
+                    phase=PhaseConfig(name=stage))
+    model = PhaseA(cfg).model
+    assert model.decoder.has_lora is (stage == "a_joint")
+    encoder_path, adaptation_path = _outputs(case, arrays, model.encoder, model.decoder)
+    assert _relative_error(encoder_path, arrays["expected_encoder_path"]) <= RELATIVE_TOLERANCE
+    assert _relative_error(adaptation_path, arrays["expected_adaptation_path"]) <= RELATIVE_TOLERANCE

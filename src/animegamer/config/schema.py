@@ -97,6 +97,9 @@ class DecoderConfig:
     """CogVideoX-2B transformer with the motion-scope embedder and LoRA (DESIGN section 5)."""
 
     path: str = ""  # local diffusers transformer folder (CogVideoX-2B); '' = random weights
+    # The official release's decoder (SAT mp_rank_00_model_states.pt or its folder), loaded over the
+    # base weights into encoder and decoder; its LoRA is kept as an adapter in a_joint, merged in a_warmup.
+    official_checkpoint: str = ""
     num_layers: int = 30
     num_attention_heads: int = 30
     attention_head_dim: int = 64

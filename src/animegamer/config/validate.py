@@ -164,6 +164,8 @@ def check_training(cfg) -> list[str]:
         problems.append(f"model.decoder.in_channels={dec.in_channels} != model.encoders.vae.latent_channels="
                         f"{frozen.vae.latent_channels}")
     problems += _local_folder("model.decoder.path", dec.path)
+    if dec.official_checkpoint and not Path(dec.official_checkpoint).exists():
+        problems.append(f"model.decoder.official_checkpoint={dec.official_checkpoint!r}: no such file or folder")
     if phase.init_from and not Path(phase.init_from).is_dir():
         problems.append(f"phase.init_from={phase.init_from!r}: no such export folder (train the earlier stage first)")
     root = Path(cfg.data.root)

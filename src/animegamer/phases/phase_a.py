@@ -60,6 +60,16 @@ class ReconstructionModel(torch.nn.Module):
         return self.encoder(torch.zeros_like(like.text[:1]), torch.zeros_like(like.image[:1]))
 
 
+def import_official(model: ReconstructionModel, path: str) -> None:
+    """The official decoder checkpoint into encoder and decoder; anything unplaced is an error."""
+    from animegamer.models.official_decoder import load_official_decoder
+
+    report = load_official_decoder(path, model.encoder, model.decoder, merge_lora=not model.decoder.has_lora)
+    if not report.ok:
+        raise ValueError(f"{path}: {report.summary()}: unplaced {report.unplaced_keys[:10]}, "
+                         f"unset {report.unset_parameters[:10]}")
+
+
 def stage_trainable(model: ReconstructionModel, stage: str) -> list[str]:
     """Exactly the parameter names a stage trains (asserted by name in the tests)."""
     names = [f"encoder.{n}" for n, _ in model.encoder.named_parameters()]
@@ -88,6 +98,8 @@ class PhaseA(L.LightningModule):
         self.model = ReconstructionModel(cfg)
         if cfg.phase.name == JOINT:
             self.model.decoder.add_lora()
+        if cfg.model.decoder.official_checkpoint:
+            import_official(self.model, cfg.model.decoder.official_checkpoint)
         if cfg.phase.init_from:
             load_export(cfg.phase.init_from, self.model)
         self.trainable = set_trainable(self.model, stage_trainable(self.model, cfg.phase.name))
