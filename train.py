@@ -6,19 +6,11 @@ Resumes automatically from ``<output_dir>/checkpoints/last.ckpt``; writes the po
 from __future__ import annotations
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from animegamer.config.compose import config_dir
 from animegamer.config.schema import register_configs
-from animegamer.config.validate import validate_train_run
-from animegamer.training.runner import train
-from animegamer.utils.logging import setup_logging
-
-
-def run(cfg: DictConfig) -> dict:
-    setup_logging(cfg.log_level)
-    validate_train_run(cfg)
-    return train(OmegaConf.to_object(cfg), cfg)
+from animegamer.training.runner import run
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")

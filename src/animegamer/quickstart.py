@@ -18,8 +18,8 @@ log = logging.getLogger("animegamer.quickstart")
 
 
 def run_quickstart(extra: list[str]) -> dict:
+    from animegamer.training.runner import run as run_train
     from data_pipeline.__main__ import run as run_pipeline
-    from train import run as run_train
 
     pipeline = run_pipeline(compose_config("pipeline", ["experiment=quickstart", *extra]))
     warmup = run_train(compose_config("train", ["experiment=quickstart_a", "phase=a_warmup", *extra]))
@@ -44,7 +44,6 @@ def run_quickstart(extra: list[str]) -> dict:
 
 def main() -> None:
     setup_logging("INFO")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # train.py lives at the repo root
     run_quickstart(sys.argv[1:])
 
 

@@ -102,3 +102,13 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}
+
+
+def run(cfg: DictConfig) -> dict:
+    """Validate a composed config (every problem at once) and train; what ``train.py`` calls."""
+    from animegamer.config.validate import validate_train_run
+    from animegamer.utils.logging import setup_logging
+
+    setup_logging(cfg.log_level)
+    validate_train_run(cfg)
+    return train(OmegaConf.to_object(cfg), cfg)
