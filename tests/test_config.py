@@ -15,11 +15,15 @@ def _typed(cfg) -> RunConfig:
     return OmegaConf.to_object(cfg)
 
 
+@pytest.mark.parametrize("root", ["pipeline", "train"])
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml")))
-def test_every_experiment_composes_and_validates(experiment):
-    cfg = compose_config("pipeline", [f"experiment={experiment}"])
-    validate_pipeline_run(cfg)
+def test_every_experiment_composes_into_the_typed_schema(experiment, root):
+    cfg = compose_config(root, [f"experiment={experiment}"])
     assert isinstance(_typed(cfg), RunConfig)
+
+
+def test_quickstart_pipeline_validates():
+    validate_pipeline_run(compose_config("pipeline", ["experiment=quickstart"]))
 
 
 @pytest.mark.parametrize("model", ["tiny", "paper"])
