@@ -134,6 +134,36 @@ class DiffusionConfig:
 
 
 @dataclass
+class MLLMConfig:
+    """The game-state MLLM (DESIGN sections 4 and 5): Mistral-7B + LoRA + projections."""
+
+    path: str = ""  # local Mistral-7B-Instruct-v0.1 folder; '' = random weights at the sizes below
+    tokenizer: str = ""  # local tokenizer folder; '' = the LLM folder, or a byte tokenizer for random builds
+    vocab_size: int = 32000  # base vocabulary before the AnimeGamer tokens (random builds)
+    hidden_size: int = 4096
+    intermediate_size: int = 14336
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    sliding_window: int = 4096
+    lora_rank: int = 32
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    lora_targets: List[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    train_norms: bool = True  # RMSNorms trainable (peft modules_to_save in the official release)
+    train_embeddings: bool = True  # input and output embedding matrices trainable
+    lm_weight: float = 1.0
+    rec_weight: float = 1.0  # MSE on the representation
+    cos_weight: float = 0.0  # Table 3 ablation: cosine term on the representation
+    attention: str = "sdpa"  # sdpa | flex | eager
+    gradient_checkpointing: bool = False
+
+
+@dataclass
 class ModelConfig:
     """The ``model/`` group: every network's sizes (tiny, paper). Phases add their networks here."""
 
@@ -142,6 +172,7 @@ class ModelConfig:
     encoder: ActionEncoderConfig = field(default_factory=ActionEncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    mllm: MLLMConfig = field(default_factory=MLLMConfig)
 
 
 # --------------------------------------------------------------------------- pipeline stages
