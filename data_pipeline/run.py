@@ -105,5 +105,9 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         from data_pipeline.representations import export_representations
 
         report["representations"] = export_representations(cfg, model_cfg, resolved)
+    if "session_shards" in steps and (Path(cfg.output) / "representations" / "manifest.json").exists():
+        from data_pipeline.session_shards import build_session_shards
+
+        report["session_shards"] = build_session_shards(cfg, resolved)
     report["wall_seconds"] = time.perf_counter() - started
     return report

@@ -324,6 +324,9 @@ class TrainDataConfig:
     clips: str = "clips"
     features: str = "features"
     representations: str = "representations"
+    sessions: str = "session_shards"
+    # Phase (b): relative weight of each window length 1..K (paper: equal for 1..5 turns).
+    window_weights: List[float] = field(default_factory=lambda: [1.0, 1.0, 1.0, 1.0, 1.0])
     val_fraction: float = 0.1  # held-out clips (by key hash), never trained on
     num_workers: int = 0
 

@@ -115,7 +115,7 @@ def _check_caption(p: PipelineConfig) -> list[str]:
     return []
 
 
-PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations")
+PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations", "session_shards")
 
 
 def validate_pipeline_run(cfg) -> None:

@@ -1,0 +1,73 @@
+"""Session shards (phase b input): the session index joined with the representation shards.
+
+One sample per session: ``json`` with each turn's key, instruction, motion level, flow and states,
+and ``reps.npy`` (K, N, D). The manifest records the hashes of both sources, so a session set built
+from another representation export is detected, not silently used.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import webdataset as wds
+from tqdm import tqdm
+
+from animegamer.config.schema import PipelineConfig
+from animegamer.data.indexed import IndexedShardDataset
+from animegamer.utils.io import atomic_path, npy_bytes, read_json, sha256_file, write_json_atomic
+from data_pipeline.representations import REP, REPRESENTATIONS_DIR
+from data_pipeline.sessions import SESSIONS_FILE
+from data_pipeline.writer import MANIFEST, SHARD_PATTERN, TAR_MTIME
+
+SESSION_SHARDS_DIR = "session_shards"
+REPS = "reps.npy"
+STATE_NAMES = ("SC", "ET", "ST")
+
+
+def turn_record(meta: dict) -> dict:
+    """What phase (b) needs of one clip: instruction and the four state values (ML = motion level)."""
+    return {
+        "key": meta["key"],
+        "instruction": meta["instruction"],
+        "flow": meta["motion"]["flow"],
+        "states": {"ML": meta["motion"]["level"], **{k: meta["states"][k] for k in STATE_NAMES}},
+    }
+
+
+def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
+    root = Path(cfg.output)
+    index_path, reps_dir = root / SESSIONS_FILE, root / REPRESENTATIONS_DIR
+    sessions = read_json(index_path)["sessions"]
+    reps = IndexedShardDataset(reps_dir, lambda s: s, video=False)
+    position = {key: i for i, key in enumerate(reps.keys())}
+    missing = sorted({k for s in sessions for k in s["keys"] if k not in position})
+    if missing:
+        raise ValueError(f"{reps_dir}: no representation for {len(missing)} session clips, e.g. {missing[:5]}")
+    out_dir = root / SESSION_SHARDS_DIR
+    groups = [sessions[i : i + cfg.writer.maxcount] for i in range(0, len(sessions), cfg.writer.maxcount)]
+    shards = []
+    for number, group in enumerate(tqdm(groups, desc="session shards", unit="shard", disable=None)):
+        path = out_dir / SHARD_PATTERN.format(number)
+        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
+            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
+                for session in group:
+                    samples = [reps.raw(position[k]) for k in session["keys"]]
+                    record = {"film": session["film"], "keys": session["keys"],
+                              "turns": [turn_record(s["json"]) for s in samples]}
+                    stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
+                    tar.write({"__key__": f"{session['keys'][0]}-s{len(session['keys'])}",
+                               "json": json.dumps(record, sort_keys=True).encode(), REPS: npy_bytes(stacked)})
+        shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
+    manifest = {
+        "kind": "session_shards",
+        "command": " ".join(sys.argv),
+        "config": resolved,
+        "sessions_sha256": sha256_file(index_path),
+        "representations_manifest_sha256": sha256_file(reps_dir / MANIFEST),
+        "counts": {"sessions": len(sessions)},
+        "shards": shards,
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    return {"output": str(out_dir), **manifest["counts"]}
