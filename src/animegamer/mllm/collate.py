@@ -1,0 +1,246 @@
+"""Phase (b) batches: session windows, right-padded batch tensors, and the model-side scatter.
+
+The layout logic lives here and in :mod:`animegamer.mllm.sequence` only; the model reads the batch:
+
+=================  =================  ==========================================================
+key                shape, dtype       meaning
+=================  =================  ==========================================================
+``input_ids``      (B, L) long        token ids, ``pad_id`` after each sequence (right padding)
+``padding_mask``   (B, L) bool        True on real tokens
+``position_ids``   (B, L) long        0..len-1 on real tokens (0 on left padding)
+``lengths``        (B,) long          real length of each sequence
+``query_mask``     (B, L) bool        the target turn's N query positions (exactly N per row)
+``history_index``  (B, L) long        ``k * N + i`` at history turn k's ``<frame_i>``, -1 elsewhere
+                                      (index into ``history_reps`` flattened to (B, H_max * N, D))
+``history_mask``   (B, L) bool        ``history_index >= 0``
+``labels``         (B, L) long        token id on the target's 12 state tokens, -100 elsewhere;
+                                      aligned with ``input_ids`` (logits[:, p-1] predict labels[:, p]).
+                                      Present when every item is a training sequence.
+``history_reps``   (B, H_max, N, D)   reps of the history turns, oldest first, zeros past
+                                      ``history_counts``; ``rep_dtype``. Present with reps.
+``history_counts`` (B,) long          number of history turns of each row
+``target_rep``     (B, N, D)          the regression target. Present when every item has one.
+``keys``           list[str]          session keys (items with reps only)
+=================  =================  ==========================================================
+
+The model builds ``embeds = embed_tokens(input_ids)``, then
+``scatter_history(embeds, input_proj(history_reps), history_index)``, the 4-D mask with
+:func:`animegamer.mllm.masks.attention_mask_4d` (``query_mask``, ``padding_mask``), and reads the
+predicted rep with ``gather_queries(hidden, query_mask, N)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, PromptSequence, Turn, build_sequence
+from animegamer.mllm.tokens import TokenIds
+
+
+def _as_tensor(array: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
+    return tensor if dtype is None else tensor.to(dtype)
+
+
+# --------------------------------------------------------------------------- sessions and windows
+@dataclass(frozen=True)
+class Window:
+    """Turns ``start .. start + length - 1`` of a session; the last one is the target."""
+
+    start: int
+    length: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+    @property
+    def target(self) -> int:
+        return self.start + self.length - 1
+
+
+@dataclass(frozen=True)
+class Session:
+    """K consecutive turns of one film with their reps (K, N, D): one session-shard sample."""
+
+    turns: Sequence[Turn]
+    reps: Any  # (K, N, D) numpy array or tensor
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        turns = [t if isinstance(t, Turn) else Turn.from_dict(t) for t in self.turns]
+        object.__setattr__(self, "turns", turns)
+        shape = tuple(self.reps.shape)
+        if not turns or len(shape) != 3 or shape[0] != len(turns):
+            raise ValueError(f"session {self.key!r}: {len(turns)} turns need reps of shape (K, N, D) with "
+                             f"K = {len(turns)} >= 1, got {shape}")
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], reps: Any, key: str = "") -> "Session":
+        """From a session-shard sample: its ``json`` record (``turns`` list) and ``reps.npy``."""
+        return cls([Turn.from_dict(t) for t in record["turns"]], reps, key)
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def window(self, window: Window) -> "Session":
+        if window.length < 1 or window.start < 0 or window.stop > len(self):
+            raise ValueError(f"window {window} outside a session of {len(self)} turns")
+        return Session(self.turns[window.start : window.stop], self.reps[window.start : window.stop],
+                       f"{self.key}@{window.start}+{window.length}" if self.key else "")
+
+
+class WindowSampler:
+    """Random training windows: length n ~ ``weights[n-1]`` (n = 1..K), then an end turn uniformly.
+
+    Lengths longer than the session are dropped and the rest renormalised. Seeded: the same seed gives
+    the same windows; give each DataLoader worker its own seed (e.g. ``seed + worker_id``).
+    """
+
+    def __init__(self, weights: Sequence[float], seed: int = 0):
+        weights = [float(w) for w in weights]
+        if not weights or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"window weights must be finite, >= 0, with a positive sum, got {weights}")
+        self.weights = weights
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def length_probabilities(self, num_turns: int) -> np.ndarray:
+        """P(n) for n = 1..min(K, num_turns)."""
+        w = np.asarray(self.weights[: max(0, num_turns)], dtype=np.float64)
+        if w.sum() <= 0:
+            raise ValueError(f"no window length of positive weight fits a session of {num_turns} turns "
+                             f"(weights {self.weights})")
+        return w / w.sum()
+
+    def sample(self, num_turns: int) -> Window:
+        probs = self.length_probabilities(num_turns)
+        length = int(self.rng.choice(len(probs), p=probs)) + 1
+        end = int(self.rng.integers(length - 1, num_turns))  # the target turn, inclusive
+        return Window(start=end - length + 1, length=length)
+
+    def __call__(self, session: Session) -> Session:
+        return session.window(self.sample(len(session)))
+
+
+# --------------------------------------------------------------------------- examples and batches
+@dataclass(frozen=True)
+class Example:
+    """One sequence with its reps: history (H, N, D) in turn order and the target (N, D) (None at inference)."""
+
+    sequence: PromptSequence
+    history_reps: Any
+    target_rep: Any = None
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        n, h = self.sequence.num_query_tokens, self.sequence.num_history
+        shape = tuple(self.history_reps.shape)
+        if len(shape) != 3 or shape[:2] != (h, n):
+            raise ValueError(f"history_reps must be ({h}, {n}, D), got {shape}")
+        if self.target_rep is not None and tuple(self.target_rep.shape) != (n, shape[2]):
+            raise ValueError(f"target_rep must be ({n}, {shape[2]}), got {tuple(self.target_rep.shape)}")
+
+
+def make_example(ids: TokenIds, tokenizer, session: Session) -> Example:
+    """The training example of a window (a :class:`Session`, e.g. from :class:`WindowSampler`):
+    every turn but the last is history, the last is the target; N is the reps' second dimension."""
+    sequence = build_sequence(ids, tokenizer, session.turns, num_query_tokens=int(session.reps.shape[1]))
+    return Example(sequence, session.reps[:-1], session.reps[-1], session.key)
+
+
+def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
+                      pad_to_multiple_of: int | None = None, padding_side: str = "right",
+                      rep_dtype: torch.dtype | None = torch.float32) -> dict[str, Any]:
+    """Pad a list of :class:`Example` (or bare sequences) into the batch dict of this module's docstring.
+
+    ``labels`` are present when every sequence is a :class:`GameSequence`, ``history_reps`` /
+    ``history_counts`` / ``keys`` when every item is an :class:`Example`, ``target_rep`` when moreover
+    every example has one. ``padding_side='left'`` is for batched generation; training uses right.
+    """
+    if not items:
+        raise ValueError("cannot collate an empty list")
+    if padding_side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    examples = [item if isinstance(item, Example) else None for item in items]
+    sequences = [item.sequence if isinstance(item, Example) else item for item in items]
+    n = sequences[0].num_query_tokens
+    if any(s.num_query_tokens != n for s in sequences):
+        raise ValueError(f"sequences disagree on num_query_tokens: {sorted({s.num_query_tokens for s in sequences})}")
+    lengths = [len(s) for s in sequences]
+    width = max(lengths)
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    batch = len(items)
+    training = all(isinstance(s, GameSequence) for s in sequences)
+
+    input_ids = torch.full((batch, width), int(pad_id), dtype=torch.long)
+    padding_mask = torch.zeros((batch, width), dtype=torch.bool)
+    position_ids = torch.zeros((batch, width), dtype=torch.long)
+    query_mask = torch.zeros((batch, width), dtype=torch.bool)
+    history_index = torch.full((batch, width), -1, dtype=torch.long)
+    labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
+    for row, (seq, length) in enumerate(zip(sequences, lengths)):
+        span = slice(0, length) if padding_side == "right" else slice(width - length, width)
+        input_ids[row, span] = torch.tensor(seq.input_ids, dtype=torch.long)
+        padding_mask[row, span] = True
+        position_ids[row, span] = torch.arange(length)
+        query_mask[row, span] = torch.tensor(seq.query_mask, dtype=torch.bool)
+        history_index[row, span] = torch.tensor(seq.history_index, dtype=torch.long)
+        if training:
+            labels[row, span] = torch.tensor(seq.labels, dtype=torch.long)
+
+    out: dict[str, Any] = {
+        "input_ids": input_ids, "padding_mask": padding_mask, "position_ids": position_ids,
+        "lengths": torch.tensor(lengths, dtype=torch.long), "query_mask": query_mask,
+        "history_index": history_index, "history_mask": history_index >= 0,
+    }
+    if training:
+        out["labels"] = labels
+    if all(e is not None for e in examples):
+        history = [_as_tensor(e.history_reps, rep_dtype) for e in examples]
+        dim = history[0].shape[-1]
+        if any(h.shape[-1] != dim for h in history):
+            raise ValueError("examples disagree on the rep width D")
+        counts = [h.shape[0] for h in history]
+        reps = torch.zeros((batch, max(counts), n, dim), dtype=history[0].dtype)
+        for row, h in enumerate(history):
+            reps[row, : h.shape[0]] = h
+        out.update(history_reps=reps, history_counts=torch.tensor(counts, dtype=torch.long),
+                   keys=[e.key for e in examples])
+        if all(e.target_rep is not None for e in examples):
+            out["target_rep"] = torch.stack([_as_tensor(e.target_rep, rep_dtype) for e in examples])
+    return out
+
+
+# --------------------------------------------------------------------------- model-side helpers
+def scatter_history(embeds: torch.Tensor, history_reps_projected: torch.Tensor,
+                    history_index: torch.Tensor) -> torch.Tensor:
+    """Put history rep rows at their frame positions: ``out[b, p] = reps[b, k, i]`` where
+    ``history_index[b, p] = k * N + i``, ``embeds[b, p]`` where it is -1.
+
+    ``embeds`` (B, L, H); ``history_reps_projected`` (B, H_max, N, H) (``input_proj`` already applied)
+    or already flat (B, H_max * N, H); ``history_index`` (B, L) long. Differentiable in both inputs;
+    returns a new tensor in ``embeds``' dtype.
+    """
+    batch, length, hidden = embeds.shape
+    flat = history_reps_projected.reshape(batch, -1, hidden)
+    if history_index.shape != (batch, length):
+        raise ValueError(f"history_index must be {(batch, length)}, got {tuple(history_index.shape)}")
+    if flat.shape[1] == 0:  # no history in the whole batch
+        return embeds
+    index = history_index.clamp(min=0).unsqueeze(-1).expand(batch, length, hidden)
+    gathered = torch.gather(flat.to(embeds.dtype), 1, index)
+    return torch.where((history_index >= 0).unsqueeze(-1), gathered, embeds)
+
+
+def gather_queries(hidden: torch.Tensor, query_mask: torch.Tensor, num_query_tokens: int) -> torch.Tensor:
+    """(B, N, H) hidden states at the query positions (each row has exactly N, in order)."""
+    batch = hidden.shape[0]
+    return hidden[query_mask.bool()].reshape(batch, num_query_tokens, hidden.shape[-1])

@@ -1,0 +1,84 @@
+"""Show the token layout of a game file: ``python -m animegamer.mllm.inspect GAME.json``.
+
+GAME.json is ``{"turns": [{"instruction": ..., "states": {"ML": .., "SC": .., "ET": .., "ST": ..}}, ...]}``
+(a session-shard ``json`` record works too). Every turn but the last is history; the last is the
+target. Prints JSON: the tokens, ids, masks and labels of the training sequence (or, with
+``--prompt``, of the inference prompt ending in ``<ML>``), plus a compact one-line rendering.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, Turn, build_prompt, build_sequence
+from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
+
+
+def compact(tokens: list[str], query_mask: list[bool], history_turn: list[int]) -> str:
+    """The sequence as one string, each run of frame tokens shown as ``[history k: N]`` / ``[query: N]``."""
+    parts, p = [], 0
+    while p < len(tokens):
+        if query_mask[p] or history_turn[p] >= 0:
+            q = p
+            while q < len(tokens) and query_mask[q] == query_mask[p] and history_turn[q] == history_turn[p]:
+                q += 1
+            what = "query" if query_mask[p] else f"history {history_turn[p]}"
+            parts.append(f"[{what}: {tokens[p]}..{tokens[q - 1]} x{q - p}]")
+            p = q
+        else:
+            parts.append(tokens[p])
+            p += 1
+    return "".join(parts)
+
+
+def describe(game: dict, tokenizer_dir: str | None, num_query_tokens: int, prompt: bool) -> dict:
+    tokenizer = load_tokenizer(tokenizer_dir)
+    added = add_animegamer_tokens(tokenizer)
+    ids = TokenIds.from_tokenizer(tokenizer)
+    turns = [Turn.from_dict(t) for t in game["turns"]]
+    if prompt:
+        seq = build_prompt(ids, tokenizer, turns[:-1], turns[-1].instruction, num_query_tokens)
+    else:
+        seq = build_sequence(ids, tokenizer, turns, num_query_tokens)
+    tokens = tokenizer.convert_ids_to_tokens(seq.input_ids)
+    out = {
+        "tokenizer": tokenizer_dir or "byte_tokenizer",
+        "vocab_size": len(tokenizer),
+        "tokens_added": len(added),
+        "num_tokens": len(seq),
+        "num_history": seq.num_history,
+        "num_query_tokens": seq.num_query_tokens,
+        "turn_starts": seq.turn_starts,
+        "frame_starts": seq.frame_starts,
+        "query_positions": [seq.query_positions[0], seq.query_positions[-1]],
+        "compact": compact(tokens, seq.query_mask, seq.history_turn),
+        "tokens": tokens,
+        "input_ids": seq.input_ids,
+        "query_mask": [int(b) for b in seq.query_mask],
+        "history_turn": seq.history_turn,
+    }
+    if isinstance(seq, GameSequence):
+        out["label_start"] = seq.label_start
+        out["labels"] = seq.labels
+        out["label_tokens"] = [tok for tok, lab in zip(tokens, seq.labels) if lab != IGNORE_INDEX]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m animegamer.mllm.inspect", description=__doc__.splitlines()[0])
+    parser.add_argument("game", type=Path, help="game JSON file with a 'turns' list")
+    parser.add_argument("--tokenizer", default="", help="local tokenizer folder ('' = the byte tokenizer)")
+    parser.add_argument("--query-tokens", type=int, default=226, help="N, frame tokens per turn (default 226)")
+    parser.add_argument("--prompt", action="store_true", help="show the inference prompt (ends in <ML>)")
+    parser.add_argument("--indent", type=int, default=None, help="JSON indent (default: one line)")
+    args = parser.parse_args(argv)
+    game = json.loads(args.game.read_text())
+    print(json.dumps(describe(game, args.tokenizer, args.query_tokens, args.prompt), ensure_ascii=False,
+                     indent=args.indent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
