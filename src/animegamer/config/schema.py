@@ -139,6 +139,7 @@ class MLLMConfig:
 
     path: str = ""  # local Mistral-7B-Instruct-v0.1 folder; '' = random weights at the sizes below
     tokenizer: str = ""  # local tokenizer folder; '' = the LLM folder, or a byte tokenizer for random builds
+    official_checkpoint: str = ""  # the official release's MLLM pytorch_model.bin, loaded over the LLM
     vocab_size: int = 32000  # base vocabulary before the AnimeGamer tokens (random builds)
     hidden_size: int = 4096
     intermediate_size: int = 14336

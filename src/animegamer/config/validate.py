@@ -127,7 +127,7 @@ def validate_pipeline_run(cfg) -> None:
         raise ConfigError(problems)
 
 
-PHASE_NAMES = ("a_warmup", "a_joint")  # grows as phases (b) and (c) arrive
+PHASE_NAMES = ("a_warmup", "a_joint", "b")  # grows as phase (c) arrives
 
 
 def check_training(cfg) -> list[str]:
@@ -169,7 +169,11 @@ def check_training(cfg) -> list[str]:
     if phase.init_from and not Path(phase.init_from).is_dir():
         problems.append(f"phase.init_from={phase.init_from!r}: no such export folder (train the earlier stage first)")
     root = Path(cfg.data.root)
-    shards = root / (cfg.data.features if phase.input == "features" else cfg.data.clips) / "manifest.json"
+    if phase.name == "b":
+        folder = cfg.data.sessions
+    else:
+        folder = cfg.data.features if phase.input == "features" else cfg.data.clips
+    shards = root / folder / "manifest.json"
     if not shards.exists():
         problems.append(f"{shards}: missing; run the pipeline first (python -m data_pipeline ...) or set data.root")
     if not 0 < cfg.data.val_fraction < 1:

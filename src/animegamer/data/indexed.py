@@ -83,7 +83,10 @@ class StepSampler(Sampler[int]):
     """
 
     def __init__(self, num_samples: int, seed: int, rank: int = 0, world_size: int = 1, start: int = 0,
-                 total: int | None = None) -> None:
+                 total: int | None = None, with_position: bool = False) -> None:
+        # with_position: yield (index, position) so the dataset can seed per-draw randomness (e.g.
+        # phase (b)'s window choice) from the position, which a resumed run reproduces.
+        self.with_position = with_position
         self.num_samples, self.seed, self.rank, self.world_size = num_samples, seed, rank, world_size
         self.per_rank_epoch = num_samples // world_size
         if self.per_rank_epoch == 0:
@@ -105,7 +108,7 @@ class StepSampler(Sampler[int]):
                 if self.total is not None and self.start >= self.total:
                     return
                 self.start += 1
-                yield index
+                yield (index, self.start - 1) if self.with_position else index
 
     def __len__(self) -> int:
         if self.total is None:

@@ -41,6 +41,11 @@ FUSIONS = (FUSION_CONCAT, FUSION_ADD, FUSION_CROSS_ATTENTION)
 GELU_APPROXIMATION = "none"
 
 
+def representation_tokens(cfg: ActionEncoderConfig) -> int:
+    """N for a config, without building the encoder (the MLLM's query count depends on it)."""
+    return cfg.image_tokens if cfg.fusion == FUSION_ADD else cfg.text_tokens + cfg.image_tokens
+
+
 def _branch_projection(in_dim: int, width: int, mlp: bool) -> nn.Module:
     """Linear-GELU-Linear (indices 0 and 2, as in the official state dict) or one Linear.
 
@@ -86,9 +91,7 @@ class ActionAwareEncoder(nn.Module):
     @property
     def num_tokens(self) -> int:
         """N, the number of representation tokens this fusion produces."""
-        if self.cfg.fusion == FUSION_ADD:
-            return self.cfg.image_tokens
-        return self.cfg.text_tokens + self.cfg.image_tokens
+        return representation_tokens(self.cfg)
 
     def encode_text(self, text: torch.Tensor) -> torch.Tensor:
         """(B, Lt, text_dim) -> (B, Lt, D)."""

@@ -15,6 +15,11 @@ log = logging.getLogger(__name__)
 LR_SCHEDULES = ("constant", "cosine")
 
 
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """A seed that depends only on (seed, step, rank)."""
+    return ((seed * 1_000_003 + step) * 1_009 + rank) % 2**63
+
+
 def step_generator(seed: int, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator that depends only on (seed, step, rank).
 
@@ -22,7 +27,7 @@ def step_generator(seed: int, step: int, rank: int, device: torch.device | str =
     run redraws exactly what the uninterrupted run drew, with no RNG state in the checkpoint.
     """
     generator = torch.Generator(device=device)
-    generator.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
+    generator.manual_seed(step_seed(seed, step, rank))
     return generator
 
 

@@ -51,17 +51,54 @@ def clip_lookup(cfg: RunConfig, keys: list[str]):
     return lambda key: dataset[positions[key]]
 
 
-def build_phase(cfg: RunConfig):
-    """(module, datamodule, export function) of the configured phase."""
-    from animegamer.phases.phase_a import STAGES, PhaseA, export_phase_a
+class PhaseBData(L.LightningDataModule):
+    """Session windows for training (seeded by stream position), full sessions for validation."""
+
+    def __init__(self, cfg: RunConfig, tokenizer, ids) -> None:
+        super().__init__()
+        from animegamer.data.phase_b import FullSessions, SessionWindows, session_shards
+
+        self.cfg, self.pad_id = cfg, ids.pad
+        self.train_set = SessionWindows(session_shards(cfg, "train"), tokenizer, ids, cfg.data.window_weights, cfg.seed)
+        self.val_set = FullSessions(session_shards(cfg, "val"), tokenizer, ids)
+
+    def train_dataloader(self):
+        from animegamer.data.phase_b import train_loader
+
+        trainer = self.trainer
+        return train_loader(self.cfg, self.train_set, self.pad_id, trainer.global_step, trainer.global_rank,
+                            trainer.world_size)
+
+    def val_dataloader(self):
+        from animegamer.data.phase_b import val_loader
+
+        return val_loader(self.cfg, self.val_set, self.pad_id)
+
+
+def build_phase(cfg: RunConfig) -> tuple:
+    """(module, datamodule, export function, extra callbacks) of the configured phase."""
+    from animegamer.phases.phase_a import STAGES
 
     if cfg.phase.name in STAGES:
+        from animegamer.phases.phase_a import PhaseA, export_phase_a
+
         frozen = None
         if cfg.phase.input == "clips":
             from animegamer.models.frozen_encoders import build_frozen_encoders
 
             frozen = build_frozen_encoders(cfg.model.encoders)
-        return PhaseA(cfg, frozen), PhaseAData(cfg), export_phase_a
+        data = PhaseAData(cfg)
+        callbacks = []
+        if cfg.phase.val_clips > 0:
+            lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
+            callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
+                                              cfg.phase.val_clips, cfg.phase.val_sampling_steps))
+        return PhaseA(cfg, frozen), data, export_phase_a, callbacks
+    if cfg.phase.name == "b":
+        from animegamer.phases.phase_b import PhaseB, export_phase_b
+
+        module = PhaseB(cfg)
+        return module, PhaseBData(cfg, module.tokenizer, module.ids), export_phase_b, []
     raise NotImplementedError(f"phase {cfg.phase.name!r} is not implemented yet")
 
 
@@ -83,17 +120,14 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.output_dir)
     resolved = OmegaConf.to_container(resolved, resolve=True) if isinstance(resolved, DictConfig) else resolved
-    module, data, export_fn = build_phase(cfg)
+    module, data, export_fn, phase_callbacks = build_phase(cfg)
     checkpoints = ModelCheckpoint(dirpath=str(out / CHECKPOINT_DIR), every_n_train_steps=cfg.checkpoint.every_n_steps,
                                   save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max", save_last=True,
                                   filename="step-{step:07d}", auto_insert_metric_name=False)
     callbacks = [checkpoints, ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved})]
     if cfg.logger.kind != "none":
         callbacks.append(LearningRateMonitor(logging_interval="step"))
-    if cfg.phase.val_clips > 0:
-        lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
-        callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
-                                          cfg.phase.val_clips, cfg.phase.val_sampling_steps))
+    callbacks += phase_callbacks
     trainer = make_trainer(cfg, callbacks)
     last = out / CHECKPOINT_DIR / LAST
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.exists() else None)

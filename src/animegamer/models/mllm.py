@@ -1,0 +1,577 @@
+"""The game-state MLLM of phase (b): Mistral + LoRA + representation projections (DESIGN sections 4, 5).
+
+:class:`GameStateMLLM` reads a game-state sequence (DESIGN section 4) and returns
+
+- the language-model loss on the target turn's state tokens (shifted cross-entropy, mean over the
+  label tokens of the batch),
+- the predicted representation ``pred = output_proj(h_last[query positions])`` (B, N, D) and its
+  regression loss (MSE, plus the optional cosine term of the Table-3 ablation).
+
+Inputs (one row per sample, right padding):
+
+- ``input_ids`` (B, L) token ids; the target turn's ``<frame_i>`` positions keep their learned
+  embeddings (they are the queries);
+- ``history_reps`` (B, Hmax, N, D) representations of the history turns, zero-padded to Hmax turns;
+- ``history_index`` (B, L) long: -1 where a position keeps its token embedding, otherwise the flat
+  row ``turn * N + frame`` of that sample's ``history_reps.reshape(Hmax * N, D)`` whose
+  ``input_proj`` replaces the embedding there;
+- ``query_mask`` (B, L) bool: exactly N positions per sample, in order ``<frame_0>``..``<frame_{N-1}>``;
+- ``attention_mask_4d`` (B, 1, L, L): bool (True = attend) or additive float (0 = attend, negative =
+  blocked), e.g. :func:`animegamer.mllm.masks.attention_mask_4d`; ``None`` builds the same rule
+  (causal, bidirectional over the query block, padding keys blocked) from ``query_mask`` and the
+  optional ``padding_mask`` (B, L) (True on real tokens); ``position_ids`` (B, L) optional;
+- ``labels`` (B, L) with -100 where no loss, aligned with ``input_ids`` (shifted inside);
+- ``target_rep`` (B, N, D).
+
+Design choices:
+
+- **Trainable norms and embeddings are plain ``requires_grad``**, not peft ``modules_to_save``
+  copies: modules_to_save would keep a second copy of both 32284 x 4096 matrices and put the
+  trained tensors under adapter-specific names. The official checkpoint stores norms as
+  ``modules_to_save.default`` copies; :mod:`animegamer.models.official_mllm` maps them onto the
+  plain parameters (and ignores the unused ``original_module`` copies explicitly).
+- **LoRA through peft's ``get_peft_model``**, so the LLM's parameter names are exactly the official
+  ones (``llm.base_model.model.model.layers.i...lora_A.default.weight``) apart from the norms.
+- **The forward calls the inner ``MistralModel`` and ``lm_head`` itself**: the LM head runs only at
+  the positions that predict a label (``label_logits``), not over (B, L, 32284), which at paper
+  scale is several GB of logits per step; ``return_logits=True`` adds the full logits.
+- **Masks are handed to the attention kernel in its own format**: boolean for ``sdpa`` (no float
+  rounding of ``finfo.min`` under bf16 autocast), additive float for ``eager`` and ``flex``. Every
+  row keeps its diagonal, so a padding query never has an empty row (NaN in some kernels).
+- **Inference** (:meth:`generate_states`) is one prefill over the prompt (which already holds the
+  query block and its bidirectional mask) giving ``pred``, then a greedy KV-cache loop for the
+  state tokens. The official code runs two passes over the same prompt; one is enough because the
+  query positions' hidden states do not depend on anything after the prompt.
+
+The batch layout is the one of :mod:`animegamer.mllm.collate` (``history_index``, ``query_mask``,
+``padding_mask``, ``position_ids``), and its helpers do the work: ``scatter_history`` /
+``gather_queries`` for the frame positions, :func:`animegamer.mllm.masks.allowed_matrix` for the
+default mask, :func:`animegamer.mllm.tokens.resize_embeddings` for the vocabulary (new input rows =
+mean of the old input rows, new output rows = 3 x the mean of the old output rows).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from animegamer.config.schema import MLLMConfig
+from animegamer.mllm.collate import gather_queries, scatter_history
+from animegamer.mllm.masks import allowed_matrix
+from animegamer.mllm.sequence import IGNORE_INDEX
+from animegamer.mllm.tokens import resize_embeddings
+
+if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
+    from peft import LoraConfig
+    from transformers import MistralForCausalLM
+
+logger = logging.getLogger(__name__)
+
+LORA_ADAPTER = "default"  # peft adapter name (as in the official checkpoint keys)
+LORA_WEIGHTS_FILE = "adapter_model.safetensors"
+LORA_CONFIG_FILE = "adapter_config.json"
+MODULES_FILE = "mllm_modules.safetensors"  # projections + trained norms / embeddings
+META_FILE = "mllm_meta.json"
+# The official projections use the exact (erf) GELU (nn.GELU() defaults); the golden case checks it.
+GELU_APPROXIMATION = "none"
+ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention"}
+# Sizes a pretrained LLM folder must share with the config: the rest of the code is built from them.
+_ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads")
+_PEFT_PREFIX = "llm.base_model.model."
+_PEFT_BASE = ".base_layer."
+_LORA_RE = re.compile(r"\.(lora_[AB])\.[^.]+\.weight$")
+_LORA_MARKERS = (".lora_A.", ".lora_B.")
+_PROJECTIONS = ("input_proj.", "output_proj.")
+
+
+# --------------------------------------------------------------------------- helpers
+@contextmanager
+def _seeded(seed: Optional[int]) -> Iterator[None]:
+    """Seed the CPU RNG for random initialisation without leaking into the caller's stream."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name independent of peft wrapping: ``llm.<MistralForCausalLM name>`` or the projection name.
+
+    ``llm.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
+    ``llm.model.layers.0.self_attn.q_proj.weight``; LoRA matrices lose their adapter name
+    (``...q_proj.lora_A.weight``). Saved module files and the official importer use these names, so
+    they load into a model with or without LoRA.
+    """
+    if name.startswith(_PEFT_PREFIX):
+        name = "llm." + name[len(_PEFT_PREFIX):]
+    name = name.replace(_PEFT_BASE, ".")
+    return _LORA_RE.sub(r".\1.weight", name)
+
+
+def _projection(in_dim: int, out_dim: int) -> nn.Sequential:
+    """Linear-GELU-Linear, indices 0 and 2 as in the official ``*_resampler.proj``."""
+    return nn.Sequential(nn.Linear(in_dim, out_dim), nn.GELU(approximate=GELU_APPROXIMATION),
+                         nn.Linear(out_dim, out_dim))
+
+
+def _resize(llm: "MistralForCausalLM", vocab_size: int) -> int:
+    """Grow both embedding matrices to ``vocab_size`` rows (official rule); returns the rows added.
+
+    A pretrained LLM with more rows than the tokenizer keeps them (with a warning): its extra rows
+    are never fed and only add unused logits.
+    """
+    # resize_embeddings reads only len(tokenizer); a range of that length stands in for the tokenizer.
+    added = resize_embeddings(llm, range(vocab_size))
+    rows = llm.get_input_embeddings().weight.shape[0]
+    if rows > vocab_size:
+        logger.warning("the LLM has %d embedding rows for a tokenizer of %d tokens; extra rows kept", rows, vocab_size)
+    return added
+
+
+def _positions(position_ids: Optional[torch.Tensor], padding_mask: Optional[torch.Tensor],
+               input_ids: torch.Tensor) -> torch.Tensor:
+    """Given positions, or 0.. over the real tokens of each row (left or right padding), (B, L)."""
+    if position_ids is not None:
+        return position_ids
+    if padding_mask is None:
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def _allowed(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean view of a bool or additive float mask (True = attend)."""
+    return mask if mask.dtype == torch.bool else mask == 0
+
+
+# --------------------------------------------------------------------------- the module
+class GameStateMLLM(nn.Module):
+    """Mistral (``llm``) + ``input_proj`` (D -> H) + ``output_proj`` (H -> D), LoRA through peft.
+
+    ``rep_width`` is D (the encoder width), ``num_query_tokens`` N (the representation's token
+    count), ``vocab_size`` the tokenizer length including the 284 AnimeGamer tokens. ``lora=True``
+    adds the adapter at construction (the phase-b default); ``lora=False`` leaves it to
+    :meth:`add_lora` (or :func:`~animegamer.models.official_mllm.load_official_mllm` with merging).
+    A random build (``cfg.path`` empty) starts from ``min(cfg.vocab_size, vocab_size)`` rows, so a
+    small test tokenizer gives logits over exactly its tokens, and the paper sizes grow 32000 -> 32284
+    by the official rule as a pretrained Mistral does. ``dtype`` applies to the whole module.
+    ``seed`` makes every random initialisation (LLM weights of a random build, new embedding rows,
+    projections, LoRA) reproducible without touching the caller's RNG; ``None`` uses the global RNG.
+    """
+
+    def __init__(self, cfg: MLLMConfig, rep_width: int, num_query_tokens: int, vocab_size: int,
+                 dtype: Optional[torch.dtype] = None, seed: Optional[int] = 0, lora: bool = True) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.rep_width = rep_width
+        self.num_query_tokens = num_query_tokens
+        with _seeded(seed):
+            llm = self._build_llm(cfg, dtype, vocab_size)
+            added = _resize(llm, vocab_size)
+            vocab_size = llm.get_input_embeddings().weight.shape[0]
+            self.hidden = llm.config.hidden_size
+            self.llm: nn.Module = llm
+            self.input_proj = _projection(rep_width, self.hidden)
+            self.output_proj = _projection(self.hidden, rep_width)
+            if dtype is not None:
+                self.input_proj.to(dtype)
+                self.output_proj.to(dtype)
+            self.vocab_size = vocab_size
+            self.source = cfg.path or f"random(seed={seed})"
+            logger.info("game-state MLLM: LLM %s, hidden %d, vocab %d (+%d rows), D %d, N %d", self.source,
+                        self.hidden, vocab_size, added, rep_width, num_query_tokens)
+            if lora:
+                self.add_lora()
+        self.apply_trainable()
+        self.set_gradient_checkpointing(cfg.gradient_checkpointing)
+
+    @staticmethod
+    def _build_llm(cfg: MLLMConfig, dtype: Optional[torch.dtype], vocab_size: int) -> "MistralForCausalLM":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"mllm.attention must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}, got {cfg.attention!r}")
+        attn = ATTENTION_IMPLEMENTATIONS[cfg.attention]
+        if cfg.path:
+            llm = MistralForCausalLM.from_pretrained(cfg.path, local_files_only=True, dtype=dtype,
+                                                     attn_implementation=attn)
+            wrong = [f"{k}: folder {getattr(llm.config, k)} vs config {getattr(cfg, k)}"
+                     for k in _ARCHITECTURE_KEYS if getattr(llm.config, k) != getattr(cfg, k)]
+            if wrong:
+                raise ValueError(f"LLM folder {cfg.path} does not match model.mllm: " + "; ".join(wrong))
+            return llm
+        config = MistralConfig(vocab_size=min(cfg.vocab_size, vocab_size), hidden_size=cfg.hidden_size,
+                               intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+                               num_attention_heads=cfg.num_attention_heads,
+                               num_key_value_heads=cfg.num_key_value_heads,
+                               max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+                               rope_theta=cfg.rope_theta, sliding_window=cfg.sliding_window,
+                               tie_word_embeddings=False, attn_implementation=attn)
+        llm = MistralForCausalLM(config)
+        return llm.to(dtype) if dtype is not None else llm
+
+    # ----------------------------------------------------------------------- structure
+    @property
+    def has_lora(self) -> bool:
+        return LORA_ADAPTER in getattr(self.llm, "peft_config", {})
+
+    @property
+    def causal_lm(self) -> "MistralForCausalLM":
+        """The MistralForCausalLM itself (under the peft wrapper when LoRA is on)."""
+        return self.llm.get_base_model() if self.has_lora else self.llm
+
+    def lora_config(self, rank: Optional[int] = None, alpha: Optional[float] = None,
+                    targets: Optional[List[str]] = None, dropout: Optional[float] = None) -> "LoraConfig":
+        """peft LoraConfig (scaling alpha / r, B = 0 at init); unset fields from the config."""
+        from peft import LoraConfig
+
+        return LoraConfig(r=rank or self.cfg.lora_rank,
+                          lora_alpha=alpha if alpha is not None else self.cfg.lora_alpha,
+                          lora_dropout=dropout if dropout is not None else self.cfg.lora_dropout,
+                          target_modules=sorted(targets or self.cfg.lora_targets), bias="none",
+                          task_type="CAUSAL_LM", init_lora_weights=True)
+
+    def add_lora(self, config: Optional["LoraConfig"] = None) -> None:
+        """Wrap the LLM with peft LoRA; the output is unchanged at init (lora_B = 0).
+
+        peft freezes every other LLM parameter; :meth:`apply_trainable` restores the phase's set.
+        """
+        from peft import get_peft_model
+
+        if self.has_lora:
+            raise RuntimeError("the MLLM already has its LoRA adapter")
+        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            # autocast_adapter_dtype=False: the adapter takes the LLM's dtype; mixed precision is the trainer's.
+            self.llm = get_peft_model(self.llm, config or self.lora_config(), adapter_name=LORA_ADAPTER,
+                                      autocast_adapter_dtype=False)
+        self.apply_trainable()
+
+    def merge_lora(self) -> None:
+        """Fold the adapter into the base weights (W + alpha / r * B A) and drop the peft wrapper.
+
+        For frozen use (phase-c representation export, play): one matmul per projection instead of three.
+        """
+        if not self.has_lora:
+            raise RuntimeError("the MLLM has no LoRA adapter to merge")
+        self.llm = self.llm.merge_and_unload()
+        self.apply_trainable()
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        if enabled:
+            self.causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif getattr(self.causal_lm.model, "gradient_checkpointing", False):
+            self.causal_lm.gradient_checkpointing_disable()
+
+    # ----------------------------------------------------------------------- parameter groups
+    def lora_parameters(self) -> List[str]:
+        return [n for n, _ in self.named_parameters() if any(m in n for m in _LORA_MARKERS)]
+
+    def norm_parameters(self) -> List[str]:
+        """Weights of every RMSNorm of the LLM (per-layer input / post-attention norms and the final norm)."""
+        names = []
+        for module_name, module in self.named_modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                names += [f"{module_name}.{n}" for n, _ in module.named_parameters(recurse=False)]
+        return names
+
+    def embedding_parameters(self) -> List[str]:
+        """The input embedding matrix and the output (LM head) matrix."""
+        ids = {id(self.causal_lm.get_input_embeddings().weight), id(self.causal_lm.get_output_embeddings().weight)}
+        return [n for n, p in self.named_parameters() if id(p) in ids]
+
+    def projection_parameters(self) -> List[str]:
+        return [n for n, _ in self.named_parameters() if n.startswith(_PROJECTIONS)]
+
+    def trainable_parameter_names(self) -> List[str]:
+        """The phase-b trainable set from the config: LoRA, projections, norms (train_norms), embeddings (train_embeddings)."""
+        names = self.lora_parameters() + self.projection_parameters()
+        if self.cfg.train_norms:
+            names += self.norm_parameters()
+        if self.cfg.train_embeddings:
+            names += self.embedding_parameters()
+        return sorted(set(names))
+
+    def apply_trainable(self) -> None:
+        """Set ``requires_grad`` to exactly :meth:`trainable_parameter_names`."""
+        names = set(self.trainable_parameter_names())
+        for name, param in self.named_parameters():
+            param.requires_grad_(name in names)
+
+    def _saved_module_names(self) -> List[str]:
+        """Non-LoRA tensors an adapter folder carries: projections, and norms / embeddings when trained."""
+        return [n for n in self.trainable_parameter_names() if not any(m in n for m in _LORA_MARKERS)]
+
+    # ----------------------------------------------------------------------- forward pieces
+    def embed_inputs(self, input_ids: torch.Tensor, history_reps: Optional[torch.Tensor] = None,
+                     history_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Token embeddings with the history frame positions replaced by ``input_proj(rep)`` -> (B, L, H)."""
+        embeds = self.causal_lm.get_input_embeddings()(input_ids)
+        if history_index is None:
+            return embeds
+        if history_reps is None:
+            raise ValueError("history_index given without history_reps")
+        if history_reps.ndim != 4 or history_reps.shape[-1] != self.rep_width:
+            raise ValueError(f"history_reps must be (B, Hmax, N, {self.rep_width}), got {tuple(history_reps.shape)}")
+        rows = history_reps.shape[1] * history_reps.shape[2]
+        if history_index.numel() and int(history_index.max()) >= rows:
+            raise ValueError(f"history_index points past the {rows} history rows of a sample")
+        projected = self.input_proj(history_reps.to(self.input_proj[0].weight.dtype))
+        embeds = scatter_history(embeds, projected, history_index)
+        if projected.numel() == 0:
+            # No history in the batch: keep input_proj in the graph with a zero contribution, so
+            # distributed wrappers see a (zero) gradient for it on every step.
+            embeds = embeds + projected.sum().to(embeds.dtype)
+        return embeds
+
+    def _allowed_mask(self, mask: Optional[torch.Tensor], query_mask: Optional[torch.Tensor],
+                      padding_mask: Optional[torch.Tensor], input_ids: torch.Tensor):
+        """(B, 1, L, L) bool, True = attend, from the caller's mask or the default rule.
+
+        ``mask`` None: the rule of :func:`animegamer.mllm.masks.allowed_matrix` from ``query_mask``
+        (none: plain causal) and ``padding_mask`` (none: no padding). A FlexAttention ``BlockMask``
+        passes through unchanged (``attention="flex"`` only).
+        """
+        length = input_ids.shape[1]
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            if self.causal_lm.config._attn_implementation != "flex_attention":
+                raise ValueError("a BlockMask needs mllm.attention='flex'")
+            return mask
+        if mask is None:
+            query = query_mask if query_mask is not None else torch.zeros_like(input_ids, dtype=torch.bool)
+            valid = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            allowed = allowed_matrix(query, valid)[:, None]
+        else:
+            if mask.ndim != 4 or mask.shape[-2:] != (length, length):
+                raise ValueError(f"attention_mask_4d must be (B, 1, {length}, {length}), got {tuple(mask.shape)}")
+            # every row keeps its diagonal: a padded row is never empty (NaN in some kernels)
+            allowed = _allowed(mask) | torch.eye(length, dtype=torch.bool, device=mask.device)
+        return allowed
+
+    def _kernel_mask(self, allowed, dtype: torch.dtype):
+        """The mask in the attention kernel's format: bool for sdpa, additive float for eager / flex."""
+        if not isinstance(allowed, torch.Tensor):  # BlockMask
+            return allowed
+        if self.causal_lm.config._attn_implementation == "sdpa":
+            return allowed
+        blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+        return torch.zeros((), dtype=dtype, device=allowed.device).where(allowed, blocked)
+
+    def _query_hidden(self, hidden: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, H) -> (B, N, H) at the query positions, in sequence order."""
+        counts = query_mask.sum(dim=1)
+        if not bool((counts == self.num_query_tokens).all()):
+            raise ValueError(f"every sample needs exactly {self.num_query_tokens} query positions, got {counts.tolist()}")
+        return gather_queries(hidden, query_mask, self.num_query_tokens)
+
+    def _project_out(self, hidden_queries: torch.Tensor) -> torch.Tensor:
+        return self.output_proj(hidden_queries.to(self.output_proj[0].weight.dtype))
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask_4d: Optional[torch.Tensor] = None,
+                      history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
+                      query_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+                      padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Last hidden states (after the final norm), (B, L, H)."""
+        embeds = self.embed_inputs(input_ids, history_reps, history_index)
+        allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids)
+        out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
+                                   position_ids=_positions(position_ids, padding_mask, input_ids), use_cache=False)
+        return out.last_hidden_state
+
+    # ----------------------------------------------------------------------- forward
+    def forward(self, input_ids: torch.Tensor, attention_mask_4d: Optional[torch.Tensor] = None,
+                history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
+                query_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                target_rep: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+                padding_mask: Optional[torch.Tensor] = None,
+                return_logits: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+        """Losses and predictions of one batch (see the module docstring for the input format).
+
+        ``position_ids`` / ``padding_mask`` (B, L) as collated; without a 4-D mask, ``padding_mask``
+        enters the default mask; without ``position_ids`` positions count the real tokens.
+
+        Returns ``loss`` (weighted sum of the present terms), ``lm_loss`` (None without labels),
+        ``rec_loss`` (MSE; None without target_rep), ``cos_loss`` (1 - mean cosine over the N
+        tokens; None unless ``cfg.cos_weight > 0``), ``pred`` (B, N, D; None without query_mask),
+        ``label_logits`` (M, V) at the M positions that predict a label (batch-major order, float32),
+        ``logits`` (B, L, V) only with ``return_logits``.
+        """
+        hidden = self.hidden_states(input_ids, attention_mask_4d, history_reps, history_index, query_mask,
+                                    position_ids, padding_mask)
+        lm_head = self.causal_lm.get_output_embeddings()
+        out: Dict[str, Optional[torch.Tensor]] = dict(loss=None, lm_loss=None, rec_loss=None, cos_loss=None,
+                                                      pred=None, label_logits=None, logits=None)
+        terms = []
+        if labels is not None:
+            shifted = labels[:, 1:]
+            selected = shifted != IGNORE_INDEX
+            label_logits = lm_head(hidden[:, :-1][selected]).float()
+            if selected.any():
+                out["lm_loss"] = F.cross_entropy(label_logits, shifted[selected])
+            else:  # keep the head in the graph with a zero loss (no NaN from an empty mean)
+                out["lm_loss"] = label_logits.sum() * 0.0
+            out["label_logits"] = label_logits
+            terms.append(self.cfg.lm_weight * out["lm_loss"])
+        if query_mask is not None:
+            pred = self._project_out(self._query_hidden(hidden, query_mask))
+            out["pred"] = pred
+            if target_rep is not None:
+                target = target_rep.to(pred.dtype)
+                out["rec_loss"] = F.mse_loss(pred.float(), target.float())
+                terms.append(self.cfg.rec_weight * out["rec_loss"])
+                if self.cfg.cos_weight > 0:
+                    cosine = F.cosine_similarity(pred.float(), target.float(), dim=-1)
+                    out["cos_loss"] = 1.0 - cosine.mean()
+                    terms.append(self.cfg.cos_weight * out["cos_loss"])
+        elif target_rep is not None:
+            raise ValueError("target_rep needs query_mask")
+        if return_logits:
+            out["logits"] = lm_head(hidden).float()
+        if terms:
+            out["loss"] = torch.stack([t.float() for t in terms]).sum()
+        return out
+
+    @torch.no_grad()
+    def predict_rep(self, input_ids: torch.Tensor, attention_mask_4d: Optional[torch.Tensor] = None,
+                    history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
+                    query_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+                    padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``output_proj`` at the query positions, (B, N, D); the LM head is not run."""
+        if query_mask is None:
+            raise ValueError("predict_rep needs query_mask")
+        hidden = self.hidden_states(input_ids, attention_mask_4d, history_reps, history_index, query_mask,
+                                    position_ids, padding_mask)
+        return self._project_out(self._query_hidden(hidden, query_mask))
+
+    @torch.no_grad()
+    def generate_states(self, prompt_ids: torch.Tensor, attention_mask_4d: Optional[torch.Tensor] = None,
+                        history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
+                        query_mask: Optional[torch.Tensor] = None, max_new_tokens: int = 12,
+                        stop_token_id: Optional[int] = None, position_ids: Optional[torch.Tensor] = None,
+                        padding_mask: Optional[torch.Tensor] = None) -> Dict[str, Optional[torch.Tensor]]:
+        """Greedy state tokens after a prompt ending in ``<ML>``, and the representation from the same prefill.
+
+        Returns ``tokens`` (B, T) with T <= max_new_tokens (after ``stop_token_id``, e.g.
+        ``</TURN>``, a row repeats it until every row has stopped) and ``pred`` (B, N, D) read at
+        the query positions of the prompt (None without query_mask). Padded prompts must be left
+        padded (the last prompt position is real in every row; ``collate_sequences(...,
+        padding_side="left")``); the keys a row may attend to later are those its last prompt
+        position attends to. A custom 4-D mask does not apply Mistral's
+        sliding window, so prompt + new tokens must fit in it.
+        """
+        from transformers import DynamicCache
+
+        lm = self.causal_lm
+        batch, length = prompt_ids.shape
+        window = getattr(lm.config, "sliding_window", None)
+        if window is not None and length + max_new_tokens > window:
+            raise ValueError(f"prompt ({length}) + new tokens ({max_new_tokens}) exceed the sliding window {window}")
+        embeds = self.embed_inputs(prompt_ids, history_reps, history_index)
+        allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, prompt_ids)
+        if not isinstance(allowed, torch.Tensor):
+            raise ValueError("generate_states needs a tensor mask, not a BlockMask")
+        position_ids = _positions(position_ids, padding_mask, prompt_ids)
+        cache = DynamicCache(config=lm.config)
+        hidden = lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
+                          position_ids=position_ids, cache=cache, use_cache=True).last_hidden_state
+        pred = self._project_out(self._query_hidden(hidden, query_mask)) if query_mask is not None else None
+
+        keys = allowed[:, 0, -1, :]  # (B, L): what the last prompt position sees
+        position = position_ids[:, -1:].clone()
+        token = lm.get_output_embeddings()(hidden[:, -1]).argmax(dim=-1)
+        done = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        tokens = []
+        for step in range(max_new_tokens):
+            if stop_token_id is not None:
+                token = token.masked_fill(done, stop_token_id)
+                done |= token == stop_token_id
+            tokens.append(token)
+            if step == max_new_tokens - 1 or bool(done.all()):
+                break
+            keys = torch.cat([keys, torch.ones(batch, 1, dtype=torch.bool, device=keys.device)], dim=1)
+            position = position + 1
+            step_embeds = lm.get_input_embeddings()(token[:, None])
+            step_mask = self._kernel_mask(keys[:, None, None, :], step_embeds.dtype)
+            hidden = lm.model(inputs_embeds=step_embeds, attention_mask=step_mask, position_ids=position,
+                              cache=cache, use_cache=True).last_hidden_state
+            token = lm.get_output_embeddings()(hidden[:, -1]).argmax(dim=-1)
+        stacked = torch.stack(tokens, dim=1) if tokens else prompt_ids.new_zeros(batch, 0)
+        return dict(tokens=stacked, pred=pred)
+
+    # ----------------------------------------------------------------------- adapter folders
+    def save_adapter(self, folder: str | Path) -> Path:
+        """Write what phase (b) trains: the peft LoRA folder + ``mllm_modules.safetensors``.
+
+        The modules file holds the projections and, when trained, the norms and both embedding
+        matrices, under :func:`canonical_name` keys; ``mllm_meta.json`` records the sizes.
+        """
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.has_lora:
+            state = get_peft_model_state_dict(self.llm, adapter_name=LORA_ADAPTER, save_embedding_layers=False)
+            save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / LORA_WEIGHTS_FILE))
+            self.llm.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
+        params = dict(self.named_parameters())
+        modules = {canonical_name(n): params[n].detach().contiguous().cpu() for n in self._saved_module_names()}
+        save_file(modules, str(folder / MODULES_FILE))
+        meta = dict(rep_width=self.rep_width, num_query_tokens=self.num_query_tokens, vocab_size=self.vocab_size,
+                    hidden_size=self.hidden, lora=self.has_lora, train_norms=self.cfg.train_norms,
+                    train_embeddings=self.cfg.train_embeddings)
+        (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+    def load_adapter(self, folder: str | Path) -> None:
+        """Load a folder written by :meth:`save_adapter`; every tensor must fit, none may be left over.
+
+        A model without LoRA gets the folder's adapter (its rank / alpha) added first.
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        meta = json.loads((folder / META_FILE).read_text())
+        for key in ("rep_width", "num_query_tokens", "vocab_size", "hidden_size"):
+            mine = self.hidden if key == "hidden_size" else getattr(self, key)
+            if meta[key] != mine:
+                raise ValueError(f"adapter in {folder} has {key}={meta[key]}, the model {mine}")
+        if (folder / LORA_CONFIG_FILE).is_file():
+            saved = json.loads((folder / LORA_CONFIG_FILE).read_text())
+            if not self.has_lora:
+                self.add_lora(self.lora_config(rank=saved["r"], alpha=saved["lora_alpha"],
+                                               targets=saved.get("target_modules")))
+            current = self.llm.peft_config[LORA_ADAPTER]
+            if (saved["r"], saved["lora_alpha"]) != (current.r, current.lora_alpha):
+                raise ValueError(f"adapter in {folder} has rank {saved['r']} / alpha {saved['lora_alpha']}, the "
+                                 f"model's has rank {current.r} / alpha {current.lora_alpha}")
+            state = load_file(str(folder / LORA_WEIGHTS_FILE))
+            result = set_peft_model_state_dict(self.llm, state, adapter_name=LORA_ADAPTER)
+            missing = [k for k in result.missing_keys if any(m in k for m in _LORA_MARKERS)]
+            if result.unexpected_keys or missing:
+                raise ValueError(f"LoRA in {folder} does not fit the model: unexpected "
+                                 f"{list(result.unexpected_keys)}, missing {missing}")
+        elif self.has_lora:
+            raise ValueError(f"{folder} holds no LoRA adapter but the model has one")
+        by_canonical = {canonical_name(n): p for n, p in self.named_parameters()}
+        modules = load_file(str(folder / MODULES_FILE))
+        unknown = sorted(k for k in modules if k not in by_canonical)
+        wrong = [f"{k}: file {tuple(v.shape)} vs model {tuple(by_canonical[k].shape)}"
+                 for k, v in modules.items() if k in by_canonical and v.shape != by_canonical[k].shape]
+        if unknown or wrong:
+            raise ValueError(f"{folder / MODULES_FILE} does not fit the model: unknown {unknown}, shapes {wrong}")
+        with torch.no_grad():
+            for key, value in modules.items():
+                param = by_canonical[key]
+                param.copy_(value.to(dtype=param.dtype, device=param.device))

@@ -1,0 +1,113 @@
+"""Phase (b): the game-state MLLM learns the next turn's state tokens and representation.
+
+Inputs are windows of 1..K turns of a session (history turns carry ``input_proj(rep)`` at their
+frame positions; the target turn's frame tokens are the queries). Losses: cross-entropy on the
+target's state tokens and MSE (optionally + cosine) on the representation (DESIGN sections 4, 5).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from animegamer.checkpoints.export import load_export, save_export
+from animegamer.config.schema import RunConfig
+from animegamer.mllm.masks import attention_mask_4d
+from animegamer.mllm.sequence import IGNORE_INDEX
+from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
+from animegamer.models.encoder import representation_tokens
+from animegamer.models.mllm import GameStateMLLM
+from animegamer.phases.common import make_optimizer, step_seed
+
+log = logging.getLogger(__name__)
+
+PHASE = "b"
+MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
+              "padding_mask")
+
+
+def game_tokenizer(cfg: RunConfig):
+    """The configured tokenizer with every AnimeGamer token present, and its ids by name."""
+    mllm = cfg.model.mllm
+    tokenizer = load_tokenizer(mllm.tokenizer or mllm.path or None)
+    added = add_animegamer_tokens(tokenizer)
+    if added:
+        log.info("added %d AnimeGamer tokens to the tokenizer", len(added))
+    return tokenizer, TokenIds.from_tokenizer(tokenizer)
+
+
+def build_mllm(cfg: RunConfig, vocab_size: int) -> GameStateMLLM:
+    return GameStateMLLM(cfg.model.mllm, cfg.model.encoder.width, representation_tokens(cfg.model.encoder),
+                         vocab_size, seed=cfg.seed)
+
+
+def state_accuracy(label_logits: torch.Tensor, labels: torch.Tensor, ids: TokenIds) -> torch.Tensor:
+    """Accuracy over the target's state-value tokens (``<Strength_k>``), not the fixed markers."""
+    targets = labels[:, 1:][labels[:, 1:] != IGNORE_INDEX]  # the M labels, in label_logits' order
+    is_state = torch.isin(targets, torch.tensor(list(ids.strengths), device=targets.device))
+    predicted = label_logits.argmax(dim=-1)
+    return (predicted[is_state] == targets[is_state]).float().mean()
+
+
+class PhaseB(L.LightningModule):
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer, self.ids = game_tokenizer(cfg)
+        self.model = build_mllm(cfg, len(self.tokenizer))
+        if cfg.model.mllm.official_checkpoint:
+            import_official_mllm(self.model, cfg.model.mllm.official_checkpoint)
+        if cfg.phase.init_from:
+            load_export(cfg.phase.init_from, self.model)
+        self.trainable = self.model.trainable_parameter_names()
+        self.strict_loading = False  # checkpoints hold only what trains
+
+    def run_model(self, batch: dict) -> dict:
+        mask = attention_mask_4d(batch["query_mask"], batch["padding_mask"], dtype=self.model.llm.dtype)
+        return self.model(attention_mask_4d=mask, **{k: batch[k] for k in MODEL_KEYS if k in batch})
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        # LoRA dropout draws from the global RNG: seed it from the step so a resumed run redraws it.
+        accumulate = self.trainer.accumulate_grad_batches
+        torch.manual_seed(step_seed(self.cfg.seed, self.global_step * accumulate + batch_idx % accumulate,
+                                    self.global_rank))
+        out = self.run_model(batch)
+        size = batch["input_ids"].shape[0]
+        for name in ("lm_loss", "rec_loss", "cos_loss"):
+            if out[name] is not None:
+                self.log(f"train/{name}", out[name], batch_size=size)
+        self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
+        return out["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.run_model(batch)
+        size = batch["input_ids"].shape[0]
+        accuracy = state_accuracy(out["label_logits"], batch["labels"], self.ids)
+        for name, value in (("loss", out["loss"]), ("lm_loss", out["lm_loss"]), ("rec_loss", out["rec_loss"]),
+                            ("state_accuracy", accuracy)):
+            self.log(f"val/{name}", value, batch_size=size, sync_dist=True)
+
+    def configure_optimizers(self):
+        return make_optimizer(self.model, self.cfg.phase)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        keep = set(self.trainable)
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.removeprefix("model.") in keep}
+
+
+def import_official_mllm(model: GameStateMLLM, path: str) -> None:
+    from animegamer.models.official_mllm import load_official_mllm
+
+    report = load_official_mllm(path, model)
+    if not report.ok:
+        raise ValueError(f"{path}: {report.summary()}")
+
+
+def export_phase_b(module: PhaseB, folder: str | Path, meta: dict) -> Path:
+    """Trained tensors + json, the peft adapter folder and the tokenizer (DESIGN section 7)."""
+    folder = save_export(folder, module.model, {"phase": PHASE, **meta})
+    module.model.save_adapter(Path(folder) / "adapter")
+    module.tokenizer.save_pretrained(str(Path(folder) / "tokenizer"))
+    return Path(folder)
