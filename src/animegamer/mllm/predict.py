@@ -1,0 +1,70 @@
+"""Next-state prediction: the game engine's step, shared by the game loop, evaluation and adaptation data.
+
+Two readings of one prompt that ends in ``<ML>``: greedy generation of the 12 state tokens, and the
+hidden states at exactly the target's query positions, through ``output_proj``, for the
+representation (the official code read the last N positions, three tokens off). Both come from the
+same prefill, so the prompt is run once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from animegamer.mllm.collate import Example, collate_sequences
+from animegamer.mllm.masks import attention_mask_4d
+from animegamer.mllm.sequence import Turn, build_prompt, parse_states
+from animegamer.mllm.tokens import TokenIds
+
+STATE_TOKENS = 12  # <Strength_m></ML><SC><Strength_s></SC><ET><Strength_e></ET><ST><Strength_t></ST></TURN>
+
+
+@dataclass(frozen=True)
+class HistoryTurn:
+    turn: Turn
+    rep: torch.Tensor  # (N, D)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    states: dict[str, int]  # ML, SC, ET, ST
+    rep: torch.Tensor  # (N, D)
+    tokens: list[int]
+
+
+def window(history: Sequence[HistoryTurn], max_turns: int) -> list[HistoryTurn]:
+    """The sliding window: the last ``max_turns - 1`` turns (the new turn is the window's last)."""
+    return list(history)[-(max_turns - 1):] if max_turns > 1 else []
+
+
+def prompt_batch(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,
+                 max_turns: int) -> dict:
+    """The left-padded batch (of one) of the inference prompt, on the model's device."""
+    past = window(history, max_turns)
+    prompt = build_prompt(ids, tokenizer, [h.turn for h in past], instruction, model.num_query_tokens)
+    reps = torch.stack([h.rep for h in past]) if past else torch.zeros(0, model.num_query_tokens, model.rep_width)
+    batch = collate_sequences([Example(prompt, reps)], pad_id=ids.pad, padding_side="left")
+    device = next(model.parameters()).device
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def generate(model, ids: TokenIds, batch: dict) -> tuple[list[int], torch.Tensor]:
+    """(generated state token ids, representation (N, D)) from one prefill of the prompt."""
+    mask = attention_mask_4d(batch["query_mask"], batch["padding_mask"], dtype=model.llm.dtype)
+    out = model.generate_states(batch["input_ids"], mask, batch["history_reps"].to(model.llm.dtype),
+                                batch["history_index"], batch["query_mask"], max_new_tokens=STATE_TOKENS,
+                                stop_token_id=ids.turn_end, position_ids=batch["position_ids"],
+                                padding_mask=batch["padding_mask"])
+    return out["tokens"][0].tolist(), out["pred"][0].float().cpu()
+
+
+def predict_next(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,
+                 max_turns: int) -> Prediction:
+    """States and representation of the turn ``instruction`` after ``history`` (oldest first).
+
+    A generation that is not exactly the 12 state tokens raises ValueError with its text.
+    """
+    tokens, rep = generate(model, ids, prompt_batch(model, tokenizer, ids, history, instruction, max_turns))
+    return Prediction(parse_states(ids, tokens, tokenizer), rep, tokens)
