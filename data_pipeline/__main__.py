@@ -34,7 +34,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         log.info("clip shards: %s (%s clips, %s inputs skipped)", report["output"], counts["clips"],
                  counts["skipped_inputs"])
         log.info("report: %s/report.json", cfg.pipeline.output)
-    for step in ("features", "sessions", "representations", "session_shards"):
+    for step in ("features", "sessions", "representations", "session_shards", "adaptation"):
         if step in report:
             log.info("%s: %s", step, report[step]["output"])
 

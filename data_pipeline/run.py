@@ -109,5 +109,9 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         from data_pipeline.session_shards import build_session_shards
 
         report["session_shards"] = build_session_shards(cfg, resolved)
+    if "adaptation" in steps and cfg.adaptation.export:
+        from data_pipeline.adaptation import build_adaptation_shards
+
+        report["adaptation"] = build_adaptation_shards(cfg, model_cfg, resolved)
     report["wall_seconds"] = time.perf_counter() - started
     return report

@@ -1,4 +1,5 @@
-"""The quick start, end to end on one CPU: toy film -> pipeline -> phase (a1, a2) -> representations.
+"""The quick start, end to end on one CPU: toy film -> pipeline -> phase (a1, a2) -> representations
+-> session shards -> phase (b) -> adaptation shards.
 
     python -m animegamer.quickstart [extra overrides for every stage]
 
@@ -25,8 +26,12 @@ def run_quickstart(extra: list[str]) -> dict:
     warmup = run_train(compose_config("train", ["experiment=quickstart_a", "phase=a_warmup", *extra]))
     joint = run_train(compose_config("train", ["experiment=quickstart_a", "phase=a_joint",
                                                f"phase.init_from={warmup['export']}", *extra]))
-    reps = run_pipeline(compose_config("pipeline", ["experiment=quickstart", "pipeline.steps=[representations]",
+    reps = run_pipeline(compose_config("pipeline", ["experiment=quickstart",
+                                                    "pipeline.steps=[representations,session_shards]",
                                                     f"pipeline.representations.export={joint['export']}", *extra]))
+    game = run_train(compose_config("train", ["experiment=quickstart_b", *extra]))
+    adaptation = run_pipeline(compose_config("pipeline", ["experiment=quickstart", "pipeline.steps=[adaptation]",
+                                                          f"pipeline.adaptation.export={game['export']}", *extra]))
     summary = {
         "clip shards": pipeline["output"],
         "report": str(Path(pipeline["output"]).parent / "report.json"),
@@ -36,6 +41,10 @@ def run_quickstart(extra: list[str]) -> dict:
         "phase a2 export": joint["export"],
         "phase a2 val/loss": joint["metrics"].get("val/loss"),
         "representations": reps["representations"]["output"],
+        "session shards": reps["session_shards"]["output"],
+        "phase b export": game["export"],
+        "phase b val/state_accuracy": game["metrics"].get("val/state_accuracy"),
+        "adaptation shards": adaptation["adaptation"]["output"],
     }
     for name, value in summary.items():
         log.info("%-18s %s", name, value)

@@ -269,6 +269,15 @@ class RepresentationsConfig:
 
 
 @dataclass
+class AdaptationDataConfig:
+    """The adaptation step: a trained phase (b) model predicts each clip's rep with true history."""
+
+    export: str = ""  # phase (b) export folder; the step runs only when this is set
+    batch_size: int = 8
+    device: str = "cpu"
+
+
+@dataclass
 class PipelineConfig:
     inputs: List[str] = field(default_factory=list)  # files, folders or globs
     output: str = "outputs/pipeline"
@@ -289,6 +298,7 @@ class PipelineConfig:
     precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     representations: RepresentationsConfig = field(default_factory=RepresentationsConfig)
+    adaptation: AdaptationDataConfig = field(default_factory=AdaptationDataConfig)
 
 
 # --------------------------------------------------------------------------- training

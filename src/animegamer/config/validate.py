@@ -89,6 +89,8 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
     problems += _choice("pipeline.representations.dtype", p.representations.dtype, ("float16", "bfloat16", "float32"))
     if p.representations.export and not (Path(p.representations.export) / "trained.safetensors").is_file():
         problems.append(f"pipeline.representations.export={p.representations.export!r}: not a phase (a) export folder")
+    if p.adaptation.export and not (Path(p.adaptation.export) / "trained.safetensors").is_file():
+        problems.append(f"pipeline.adaptation.export={p.adaptation.export!r}: not a phase (b) export folder")
     if not p.toy_film and not p.inputs and ("process" in (p.steps or PIPELINE_STEPS)):
         problems.append("pipeline.inputs is empty: name films, folders or globs (or use data=toy)")
     if enc is not None:
@@ -115,7 +117,8 @@ def _check_caption(p: PipelineConfig) -> list[str]:
     return []
 
 
-PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations", "session_shards")
+PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations", "session_shards",
+                  "adaptation")
 
 
 def validate_pipeline_run(cfg) -> None:

@@ -51,6 +51,7 @@ mean of the old input rows, new output rows = 3 x the mean of the old output row
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -147,6 +148,22 @@ def _positions(position_ids: Optional[torch.Tensor], padding_mask: Optional[torc
     if padding_mask is None:
         return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     return (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def _new_cache(config):
+    """An empty DynamicCache (built from the config where the installed transformers takes one)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:
+        return DynamicCache()
+
+
+def _cache_keyword(decoder: nn.Module) -> str:
+    """The decoder's name for the KV cache argument: ``cache`` in recent transformers 5 releases,
+    ``past_key_values`` before (an unknown keyword would be swallowed by ``**kwargs`` and ignored)."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
@@ -466,24 +483,24 @@ class GameStateMLLM(nn.Module):
         the query positions of the prompt (None without query_mask). Padded prompts must be left
         padded (the last prompt position is real in every row; ``collate_sequences(...,
         padding_side="left")``); the keys a row may attend to later are those its last prompt
-        position attends to. A custom 4-D mask does not apply Mistral's
-        sliding window, so prompt + new tokens must fit in it.
+        position attends to. A custom 4-D mask does not apply Mistral's sliding window, so prompt +
+        new tokens must fit in it. Call it in eval mode (LoRA dropout is active in train mode).
         """
-        from transformers import DynamicCache
-
         lm = self.causal_lm
         batch, length = prompt_ids.shape
         window = getattr(lm.config, "sliding_window", None)
         if window is not None and length + max_new_tokens > window:
             raise ValueError(f"prompt ({length}) + new tokens ({max_new_tokens}) exceed the sliding window {window}")
+        if padding_mask is not None and not bool(padding_mask[:, -1].all()):
+            raise ValueError("batched prompts must be left padded: the last position of every row must be real")
         embeds = self.embed_inputs(prompt_ids, history_reps, history_index)
         allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, prompt_ids)
         if not isinstance(allowed, torch.Tensor):
             raise ValueError("generate_states needs a tensor mask, not a BlockMask")
         position_ids = _positions(position_ids, padding_mask, prompt_ids)
-        cache = DynamicCache(config=lm.config)
+        cache = {_cache_keyword(lm.model): _new_cache(lm.config)}
         hidden = lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
-                          position_ids=position_ids, cache=cache, use_cache=True).last_hidden_state
+                          position_ids=position_ids, use_cache=True, **cache).last_hidden_state
         pred = self._project_out(self._query_hidden(hidden, query_mask)) if query_mask is not None else None
 
         keys = allowed[:, 0, -1, :]  # (B, L): what the last prompt position sees
@@ -503,7 +520,7 @@ class GameStateMLLM(nn.Module):
             step_embeds = lm.get_input_embeddings()(token[:, None])
             step_mask = self._kernel_mask(keys[:, None, None, :], step_embeds.dtype)
             hidden = lm.model(inputs_embeds=step_embeds, attention_mask=step_mask, position_ids=position,
-                              cache=cache, use_cache=True).last_hidden_state
+                              use_cache=True, **cache).last_hidden_state
             token = lm.get_output_embeddings()(hidden[:, -1]).argmax(dim=-1)
         stacked = torch.stack(tokens, dim=1) if tokens else prompt_ids.new_zeros(batch, 0)
         return dict(tokens=stacked, pred=pred)

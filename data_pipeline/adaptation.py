@@ -1,0 +1,101 @@
+"""Adaptation shards (phase c input): the frozen phase (b) model's prediction for every clip.
+
+Each clip of the session shards becomes one sample: its VAE ``latents.npy`` (from the feature
+shards), ``pred_rep.npy`` (the MLLM's representation given the true history that precedes it in its
+session, as much of it as the session holds) and ``json`` (flow, level, source key). The prediction
+reads the query positions of the teacher-forced sequence: attention is causal, so the target's own
+state tokens, which come after, cannot influence it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import webdataset as wds
+from tqdm import tqdm
+
+from animegamer.checkpoints.export import TRAINED_FILE, load_export
+from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
+from animegamer.data.indexed import IndexedShardDataset
+from animegamer.data.phase_b import session_of
+from animegamer.mllm.collate import collate_sequences, make_example
+from animegamer.utils.io import atomic_path, npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.precompute import FEATURES_DIR, LATENTS
+from data_pipeline.session_shards import SESSION_SHARDS_DIR
+from data_pipeline.writer import MANIFEST, SHARD_PATTERN, TAR_MTIME
+
+ADAPTATION_DIR = "adaptation"
+PRED_REP = "pred_rep.npy"
+
+
+def load_phase_b(model_cfg: ModelConfig, export: str | Path, device: str):
+    """The phase (b) module of an export, frozen, in eval mode."""
+    from animegamer.phases.phase_b import PhaseB
+
+    module = PhaseB(RunConfig(model=model_cfg))
+    load_export(export, module.model)
+    return module.eval().requires_grad_(False).to(device)
+
+
+def targets_with_most_history(sessions: IndexedShardDataset) -> dict[str, tuple[int, int]]:
+    """clip key -> (session index, turn index) where the clip has the longest true history."""
+    best: dict[str, tuple[int, int]] = {}
+    for index in range(len(sessions)):
+        keys = sessions.raw(index)["json"]["keys"]
+        for turn, key in enumerate(keys):
+            if key not in best or turn > best[key][1]:
+                best[key] = (index, turn)
+    return dict(sorted(best.items()))
+
+
+@torch.no_grad()
+def predict(module, sessions: IndexedShardDataset, jobs: list[tuple[str, tuple[int, int]]]) -> list:
+    examples = []
+    for _, (index, turn) in jobs:
+        session = session_of(sessions.raw(index))
+        window = type(session)(session.turns[: turn + 1], session.reps[: turn + 1], key=session.key)
+        examples.append(make_example(module.ids, module.tokenizer, window))
+    batch = collate_sequences(examples, pad_id=module.ids.pad)
+    batch = {k: v.to(module.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return list(module.run_model(batch)["pred"].float().cpu().numpy())
+
+
+def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
+    settings = cfg.adaptation
+    root = Path(cfg.output)
+    sessions = IndexedShardDataset(root / SESSION_SHARDS_DIR, lambda s: s, video=False)
+    features = IndexedShardDataset(root / FEATURES_DIR, lambda s: s, video=False)
+    feature_index = {key: i for i, key in enumerate(features.keys())}
+    module = load_phase_b(model, settings.export, settings.device)
+    jobs = list(targets_with_most_history(sessions).items())
+    out_dir = root / ADAPTATION_DIR
+    groups = [jobs[i : i + cfg.writer.maxcount] for i in range(0, len(jobs), cfg.writer.maxcount)]
+    shards = []
+    for number, group in enumerate(tqdm(groups, desc="adaptation", unit="shard", disable=None)):
+        path = out_dir / SHARD_PATTERN.format(number)
+        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
+            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
+                for start in range(0, len(group), settings.batch_size):
+                    chunk = group[start : start + settings.batch_size]
+                    for (key, (index, turn)), pred in zip(chunk, predict(module, sessions, chunk)):
+                        clip = features.raw(feature_index[key])
+                        meta = {"key": key, "flow": clip["json"]["motion"]["flow"],
+                                "level": clip["json"]["motion"]["level"], "history_turns": turn}
+                        tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
+                                   LATENTS: npy_bytes(clip[LATENTS]), PRED_REP: npy_bytes(pred.astype("float16"))})
+        shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
+    manifest = {
+        "kind": "adaptation",
+        "command": " ".join(sys.argv),
+        "config": resolved,
+        "export": str(settings.export),
+        "export_sha256": sha256_file(Path(settings.export) / TRAINED_FILE),
+        "session_shards_manifest_sha256": sha256_file(root / SESSION_SHARDS_DIR / MANIFEST),
+        "features_manifest_sha256": sha256_file(root / FEATURES_DIR / MANIFEST),
+        "counts": {"clips": len(jobs)},
+        "shards": shards,
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    return {"output": str(out_dir), **manifest["counts"]}
