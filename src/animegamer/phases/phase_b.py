@@ -14,7 +14,7 @@ import torch
 
 from animegamer.checkpoints.export import load_export, save_export
 from animegamer.config.schema import RunConfig
-from animegamer.mllm.masks import attention_mask_4d
+from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
 from animegamer.models.encoder import representation_tokens
@@ -51,6 +51,15 @@ def state_accuracy(label_logits: torch.Tensor, labels: torch.Tensor, ids: TokenI
     return (predicted[is_state] == targets[is_state]).float().mean()
 
 
+def attention_for(kind: str, batch: dict):
+    """The mask in the form that keeps the kernel fast: a FlexAttention BlockMask (the query block is
+    a few 128-blocks, the rest causal, so most blocks are skipped or dense) or None, which lets the
+    model build its boolean mask for SDPA / eager."""
+    if kind == "flex":
+        return flex_block_mask(batch["query_mask"], batch["padding_mask"])
+    return None
+
+
 class PhaseB(L.LightningModule):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
@@ -65,8 +74,8 @@ class PhaseB(L.LightningModule):
         self.strict_loading = False  # checkpoints hold only what trains
 
     def run_model(self, batch: dict) -> dict:
-        mask = attention_mask_4d(batch["query_mask"], batch["padding_mask"], dtype=self.model.llm.dtype)
-        return self.model(attention_mask_4d=mask, **{k: batch[k] for k in MODEL_KEYS if k in batch})
+        return self.model(attention_mask_4d=attention_for(self.cfg.model.mllm.attention, batch),
+                          **{k: batch[k] for k in MODEL_KEYS if k in batch})
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # LoRA dropout draws from the global RNG: seed it from the step so a resumed run redraws it.

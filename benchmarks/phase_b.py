@@ -1,0 +1,260 @@
+"""Phase (b) training step on one GPU: the framework's step beside plain transformers + peft.
+
+    python benchmarks/phase_b.py              # paper sizes (Mistral-7B, LoRA r 32), CUDA
+    python benchmarks/phase_b.py --tiny       # tiny sizes on CPU, 2 steps: smoke test of every path
+
+Random weights, no downloads. Batches are real 5-turn windows (about 1,450 tokens each: five turns of
+226 frame tokens plus instruction and state tokens) built by the framework's own sequence builder
+and collator, with the official tokenizer when ``../shared`` has it. Both sides train the same set
+(LoRA r 32 / alpha 32 on q/k/v/o/gate/up/down, RMSNorms, both embedding matrices, the projections),
+in bf16 weights with fused AdamW, forward + backward + clip + step.
+
+- ``framework-sdpa`` / ``framework-flex``: ``PhaseB.run_model`` (the training step's body) with
+  ``model.mllm.attention`` = sdpa (boolean mask) or flex (FlexAttention block mask);
+- ``plain``: ``MistralForCausalLM`` + ``peft.get_peft_model``, inputs_embeds with the history
+  scattered in, the DESIGN section 4 mask as a dense additive 4-D float mask (what a plain
+  transformers user passes), CE + MSE written inline.
+
+Per configuration: median step time after warm-up, tokens/s (real tokens), MFU (6 x params x tokens +
+attention, over the bf16 matmul peak measured in the same run) and peak memory.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from animegamer.config.compose import compose_config
+from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
+from animegamer.mllm.masks import attention_mask_4d
+from animegamer.mllm.sequence import IGNORE_INDEX, Turn
+from animegamer.models.encoder import representation_tokens
+from animegamer.phases.common import make_optimizer
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
+PEAK_SIZE = 8192
+
+
+def measure_bf16_peak(device: str) -> float:
+    """Dense bf16 matmul FLOP/s on this device (the MFU denominator), median of 10 products."""
+    if device != "cuda":
+        return float("nan")
+    a = torch.randn(PEAK_SIZE, PEAK_SIZE, device=device, dtype=torch.bfloat16)
+    b = torch.randn(PEAK_SIZE, PEAK_SIZE, device=device, dtype=torch.bfloat16)
+    times = []
+    for _ in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * PEAK_SIZE**3 / statistics.median(times[3:])
+
+
+def make_batch(ids, tokenizer, n: int, d: int, batch_size: int, turns: int, device: str) -> dict:
+    """``batch_size`` real 5-turn windows with random (N, D) reps, collated by the framework."""
+    generator = torch.Generator().manual_seed(0)
+    examples = []
+    for i in range(batch_size):
+        session_turns = [Turn(f"Character: Qiqi; Motion: slowly walk along the cliff {i}-{t}; Background: evening seaside.",
+                              {"ML": 1 + t % 5, "SC": t % 2, "ET": (t + 1) % 2, "ST": 1 - 2 * (t % 2)})
+                         for t in range(turns)]
+        reps = torch.randn(turns, n, d, generator=generator)
+        examples.append(make_example(ids, tokenizer, Session(session_turns, reps)))
+    batch = collate_sequences(examples, pad_id=ids.pad, rep_dtype=torch.bfloat16)
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def model_flops(cfg, tokens: int, length: int, batch: int) -> float:
+    """Forward+backward FLOPs: 6 x (non-embedding params) x tokens + attention 12 x layers x L^2 x H x B."""
+    m = cfg.model.mllm
+    head = m.hidden_size // m.num_attention_heads
+    attn_params = m.hidden_size * head * (m.num_attention_heads * 2 + m.num_key_value_heads * 2)
+    mlp_params = 3 * m.hidden_size * m.intermediate_size
+    vocab_head = m.hidden_size * 32284
+    dense = m.num_hidden_layers * (attn_params + mlp_params) + vocab_head
+    attention = 12 * m.num_hidden_layers * length * length * m.hidden_size * batch
+    return 6 * dense * tokens + attention
+
+
+def framework_step(module, optimizer, batch, grad_clip: float):
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = module.run_model(batch)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad], grad_clip)
+        optimizer.step()
+    return step
+
+
+def plain_step(model, input_proj, output_proj, optimizer, batch, grad_clip: float, n: int):
+    """transformers + peft as a plain user writes it: dense 4-D additive mask, CE + MSE inline."""
+    mask = attention_mask_4d(batch["query_mask"], batch["padding_mask"], dtype=torch.bfloat16)
+    params = [p for p in list(model.parameters()) + list(input_proj.parameters()) + list(output_proj.parameters())
+              if p.requires_grad]
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        embeds = model.get_input_embeddings()(batch["input_ids"])
+        embeds = scatter_history(embeds, input_proj(batch["history_reps"]), batch["history_index"])
+        out = model(inputs_embeds=embeds, attention_mask=mask, position_ids=batch["position_ids"],
+                    output_hidden_states=True)
+        labels = batch["labels"][:, 1:]
+        lm = F.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        pred = output_proj(gather_queries(out.hidden_states[-1], batch["query_mask"], n))
+        loss = lm + F.mse_loss(pred.float(), batch["target_rep"].float())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        optimizer.step()
+    return step
+
+
+def time_steps(step, steps: int, warmup: int, device: str) -> tuple[float, float]:
+    """(median seconds per step, peak GiB)."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(warmup + steps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return statistics.median(times), peak
+
+
+@contextlib.contextmanager
+def building(device: str, dtype: torch.dtype):
+    """Build weights directly on the device in the target dtype (a 7B model in float32 on CPU is slow)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def compose(tiny: bool, attention: str, gc: bool):
+    overrides = ["experiment=paper_b", "model.mllm.path=''", f"model.mllm.attention={attention}",
+                 f"model.mllm.gradient_checkpointing={str(gc).lower()}", "model.mllm.lora_dropout=0"]
+    if TOKENIZER.exists():
+        overrides.append(f"model.mllm.tokenizer={TOKENIZER}")
+    if tiny:
+        overrides += ["model=tiny"]
+    return OmegaConf.to_object(compose_config("train", overrides))
+
+
+def run_framework(args, attention: str, batch_size: int, gc: bool, peak: float) -> dict:
+    from animegamer.phases.phase_b import PhaseB
+
+    cfg = compose(args.tiny, attention, gc)
+    with building(args.device, torch.bfloat16):
+        module = PhaseB(cfg)
+    module.to(args.device)
+    optimizer = make_optimizer(module.model, cfg.phase)["optimizer"]
+    batch = make_batch(module.ids, module.tokenizer, module.model.num_query_tokens, module.model.rep_width,
+                       batch_size, args.turns, args.device)
+    seconds, memory = time_steps(framework_step(module, optimizer, batch, cfg.phase.grad_clip), args.steps,
+                                 args.warmup, args.device)
+    result = summarise(cfg, batch, seconds, memory, peak)
+    del module, optimizer
+    return result
+
+
+def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
+    from peft import LoraConfig, get_peft_model
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from animegamer.phases.phase_b import game_tokenizer
+
+    cfg = compose(args.tiny, "sdpa", gc)
+    m = cfg.model.mllm
+    n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
+    tokenizer, ids = game_tokenizer(cfg)
+    with building(args.device, torch.bfloat16):
+        config = MistralConfig(vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                               num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
+                               num_key_value_heads=m.num_key_value_heads, max_position_embeddings=m.max_position_embeddings,
+                               rms_norm_eps=m.rms_norm_eps, rope_theta=m.rope_theta, sliding_window=m.sliding_window,
+                               attn_implementation="sdpa")
+        model = MistralForCausalLM(config)
+        input_proj = torch.nn.Sequential(torch.nn.Linear(d, m.hidden_size), torch.nn.GELU(), torch.nn.Linear(m.hidden_size, m.hidden_size))
+        output_proj = torch.nn.Sequential(torch.nn.Linear(m.hidden_size, d), torch.nn.GELU(), torch.nn.Linear(d, d))
+    model = get_peft_model(model, LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=0.0,
+                                             target_modules=list(m.lora_targets)))
+    for name, param in model.named_parameters():
+        if "norm" in name or "embed_tokens" in name or "lm_head" in name:
+            param.requires_grad_(True)
+    if gc:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    params = [p for p in list(model.parameters()) + list(input_proj.parameters()) + list(output_proj.parameters())
+              if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.phase.lr, fused=args.device == "cuda" or None)
+    batch = make_batch(ids, tokenizer, n, d, batch_size, args.turns, args.device)
+    seconds, memory = time_steps(plain_step(model, input_proj, output_proj, optimizer, batch, cfg.phase.grad_clip, n),
+                                 args.steps, args.warmup, args.device)
+    del model, optimizer
+    return summarise(cfg, batch, seconds, memory, peak)
+
+
+def summarise(cfg, batch: dict, seconds: float, memory: float, peak: float) -> dict:
+    tokens = int(batch["padding_mask"].sum())
+    length, size = batch["input_ids"].shape[1], batch["input_ids"].shape[0]
+    flops = model_flops(cfg, tokens, length, size)
+    return {"batch": size, "seq_len": length, "tokens": tokens, "step_ms": round(seconds * 1e3, 1),
+            "tokens_per_s": round(tokens / seconds, 1), "mfu": round(flops / seconds / peak, 4) if peak == peak else None,
+            "peak_gib": round(memory, 2) if memory == memory else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--configs", nargs="+", default=["plain:4:0", "plain:8:1", "framework-sdpa:4:0",
+                                                          "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
+                        help="name:batch:gc triples")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
+    if args.tiny:
+        args.steps, args.warmup = 2, 1
+    peak = measure_bf16_peak(args.device)
+    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+               "bf16_peak_tflops": round(peak / 1e12, 1) if peak == peak else None, "runs": {}}
+    for spec in args.configs:
+        name, batch, gc = spec.split(":")
+        batch, gc = int(batch), gc == "1"
+        try:
+            if name == "plain":
+                row = run_plain(args, batch, gc, peak)
+            else:
+                row = run_framework(args, name.split("-", 1)[1], batch, gc, peak)
+        except torch.OutOfMemoryError:
+            row = {"error": "out of memory"}
+        results["runs"][spec] = row
+        print(f"{spec:24s} {row}", flush=True)  # the benchmark's report is its output
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    out = args.out or Path(__import__("os").environ.get("OUT", ".")) / "phase_b_benchmark.json"
+    out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
