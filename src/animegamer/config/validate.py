@@ -37,11 +37,10 @@ def _local_folder(key: str, path: str) -> list[str]:
     return []
 
 
-def check_encoders(enc: EncodersConfig) -> list[str]:
+def check_encoders(enc: EncodersConfig, which: tuple[str, ...] = ("t5", "clip", "vae")) -> list[str]:
     problems = []
-    problems += _local_folder("model.encoders.t5.path", enc.t5.path)
-    problems += _local_folder("model.encoders.clip.path", enc.clip.path)
-    problems += _local_folder("model.encoders.vae.path", enc.vae.path)
+    for name in which:
+        problems += _local_folder(f"model.encoders.{name}.path", getattr(enc, name).path)
     t5 = enc.t5
     if t5.d_kv * t5.num_heads <= 0 or t5.max_tokens <= 0:
         problems.append("model.encoders.t5: d_kv, num_heads and max_tokens must be > 0")
@@ -166,6 +165,8 @@ def check_training(cfg) -> list[str]:
     if dec.in_channels != frozen.vae.latent_channels:
         problems.append(f"model.decoder.in_channels={dec.in_channels} != model.encoders.vae.latent_channels="
                         f"{frozen.vae.latent_channels}")
+    if phase.name == "b":
+        problems += check_mllm(model)
     problems += _local_folder("model.decoder.path", dec.path)
     if dec.official_checkpoint and not Path(dec.official_checkpoint).exists():
         problems.append(f"model.decoder.official_checkpoint={dec.official_checkpoint!r}: no such file or folder")
@@ -184,8 +185,37 @@ def check_training(cfg) -> list[str]:
     return problems
 
 
+def check_mllm(model) -> list[str]:
+    """The MLLM against the encoder (query count, width) and its weight/tokenizer folders."""
+    from animegamer.mllm.tokens import NUM_FRAME_TOKENS
+    from animegamer.models.encoder import representation_tokens
+
+    m = model.mllm
+    problems = _local_folder("model.mllm.path", m.path) + _local_folder("model.mllm.tokenizer", m.tokenizer)
+    queries = representation_tokens(model.encoder)
+    if queries > NUM_FRAME_TOKENS:
+        problems.append(f"the encoder gives {queries} representation tokens but the layout has only "
+                        f"{NUM_FRAME_TOKENS} <frame_i> tokens for queries")
+    if m.hidden_size % m.num_attention_heads or m.num_attention_heads % m.num_key_value_heads:
+        problems.append(f"model.mllm: hidden_size={m.hidden_size}, num_attention_heads={m.num_attention_heads}, "
+                        f"num_key_value_heads={m.num_key_value_heads} do not divide")
+    problems += _choice("model.mllm.attention", m.attention, ("sdpa", "flex", "eager"))
+    if m.official_checkpoint and not Path(m.official_checkpoint).exists():
+        problems.append(f"model.mllm.official_checkpoint={m.official_checkpoint!r}: no such file")
+    return problems
+
+
+def frozen_encoders_needed(cfg) -> tuple[str, ...]:
+    """Which frozen encoders a training run builds: all with raw clips, the VAE for validation videos."""
+    if cfg.phase.name not in ("a_warmup", "a_joint"):
+        return ()
+    if cfg.phase.input == "clips":
+        return ("t5", "clip", "vae")
+    return ("vae",) if cfg.phase.val_clips > 0 else ()
+
+
 def validate_train_run(cfg) -> None:
     """Raise :class:`ConfigError` listing every problem of a training run config."""
-    problems = check_training(cfg) + check_encoders(cfg.model.encoders)
+    problems = check_training(cfg) + check_encoders(cfg.model.encoders, frozen_encoders_needed(cfg))
     if problems:
         raise ConfigError(problems)
