@@ -162,7 +162,8 @@ def _expected_trainable(model_cfg: ModelConfig, norms: bool = True, embeddings: 
             block = "self_attn" if target in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
             names |= {f"{prefix}model.layers.{layer}.{block}.{target}.lora_{ab}.default.weight" for ab in "AB"}
         if norms:
-            names |= {f"{prefix}model.layers.{layer}.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")}
+            names |= {f"{prefix}model.layers.{layer}.{norm}.weight"
+                      for norm in ("input_layernorm", "post_attention_layernorm")}
     if norms:
         names.add(f"{prefix}model.norm.weight")
     if embeddings:
@@ -293,6 +294,24 @@ def test_generation_stops_at_the_stop_token(model_cfg, vocab):
     stopped = model.generate_states(prompt["input_ids"], **inputs, max_new_tokens=4,
                                     stop_token_id=int(first[0, 1]))["tokens"]
     assert torch.equal(stopped[0], first[0, :2])
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(model_cfg, vocab):
+    model = _model(model_cfg, vocab).train()
+    _randomize(model)
+    batch = _batch(model_cfg, vocab)
+    model(**batch)["loss"].backward()
+    plain = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model.set_gradient_checkpointing(True)
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    model(**batch)["loss"].backward()
+    checkpointed = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert checkpointed.keys() == plain.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    model.set_gradient_checkpointing(False)
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
 # --------------------------------------------------------------------------- construction and folders

@@ -217,7 +217,8 @@ class GameStateMLLM(nn.Module):
         from transformers import MistralConfig, MistralForCausalLM
 
         if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(f"mllm.attention must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}, got {cfg.attention!r}")
+            raise ValueError(f"mllm.attention must be one of {sorted(ATTENTION_IMPLEMENTATIONS)}, "
+                             f"got {cfg.attention!r}")
         attn = ATTENTION_IMPLEMENTATIONS[cfg.attention]
         if cfg.path:
             llm = MistralForCausalLM.from_pretrained(cfg.path, local_files_only=True, dtype=dtype,
@@ -285,10 +286,19 @@ class GameStateMLLM(nn.Module):
         self.apply_trainable()
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each decoder layer in backward (non-reentrant), the paper-scale memory saver.
+
+        Uses ``activation_checkpointing_*`` where transformers has it (the ``gradient_checkpointing_*``
+        names are deprecated there), the old names before.
+        """
+        lm = self.causal_lm
         if enabled:
-            self.causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif getattr(self.causal_lm.model, "gradient_checkpointing", False):
-            self.causal_lm.gradient_checkpointing_disable()
+            if hasattr(lm, "activation_checkpointing_enable"):
+                lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif any(getattr(m, "gradient_checkpointing", False) for m in lm.modules()):
+            (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
 
     # ----------------------------------------------------------------------- parameter groups
     def lora_parameters(self) -> List[str]:
@@ -311,7 +321,11 @@ class GameStateMLLM(nn.Module):
         return [n for n, _ in self.named_parameters() if n.startswith(_PROJECTIONS)]
 
     def trainable_parameter_names(self) -> List[str]:
-        """The phase-b trainable set from the config: LoRA, projections, norms (train_norms), embeddings (train_embeddings)."""
+        """The phase-b trainable set from the config.
+
+        LoRA and both projections always; the RMSNorms with ``train_norms``; the input and output
+        embedding matrices with ``train_embeddings``.
+        """
         names = self.lora_parameters() + self.projection_parameters()
         if self.cfg.train_norms:
             names += self.norm_parameters()
@@ -388,7 +402,8 @@ class GameStateMLLM(nn.Module):
         """(B, L, H) -> (B, N, H) at the query positions, in sequence order."""
         counts = query_mask.sum(dim=1)
         if not bool((counts == self.num_query_tokens).all()):
-            raise ValueError(f"every sample needs exactly {self.num_query_tokens} query positions, got {counts.tolist()}")
+            raise ValueError(f"every sample needs exactly {self.num_query_tokens} query positions, "
+                             f"got {counts.tolist()}")
         return gather_queries(hidden, query_mask, self.num_query_tokens)
 
     def _project_out(self, hidden_queries: torch.Tensor) -> torch.Tensor:

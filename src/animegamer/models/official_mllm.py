@@ -71,7 +71,10 @@ def read_official_mllm_state_dict(path: str | Path) -> Dict[str, torch.Tensor]:
 
             part = load_file(str(file))
         else:
-            part = torch.load(file, map_location="cpu", weights_only=True)
+            try:  # memory-mapped: a 7B checkpoint is not read into memory twice
+                part = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # legacy (non-zip) serialization cannot be mapped
+                part = torch.load(file, map_location="cpu", weights_only=True)
         state.update(_unwrap(part, file))
     return state
 
