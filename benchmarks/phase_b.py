@@ -147,11 +147,11 @@ def building(device: str, dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def compose(tiny: bool, attention: str, gc: bool):
+def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER):
     overrides = ["experiment=paper_b", "model.mllm.path=''", f"model.mllm.attention={attention}",
                  f"model.mllm.gradient_checkpointing={str(gc).lower()}", "model.mllm.lora_dropout=0"]
-    if TOKENIZER.exists():
-        overrides.append(f"model.mllm.tokenizer={TOKENIZER}")
+    if tokenizer.exists():
+        overrides.append(f"model.mllm.tokenizer={tokenizer}")
     if tiny:
         overrides += ["model=tiny"]
     return OmegaConf.to_object(compose_config("train", overrides))
@@ -160,7 +160,7 @@ def compose(tiny: bool, attention: str, gc: bool):
 def run_framework(args, attention: str, batch_size: int, gc: bool, peak: float) -> dict:
     from animegamer.phases.phase_b import PhaseB
 
-    cfg = compose(args.tiny, attention, gc)
+    cfg = compose(args.tiny, attention, gc, args.tokenizer)
     with building(args.device, torch.bfloat16):
         module = PhaseB(cfg)
     module.to(args.device)
@@ -180,7 +180,7 @@ def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
 
     from animegamer.phases.phase_b import game_tokenizer
 
-    cfg = compose(args.tiny, "sdpa", gc)
+    cfg = compose(args.tiny, "sdpa", gc, args.tokenizer)
     m = cfg.model.mllm
     n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
     tokenizer, ids = game_tokenizer(cfg)
@@ -230,6 +230,7 @@ def main() -> None:
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
                         help="name:batch:gc triples")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (vocab 32284)")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     if args.tiny:
