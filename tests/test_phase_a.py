@@ -145,3 +145,14 @@ def test_sampler_returns_a_clip_of_the_configured_size(data_root, tmp_path):
     assert latents.shape == clips.latents.shape
     video = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae.decode(latents)
     assert video.shape == (1, 17, 32, 48, 3)
+
+
+def test_bf16_mixed_with_fused_adamw_and_clipping_trains(data_root, tmp_path, monkeypatch):
+    """Lightning's own clipping refuses fused AdamW under bf16-mixed (the GPU preset): phases clip
+    themselves. Fused AdamW exists on CPU too, so the GPU crash is reproduced here."""
+    import animegamer.phases.common as common
+
+    original = torch.optim.AdamW
+    monkeypatch.setattr(common.torch.optim, "AdamW", lambda *a, **k: original(*a, **{**k, "fused": True}))
+    result = _run(data_root, tmp_path / "run", "phase=a_joint", "phase.max_steps=2", "trainer.precision=bf16-mixed")
+    assert result["step"] == 2

@@ -47,6 +47,17 @@ def trainable_names(module: nn.Module) -> list[str]:
     return sorted(n for n, p in module.named_parameters() if p.requires_grad)
 
 
+def clip_gradients(module: nn.Module, max_norm: float | None) -> None:
+    """Clip the trainable gradients' global norm.
+
+    Phases call this from ``configure_gradient_clipping`` instead of Lightning's own clipping, which
+    refuses fused AdamW under bf16-mixed (it assumes a gradient scaler; bf16 has none) and so crashed
+    the first GPU step.
+    """
+    if max_norm:
+        torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.grad is not None], max_norm)
+
+
 def lr_lambda(cfg: PhaseConfig):
     """Linear warm-up, then constant or cosine down to ``min_lr_ratio``."""
 

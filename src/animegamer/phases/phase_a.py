@@ -20,7 +20,7 @@ from animegamer.diffusion.sampler import sample
 from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
-from animegamer.phases.common import make_optimizer, set_trainable, step_generator, trainable_names
+from animegamer.phases.common import clip_gradients, make_optimizer, set_trainable, step_generator, trainable_names
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +149,14 @@ class PhaseA(L.LightningModule):
         if t is None:
             t = sample_timesteps(batch, generator, self.cfg.model.diffusion.num_train_timesteps)
         t = t.to(latents.device)
-        noise = torch.randn(latents.shape, generator=generator, device=generator.device).to(latents.device)
+        noise = torch.randn(latents.shape, generator=generator, device=generator.device, dtype=torch.float32)
         x_t = add_noise(latents, noise, t, self.alphas_cumprod)
         velocity = self.model(x_t.to(self.dtype), t, text, image, clips.flow)
         return cogvideox_v_loss(velocity, latents, x_t, t, self.alphas_cumprod)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        generator = step_generator(self.cfg.seed, self.micro_step(batch_idx), self.global_rank)
+        # On the module's device: drawing the (B, T, C, H, W) noise on the CPU stalled the GPU every step.
+        generator = step_generator(self.cfg.seed, self.micro_step(batch_idx), self.global_rank, self.device)
         loss = self.diffusion_loss(self.to_clip_batch(batch), generator)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0])
         return loss
@@ -163,13 +164,16 @@ class PhaseA(L.LightningModule):
     def configure_optimizers(self):
         return make_optimizer(self.model, self.cfg.phase)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self.model, gradient_clip_val)
+
     # ----------------------------------------------------------------------- validation
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """Diffusion loss at fixed timesteps and noise: a curve comparable from step to step."""
         clips = self.to_clip_batch(batch)
         losses = []
         for t_value in VAL_TIMESTEPS:
-            generator = step_generator(self.cfg.seed, t_value, batch_idx)
+            generator = step_generator(self.cfg.seed, t_value, batch_idx, self.device)
             t = torch.full((clips.latents.shape[0],), t_value, dtype=torch.long)
             losses.append(self.diffusion_loss(clips, generator, t=t, dropout=False))
         loss = torch.stack(losses).mean()

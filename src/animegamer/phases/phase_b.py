@@ -19,7 +19,7 @@ from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
-from animegamer.phases.common import make_optimizer, step_seed
+from animegamer.phases.common import clip_gradients, make_optimizer, step_seed
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class PhaseB(L.LightningModule):
 
     def configure_optimizers(self):
         return make_optimizer(self.model, self.cfg.phase)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self.model, gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         keep = set(self.trainable)
