@@ -18,7 +18,7 @@ What is timed (forward + backward + gradient clipping + optimizer step, one samp
 
 - ``framework-*``: ``PhaseA`` built from the composed config (``experiment=paper_a_joint`` with random
   weights), stepped the way Lightning's automatic optimisation steps it: ``zero_grad`` ->
-  ``step_generator`` + ``diffusion_loss`` (the body of ``training_step``, CPU generator, CFG dropout,
+  ``step_generator`` + ``diffusion_loss`` (the body of ``training_step``, generator on the GPU, CFG dropout,
   float32 loss) inside the precision's autocast -> ``backward`` -> ``clip_grad_norm_(grad_clip)`` ->
   fused AdamW from ``configure_optimizers`` -> LR scheduler. ``-mixed`` is Lightning's ``bf16-mixed``
   (what ``configs/trainer/gpu.yaml`` uses: float32 weights and optimizer, ``torch.autocast(bfloat16)``);
@@ -357,9 +357,9 @@ def build_framework(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Bu
         # Lightning automatic optimisation, precision plugin and gradient clipping, in order.
         optimizer.zero_grad(set_to_none=True)
         with lightning_forward_context(device, v.mixed):
-            generator = step_generator(cfg.seed, i, 0)  # training_step: (seed, micro step, rank)
-            if "cuda_rng" in v.diag:  # hypothesis test: the same draws' shapes, made on the GPU (no host syncs)
-                generator = torch.Generator(device=device).manual_seed(generator.initial_seed())
+            # training_step: (seed, micro step, rank) on the module's device (the GPU since the fix the
+            # cuda_rng diagnostic motivated; the diagnostic is now the same as the framework step)
+            generator = step_generator(cfg.seed, i, 0, device)
             loss = module.diffusion_loss(module.to_clip_batch(batch), generator)
         loss.backward()
         if masters is not None:

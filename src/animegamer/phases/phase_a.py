@@ -149,7 +149,8 @@ class PhaseA(L.LightningModule):
         if t is None:
             t = sample_timesteps(batch, generator, self.cfg.model.diffusion.num_train_timesteps)
         t = t.to(latents.device)
-        noise = torch.randn(latents.shape, generator=generator, device=generator.device, dtype=torch.float32)
+        noise = torch.randn(latents.shape, generator=generator, device=generator.device,
+                            dtype=torch.float32).to(latents.device)  # no-op when the generator is on the device
         x_t = add_noise(latents, noise, t, self.alphas_cumprod)
         velocity = self.model(x_t.to(self.dtype), t, text, image, clips.flow)
         return cogvideox_v_loss(velocity, latents, x_t, t, self.alphas_cumprod)
