@@ -1,5 +1,5 @@
 """The quick start, end to end on one CPU: toy film -> pipeline -> phase (a1, a2) -> representations
--> session shards -> phase (b) -> adaptation shards.
+-> session shards -> phase (b) -> adaptation shards -> phase (c).
 
     python -m animegamer.quickstart [extra overrides for every stage]
 
@@ -32,6 +32,8 @@ def run_quickstart(extra: list[str]) -> dict:
     game = run_train(compose_config("train", ["experiment=quickstart_b", *extra]))
     adaptation = run_pipeline(compose_config("pipeline", ["experiment=quickstart", "pipeline.steps=[adaptation]",
                                                           f"pipeline.adaptation.export={game['export']}", *extra]))
+    adapted = run_train(compose_config("train", ["experiment=quickstart_c", f"phase.init_from={joint['export']}",
+                                                 *extra]))
     summary = {
         "clip shards": pipeline["output"],
         "report": str(Path(pipeline["output"]).parent / "report.json"),
@@ -45,6 +47,7 @@ def run_quickstart(extra: list[str]) -> dict:
         "phase b export": game["export"],
         "phase b val/state_accuracy": game["metrics"].get("val/state_accuracy"),
         "adaptation shards": adaptation["adaptation"]["output"],
+        "phase c export": adapted["export"],
     }
     for name, value in summary.items():
         log.info("%-18s %s", name, value)

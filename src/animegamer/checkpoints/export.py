@@ -23,15 +23,19 @@ TRAINED_FILE = "trained.safetensors"
 FORMAT_VERSION = 1
 
 
-def trained_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Every trainable parameter, by name, detached and contiguous on CPU."""
-    return {n: p.detach().to("cpu").contiguous() for n, p in module.named_parameters() if p.requires_grad}
+def trained_state(module: nn.Module, extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Every trainable parameter (and those under the ``extra`` prefixes), detached, on CPU."""
+    return {n: p.detach().to("cpu").contiguous() for n, p in module.named_parameters()
+            if p.requires_grad or n.startswith(extra)}
 
 
-def save_export(folder: str | Path, module: nn.Module, meta: dict) -> Path:
-    """Write ``trained.safetensors`` + ``export.json`` atomically (a killed save leaves the old one)."""
+def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[str, ...] = ()) -> Path:
+    """Write ``trained.safetensors`` + ``export.json`` atomically (a killed save leaves the old one).
+
+    ``extra`` adds frozen parameters by name prefix, for exports that must stand alone (phase (c)
+    carries the encoder it did not train, so a renderer loads from one folder)."""
     folder = Path(folder)
-    state = trained_state(module)
+    state = trained_state(module, extra)
     with atomic_dir(folder) as tmp:
         save_file(state, str(tmp / TRAINED_FILE))
         record = {"format_version": FORMAT_VERSION, "tensors": len(state),

@@ -336,6 +336,7 @@ class TrainDataConfig:
     features: str = "features"
     representations: str = "representations"
     sessions: str = "session_shards"
+    adaptation: str = "adaptation"
     # Phase (b): relative weight of each window length 1..K (paper: equal for 1..5 turns).
     window_weights: List[float] = field(default_factory=lambda: [1.0, 1.0, 1.0, 1.0, 1.0])
     val_fraction: float = 0.1  # held-out clips (by key hash), never trained on

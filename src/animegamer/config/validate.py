@@ -129,7 +129,7 @@ def validate_pipeline_run(cfg) -> None:
         raise ConfigError(problems)
 
 
-PHASE_NAMES = ("a_warmup", "a_joint", "b")  # grows as phase (c) arrives
+PHASE_NAMES = ("a_warmup", "a_joint", "b", "c")
 
 
 def check_training(cfg) -> list[str]:
@@ -173,8 +173,8 @@ def check_training(cfg) -> list[str]:
     if phase.init_from and not Path(phase.init_from).is_dir():
         problems.append(f"phase.init_from={phase.init_from!r}: no such export folder (train the earlier stage first)")
     root = Path(cfg.data.root)
-    if phase.name == "b":
-        folder = cfg.data.sessions
+    if phase.name in ("b", "c"):
+        folder = cfg.data.sessions if phase.name == "b" else cfg.data.adaptation
     else:
         folder = cfg.data.features if phase.input == "features" else cfg.data.clips
     shards = root / folder / "manifest.json"

@@ -15,18 +15,17 @@ import torch
 
 from animegamer.checkpoints.export import load_export
 from animegamer.config.schema import RunConfig
-from animegamer.diffusion.loss import add_noise, cogvideox_v_loss, sample_timesteps
 from animegamer.diffusion.sampler import sample
 from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
 from animegamer.phases.common import clip_gradients, make_optimizer, set_trainable, step_generator, trainable_names
 
 log = logging.getLogger(__name__)
 
 WARMUP, JOINT = "a_warmup", "a_joint"
 STAGES = (WARMUP, JOINT)
-VAL_TIMESTEPS = (100, 300, 500, 700, 900)  # fixed: validation loss is comparable across steps
 
 
 @dataclass
@@ -103,8 +102,7 @@ class PhaseA(L.LightningModule):
         if cfg.phase.init_from:
             load_export(cfg.phase.init_from, self.model)
         self.trainable = set_trainable(self.model, stage_trainable(self.model, cfg.phase.name))
-        # Not a buffer: Lightning's bf16-true would cast it, and alpha_bar_0 = 0.9975 rounds to 1.0.
-        self._alphas_cumprod = alphas_cumprod(cfg.model.diffusion)
+        self._alphas_cumprod = AlphasCumprod(alphas_cumprod(cfg.model.diffusion))
         # Frozen encoders (VAE, T5, CLIP) stay out of the module tree: never saved, never optimised.
         self._frozen = [frozen]
         # Checkpoints hold only what trains; frozen weights are rebuilt from the config on resume.
@@ -112,9 +110,7 @@ class PhaseA(L.LightningModule):
 
     @property
     def alphas_cumprod(self) -> torch.Tensor:
-        if self._alphas_cumprod.device != self.device:
-            self._alphas_cumprod = self._alphas_cumprod.to(self.device)
-        return self._alphas_cumprod
+        return self._alphas_cumprod.on(self.device)
 
     # ----------------------------------------------------------------------- data
     @property
@@ -144,16 +140,9 @@ class PhaseA(L.LightningModule):
         text, image = clips.text, clips.image
         if dropout:
             text, image = cfg_dropout(text, image, phase.text_dropout, phase.image_dropout, generator)
-        latents = clips.latents.float()
-        batch = latents.shape[0]
-        if t is None:
-            t = sample_timesteps(batch, generator, self.cfg.model.diffusion.num_train_timesteps)
-        t = t.to(latents.device)
-        noise = torch.randn(latents.shape, generator=generator, device=generator.device,
-                            dtype=torch.float32).to(latents.device)  # no-op when the generator is on the device
-        x_t = add_noise(latents, noise, t, self.alphas_cumprod)
-        velocity = self.model(x_t.to(self.dtype), t, text, image, clips.flow)
-        return cogvideox_v_loss(velocity, latents, x_t, t, self.alphas_cumprod)
+        denoise = lambda x_t, t: self.model(x_t, t, text, image, clips.flow)
+        return denoising_loss(denoise, clips.latents, generator, self.alphas_cumprod,
+                              self.cfg.model.diffusion.num_train_timesteps, self.dtype, t)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # On the module's device: drawing the (B, T, C, H, W) noise on the CPU stalled the GPU every step.
@@ -202,11 +191,11 @@ class PhaseA(L.LightningModule):
                                     if k.removeprefix("model.") in set(self.trainable)}
 
 
-def export_phase_a(module: PhaseA, folder: str | Path, meta: dict) -> Path:
+def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, extra: tuple[str, ...] = ()) -> Path:
     """Export what phase (a) trained: tensors + json (always) and the LoRA as a peft adapter folder."""
     from animegamer.checkpoints.export import save_export
 
-    folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta})
+    folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, extra)
     if module.model.decoder.has_lora:
         module.model.decoder.save_lora(Path(folder) / "lora")
     return Path(folder)

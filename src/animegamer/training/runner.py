@@ -75,6 +75,29 @@ class PhaseBData(L.LightningDataModule):
         return val_loader(self.cfg, self.val_set, self.pad_id)
 
 
+class PhaseCData(L.LightningDataModule):
+    """Adaptation shards; the same step-indexed loader as phase (a) (features-like tensors)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        from animegamer.data.phase_c import adaptation_dataset
+
+        self.cfg = cfg
+        self.train_set = adaptation_dataset(cfg, "train")
+        self.val_set = adaptation_dataset(cfg, "val")
+
+    def train_dataloader(self):
+        from animegamer.data.phase_a import train_loader
+
+        trainer = self.trainer
+        return train_loader(self.cfg, self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
+
+    def val_dataloader(self):
+        from animegamer.data.phase_a import val_loader
+
+        return val_loader(self.cfg, self.val_set)
+
+
 def build_phase(cfg: RunConfig) -> tuple:
     """(module, datamodule, export function, extra callbacks) of the configured phase."""
     from animegamer.phases.phase_a import STAGES
@@ -99,7 +122,11 @@ def build_phase(cfg: RunConfig) -> tuple:
 
         module = PhaseB(cfg)
         return module, PhaseBData(cfg, module.tokenizer, module.ids), export_phase_b, []
-    raise NotImplementedError(f"phase {cfg.phase.name!r} is not implemented yet")
+    if cfg.phase.name == "c":
+        from animegamer.phases.phase_c import PhaseC, export_phase_c
+
+        return PhaseC(cfg), PhaseCData(cfg), export_phase_c, []
+    raise ValueError(f"unknown phase {cfg.phase.name!r}")
 
 
 def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:

@@ -1,0 +1,24 @@
+"""Phase (c) inputs: adaptation shards (true latents, the MLLM's predicted rep, flow)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from animegamer.config.schema import RunConfig
+from animegamer.data.indexed import IndexedShardDataset, key_fraction
+
+
+def adaptation_transform(sample: dict) -> dict:
+    return {
+        "key": sample["__key__"],
+        "latents": torch.from_numpy(sample["latents.npy"]).float(),  # (T', C, H', W')
+        "pred_rep": torch.from_numpy(sample["pred_rep.npy"]).float(),  # (N, D)
+        "flow": torch.tensor(float(sample["json"]["flow"])),
+    }
+
+
+def adaptation_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
+    fraction = cfg.data.val_fraction
+    keep = lambda key: (key_fraction(key) < fraction) == (split == "val")
+    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.adaptation, adaptation_transform, keep, video=False)

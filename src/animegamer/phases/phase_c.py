@@ -1,0 +1,95 @@
+"""Phase (c): the decoder adapts to the MLLM's predicted representations.
+
+The encoder is bypassed: the decoder is conditioned on phase (b)'s ``pred_rep`` for each clip (with
+the true history), with the clip's true latents and flow as the target. Motion-scope embedder,
+AdaLN modulation linears and LoRA train, starting from the phase (a) export (DESIGN section 5).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from animegamer.checkpoints.export import load_export
+from animegamer.config.schema import RunConfig
+from animegamer.diffusion.schedule import alphas_cumprod
+from animegamer.phases.common import clip_gradients, make_optimizer, set_trainable, step_generator, trainable_names
+from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
+from animegamer.phases.phase_a import ReconstructionModel, export_phase_a
+
+PHASE = "c"
+
+
+def adaptation_trainable(model: ReconstructionModel) -> list[str]:
+    """Motion scope + AdaLN + LoRA of the decoder; the encoder stays as phase (a) left it."""
+    decoder = model.decoder
+    return [f"decoder.{n}" for n in decoder.motion_scope_parameters() + decoder.adaln_parameters()
+            + decoder.lora_parameters()]
+
+
+def rep_dropout(rep: torch.Tensor, uncond: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
+    """Replace a sample's representation by the unconditional one with probability ``p`` (CFG)."""
+    drop = torch.rand(rep.shape[0], generator=generator, device=generator.device) < p
+    return torch.where(drop.to(rep.device).view(-1, 1, 1), uncond.to(rep.dtype).expand_as(rep), rep)
+
+
+class PhaseC(L.LightningModule):
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = ReconstructionModel(cfg)
+        self.model.decoder.add_lora()
+        if cfg.phase.init_from:
+            load_export(cfg.phase.init_from, self.model)
+        self.trainable = set_trainable(self.model, adaptation_trainable(self.model))
+        self._alphas_cumprod = AlphasCumprod(alphas_cumprod(cfg.model.diffusion))
+        self.strict_loading = False  # checkpoints hold only what trains
+
+    def unconditional(self) -> torch.Tensor:
+        """(1, N, D): the encoder on zeroed text and image features, as in phase (a) and sampling."""
+        enc = self.cfg.model.encoder
+        text = torch.zeros(1, enc.text_tokens, enc.text_dim, device=self.device, dtype=self.dtype)
+        image = torch.zeros(1, enc.image_tokens, enc.image_dim, device=self.device, dtype=self.dtype)
+        return self.model.encoder(text, image)
+
+    def loss(self, batch: dict, generator: torch.Generator, t: torch.Tensor | None = None,
+             dropout: bool = True) -> torch.Tensor:
+        rep = batch["pred_rep"].to(self.dtype)
+        if dropout:
+            with torch.no_grad():
+                rep = rep_dropout(rep, self.unconditional(), self.cfg.phase.text_dropout, generator)
+        denoise = lambda x_t, t: self.model.decoder(x_t, t, rep, batch["flow"])
+        return denoising_loss(denoise, batch["latents"], generator, self._alphas_cumprod.on(self.device),
+                              self.cfg.model.diffusion.num_train_timesteps, self.dtype, t)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        accumulate = self.trainer.accumulate_grad_batches
+        step = self.global_step * accumulate + batch_idx % accumulate
+        loss = self.loss(batch, step_generator(self.cfg.seed, step, self.global_rank, self.device))
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        size = batch["flow"].shape[0]
+        losses = [self.loss(batch, step_generator(self.cfg.seed, t, batch_idx, self.device),
+                            t=torch.full((size,), t, dtype=torch.long), dropout=False) for t in VAL_TIMESTEPS]
+        self.log("val/loss", torch.stack(losses).mean(), batch_size=size, sync_dist=True)
+
+    def configure_optimizers(self):
+        return make_optimizer(self.model, self.cfg.phase)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        clip_gradients(self.model, gradient_clip_val)
+
+    def trainable_parameter_names(self) -> list[str]:
+        return trainable_names(self.model)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        keep = set(self.trainable)
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.removeprefix("model.") in keep}
+
+
+def export_phase_c(module: PhaseC, folder: str | Path, meta: dict) -> Path:
+    """Phase (a)'s layout plus the (frozen) encoder, so the game's renderer loads from one folder."""
+    return export_phase_a(module, folder, {**meta, "phase": PHASE}, extra=("encoder.",))
