@@ -1,31 +1,63 @@
-"""README command 1's job, end to end: toy film -> pipeline -> phase (a1, a2) -> representations."""
+"""README command 1's job end to end, its resume, and fine-tuning the result on a second film."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
 
 
-def test_quickstart_end_to_end(tmp_path):
+def _overrides(root):
+    return [f"pipeline.output={root}/pipeline", f"output_dir={root}/" + "${phase.name}"]
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
     from animegamer.quickstart import run_quickstart
 
-    summary = run_quickstart([f"pipeline.output={tmp_path}/pipeline", f"output_dir={tmp_path}/" + "${phase.name}"])
+    root = tmp_path_factory.mktemp("quickstart")
+    return root, run_quickstart(_overrides(root))
+
+
+def test_quickstart_end_to_end(quickstart):
+    root, summary = quickstart
     reps = list(iter_samples(shard_urls(summary["representations"]), video=False))
-    clips = read_manifest(summary["clip shards"])["counts"]["clips"]
-    assert len(reps) == clips > 0
+    assert len(reps) == read_manifest(summary["clip shards"])["counts"]["clips"] > 0
     assert all(r["rep.npy"].dtype == np.float16 and r["rep.npy"].shape == (46, 32) for r in reps)
     manifest = read_manifest(summary["representations"])
     assert manifest["export_sha256"] and manifest["features_manifest_sha256"]
     assert summary["phase a2 val/loss"] is not None and np.isfinite(summary["phase a2 val/loss"])
-    assert list((tmp_path / "a_joint" / "validation").rglob("*.mp4"))
+    assert list((root / "a_joint" / "validation").rglob("*.mp4"))
     sessions = read_manifest(summary["session shards"])
     assert sessions["counts"]["sessions"] > 0 and sessions["representations_manifest_sha256"]
     adaptation = list(iter_samples(shard_urls(summary["adaptation shards"]), video=False))
-    assert {a["__key__"] for a in adaptation} <= {r["__key__"] for r in reps} and adaptation
+    assert adaptation and {a["__key__"] for a in adaptation} <= {r["__key__"] for r in reps}
     assert all(a["pred_rep.npy"].shape == (46, 32) and a["latents.npy"].ndim == 4 for a in adaptation)
     assert 0 <= summary["phase b val/state_accuracy"] <= 1
-    # Running it again resumes everything that is done: same representations, byte for byte.
-    before = {p.name: p.read_bytes() for p in sorted((tmp_path / "pipeline" / "representations").glob("*.tar"))}
-    run_quickstart([f"pipeline.output={tmp_path}/pipeline", f"output_dir={tmp_path}/" + "${phase.name}"])
-    after = {p.name: p.read_bytes() for p in sorted((tmp_path / "pipeline" / "representations").glob("*.tar"))}
-    assert before == after
+    assert (root / "c" / "export" / "trained.safetensors").exists()
+
+
+def test_quickstart_again_resumes_and_skips(quickstart):
+    from animegamer.quickstart import run_quickstart
+
+    root, _ = quickstart
+    read = lambda: {p.name: p.read_bytes() for p in sorted((root / "pipeline" / "representations").glob("*.tar"))}
+    before = read()
+    run_quickstart(_overrides(root))
+    assert read() == before
+
+
+def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
+    from animegamer.finetune import main as finetune
+    from data_pipeline.toyfilm import make_toy_film
+
+    root, _ = quickstart
+    film = make_toy_film(tmp_path / "film_b", film_id="second_film", variant=1)
+    summary = finetune(["--film", str(film.video_path), "--captions", str(film.captions_path), "--from", str(root),
+                        "--out", str(tmp_path / "ft"), "--model", "tiny", "--steps", "6", "6", "6",
+                        "pipeline.clips.height=96", "pipeline.clips.width=144"])
+    assert summary["phase a start"] == str(root / "a_joint" / "export")  # no warm-up: starts from the old export
+    clips = read_manifest(summary["clip shards"])
+    assert clips["sources"][0]["film_id"] == "second_film" and clips["counts"]["clips"] > 0
+    for phase in ("a_joint", "b", "c"):
+        assert (tmp_path / "ft" / phase / "export" / "trained.safetensors").exists()

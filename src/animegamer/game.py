@@ -249,14 +249,14 @@ class Game:
     """
 
     def __init__(self, models: GameModels, seed: int = 0, max_turns: Optional[int] = None,
-                 predict_fn: PredictFn = predict_next, sampling_steps: int = 0) -> None:
+                 predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0) -> None:
         self.models = models
         self.cfg = models.cfg
         self.seed = int(seed)
         self.max_turns = int(max_turns if max_turns else len(self.cfg.data.window_weights))
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        self.predict_fn = predict_fn
+        self.predict_fn = predict_fn or predict_next
         self.diffusion = self.cfg.model.diffusion
         if sampling_steps:
             from dataclasses import replace
@@ -449,7 +449,7 @@ class GameWriter:
 
 
 def play_game(models: GameModels, instructions: Iterable[str], out_dir: str | Path, seed: int = 0, *,
-              max_turns: Optional[int] = None, predict_fn: PredictFn = predict_next, sampling_steps: int = 0,
+              max_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0,
               overwrite: bool = False, on_turn: Optional[Callable[[TurnResult], None]] = None) -> dict:
     """Play every instruction in order, writing the folder as it goes; returns game.json's content.
 

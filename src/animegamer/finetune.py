@@ -1,0 +1,58 @@
+"""Fine-tune a trained game on a new film, from existing exports (your own, or the official MLLM).
+
+    python -m animegamer.finetune --film new_film.mp4 --captions new_film.jsonl --from outputs/paper \\
+        --model paper --out outputs/new_film [--steps 2000 1500 1000] [hydra overrides...]
+
+``--from`` is a run folder holding ``a_joint/export`` and ``b/export`` (the quick start's or the paper
+experiments' layout); ``--official-mllm`` starts phase (b) from the official release instead. The
+new film goes through the pipeline, then phases (a2), (b) and (c) train with shorter schedules from
+those weights (no phase (a1) warm-up: the encoder is already trained).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from animegamer.recipe import Recipe, run_recipe
+from animegamer.utils.logging import setup_logging
+
+DEFAULT_STEPS = (2000, 1500, 1000)  # phases a2, b, c: a tenth of the paper's schedules or less
+
+
+def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
+                    official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
+    common = ["experiment=finetune_film", f"model={model}", f"pipeline.output={out}/pipeline",
+              f"output_dir={out}/" + "${phase.name}"]
+    start_b = "" if official_mllm else str(start / "b" / "export")
+    phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
+    if official_mllm:
+        phase_b.append(f"model.mllm.official_checkpoint={official_mllm}")
+    return Recipe(
+        pipeline=[*common, f"pipeline.inputs=['{film}']", f"pipeline.caption.path='{captions}'"],
+        phase_a=[*common, f"phase.max_steps={steps[0]}"],
+        phase_b=phase_b,
+        phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
+        start_a=str(start / "a_joint" / "export"),
+        start_b=start_b,
+        extra=list(extra),
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--film", required=True)
+    parser.add_argument("--captions", required=True, help="caption-import JSONL of the film (README)")
+    parser.add_argument("--from", dest="start", type=Path, required=True, help="run folder with a_joint/ and b/ exports")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="paper", choices=("tiny", "paper"))
+    parser.add_argument("--steps", type=int, nargs=3, default=DEFAULT_STEPS, metavar=("A2", "B", "C"))
+    parser.add_argument("--official-mllm", default="", help="official MLLM pytorch_model.bin for phase (b)")
+    args, overrides = parser.parse_known_args(argv)
+    setup_logging("INFO")
+    return run_recipe(finetune_recipe(args.film, args.captions, args.start, args.out, args.model, tuple(args.steps),
+                                      args.official_mllm, tuple(overrides)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,72 @@
+"""The paper's evaluation metrics (Table 1 / Table 3) and the evaluation report.
+
+* ``clip_scores``: ``ClipScorer`` (CLIP-I, CLIP-T, CLIP-T^E) from a local CLIP folder or random.
+* ``dreamsim``: DreamSim similarity, only with the ``dreamsim`` package and local weights.
+* ``motion``: ACC-F / MAE-F with the data pipeline's own flow estimator and motion bins.
+* ``states``: ACC-S / MAE-S over the ML / SC / ET / ST state values.
+* ``report``: metrics.json, report.md beside the paper's numbers, plots, gallery.html.
+
+Every model-based metric is ``available(value)`` or ``unavailable(reason)`` (value None, never 0).
+Heavy modules (transformers, cv2, matplotlib) load only when their names are first used.
+"""
+from __future__ import annotations
+
+import importlib
+
+from animegamer.metrics.common import (
+    Metric,
+    as_metric,
+    available,
+    format_metric,
+    is_metric,
+    mean_metric,
+    metric_value,
+    unavailable,
+)
+from animegamer.metrics.report import (
+    METRIC_INFO,
+    PAPER_TABLE1,
+    PAPER_TABLE3_RECONSTRUCTION,
+    headline,
+    write_report,
+)
+from animegamer.metrics.states import STATE_KEYS, state_accuracy
+
+_LAZY = {
+    "ClipScorer": "animegamer.metrics.clip_scores",
+    "try_load_clip": "animegamer.metrics.clip_scores",
+    "DreamSimScorer": "animegamer.metrics.dreamsim",
+    "dreamsim_missing": "animegamer.metrics.dreamsim",
+    "dreamsim_score": "animegamer.metrics.dreamsim",
+    "load_dreamsim": "animegamer.metrics.dreamsim",
+    "try_load_dreamsim": "animegamer.metrics.dreamsim",
+    "confusion_matrix": "animegamer.metrics.motion",
+    "measure_levels": "animegamer.metrics.motion",
+    "motion_accuracy": "animegamer.metrics.motion",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "METRIC_INFO",
+    "Metric",
+    "PAPER_TABLE1",
+    "PAPER_TABLE3_RECONSTRUCTION",
+    "STATE_KEYS",
+    "as_metric",
+    "available",
+    "format_metric",
+    "headline",
+    "is_metric",
+    "mean_metric",
+    "metric_value",
+    "state_accuracy",
+    "unavailable",
+    "write_report",
+    *_LAZY,
+]

@@ -1,0 +1,294 @@
+"""The game loop on tiny random networks: clips, state log, level -> flow, sliding window, errors, CLI."""
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from animegamer.config.compose import compose_config
+from animegamer.game import (
+    CHARACTER_STATES,
+    INITIAL_STATE,
+    Game,
+    GameModels,
+    load_game_models,
+    main,
+    play_game,
+    read_level_flow,
+    update_states,
+)
+from animegamer.mllm.predict import Prediction
+from animegamer.mllm.sequence import parse_states
+from animegamer.models.encoder import representation_tokens
+
+HEIGHT, WIDTH, FRAMES = 32, 48, 17  # the tiny VAE compresses 4x in space: 8 x 12 latents
+SMALL = ["model=tiny", f"pipeline.clips.height={HEIGHT}", f"pipeline.clips.width={WIDTH}"]
+LEVEL_FLOW = {1: 0.25, 2: 1.5, 3: 4.0, 4: 12.0, 5: 30.0}
+
+# A script long enough to push states into both clamps: SC climbs to 100, ST falls to 0.
+SCRIPT = [
+    {"ML": 1, "SC": 5, "ET": 0, "ST": -5},
+    {"ML": 3, "SC": 5, "ET": 1, "ST": -5},
+    {"ML": 5, "SC": 3, "ET": -2, "ST": 1},
+    {"ML": 2, "SC": -1, "ET": 0, "ST": -4},
+    {"ML": 4, "SC": 2, "ET": 5, "ST": -5},
+]
+
+
+def tiny_cfg(*overrides: str):
+    return OmegaConf.to_object(compose_config("train", [*SMALL, *overrides]))
+
+
+class StubPredict:
+    """predict_next's signature; fixed states per call, a random rep, and a log of what it was given."""
+
+    def __init__(self, cfg, script=SCRIPT, fail_at: int | None = None):
+        self.n = representation_tokens(cfg.model.encoder)
+        self.d = cfg.model.encoder.width
+        self.script, self.fail_at = script, fail_at
+        self.calls: list[dict] = []
+        self.reps: list[torch.Tensor] = []
+
+    def __call__(self, model, tokenizer, ids, history, instruction, max_turns):
+        index = len(self.calls)
+        self.calls.append({"history": list(history), "instruction": instruction, "max_turns": max_turns})
+        if index == self.fail_at:
+            parse_states(ids, [ids.turn_start] * 12)  # a malformed generation: raises ValueError
+        states = self.script[index % len(self.script)]
+        rep = torch.randn(self.n, self.d, generator=torch.Generator().manual_seed(100 + index))
+        self.reps.append(rep)
+        tokens = [ids.strength(states["ML"]), ids.ml_end]  # not checked by the loop, recorded as is
+        return Prediction(dict(states), rep, tokens)
+
+
+@pytest.fixture(scope="module")
+def models():
+    from animegamer.models.frozen_encoders import build_frozen_encoders
+    from animegamer.phases.phase_a import ReconstructionModel
+    from animegamer.phases.phase_b import game_tokenizer
+
+    cfg = tiny_cfg()
+    renderer = ReconstructionModel(cfg).eval().requires_grad_(False)
+    vae = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae
+    tokenizer, ids = game_tokenizer(cfg)
+    mllm = SimpleNamespace(model=None, tokenizer=tokenizer, ids=ids)
+    return GameModels(mllm, renderer, vae, LEVEL_FLOW, cfg)
+
+
+def instructions(count: int) -> list[str]:
+    return [f"Character: Qiqi; Motion: move {i}; Background: town at hour {i}." for i in range(count)]
+
+
+def decode_mp4(path) -> np.ndarray:
+    import av
+
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+# --------------------------------------------------------------------------- pure parts
+def test_update_states_clamps():
+    assert update_states({"SC": 50, "ET": 50, "ST": 50}, {"ML": 3, "SC": 2, "ET": -1, "ST": 0}) == \
+        {"SC": 60, "ET": 45, "ST": 50}
+    assert update_states({"SC": 98, "ET": 3, "ST": 50}, {"ML": 1, "SC": 5, "ET": -5, "ST": 5}) == \
+        {"SC": 100, "ET": 0, "ST": 75}
+
+
+def test_level_flow_needs_every_level(tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"motion_bins": {"level_flow": {str(k): v for k, v in LEVEL_FLOW.items()}}}))
+    assert read_level_flow(tmp_path) == LEVEL_FLOW == read_level_flow(manifest)
+    with pytest.raises(ValueError, match="lacks motion levels"):
+        GameModels(None, None, None, {1: 0.1, 2: 0.2}, None)
+
+
+# --------------------------------------------------------------------------- the loop
+@pytest.fixture(scope="module")
+def played(models, tmp_path_factory):
+    """A 5-turn game with a window of 3 turns; the decoder's flow inputs are recorded."""
+    out = tmp_path_factory.mktemp("game")
+    stub = StubPredict(models.cfg)
+    flows: list[list[float]] = []
+    hook = models.renderer.decoder.register_forward_pre_hook(lambda m, args: flows.append(args[3].tolist()))
+    try:
+        record = play_game(models, instructions(len(SCRIPT)), out, seed=3, max_turns=3, predict_fn=stub)
+    finally:
+        hook.remove()
+    return SimpleNamespace(out=out, stub=stub, flows=flows, record=record)
+
+
+def test_game_writes_one_clip_per_turn(played):
+    turns = played.record["turns"]
+    assert len(turns) == len(SCRIPT)
+    for i, turn in enumerate(turns):
+        path = played.out / f"turn_{i:03d}.mp4"
+        assert turn["video"] == path.name and path.exists()
+        assert decode_mp4(path).shape == (FRAMES, HEIGHT, WIDTH, 3)
+    assert sorted(p.name for p in played.out.glob("turn_*.mp4")) == [f"turn_{i:03d}.mp4" for i in range(len(SCRIPT))]
+
+
+def test_state_log_is_consistent(played):
+    record = json.loads((played.out / "game.json").read_text())
+    assert record == json.loads(json.dumps(played.record))
+    assert record["initial_states"] == {k: INITIAL_STATE for k in CHARACTER_STATES}
+    states, clamped = {k: INITIAL_STATE for k in CHARACTER_STATES}, set()
+    for turn, script in zip(record["turns"], SCRIPT):
+        assert turn["predicted"] == script
+        assert turn["states_before"] == states
+        raw = {k: states[k] + 5 * script[k] for k in CHARACTER_STATES}
+        clamped |= {("high" if v > 100 else "low") for v in raw.values() if not 0 <= v <= 100}
+        states = {k: min(100, max(0, v)) for k, v in raw.items()}
+        assert turn["states_after"] == states
+        assert set(turn["timings"]) >= {"mllm", "sample", "vae_decode", "total", "encode_mp4"}
+    assert record["states"] == states == {"SC": 100, "ET": 70, "ST": 0}
+    assert clamped == {"high", "low"}  # the script drives states through both ends
+
+
+def test_motion_level_picks_the_flow(played):
+    steps = played.record["sampling"]["steps"]
+    assert steps == 4
+    assert len(played.flows) == steps * len(SCRIPT)
+    for i, (turn, script) in enumerate(zip(played.record["turns"], SCRIPT)):
+        assert turn["motion_level"] == script["ML"] and turn["flow"] == LEVEL_FLOW[script["ML"]]
+        for call in played.flows[i * steps:(i + 1) * steps]:  # both CFG branches get the level's flow
+            assert call == pytest.approx([LEVEL_FLOW[script["ML"]]] * 2)
+
+
+def test_sliding_window(played):
+    calls, reps = played.stub.calls, played.stub.reps
+    names = instructions(len(SCRIPT))
+    for i, call in enumerate(calls):
+        history = call["history"]
+        assert call["max_turns"] == 3 and call["instruction"] == names[i]
+        assert len(history) == min(i, 2)  # never more than max_turns - 1, the most recent ones, in order
+        first = i - len(history)
+        assert [h.turn.instruction for h in history] == names[first:i]
+        assert [dict(h.turn.states) for h in history] == SCRIPT[first:i]
+        for h, rep in zip(history, reps[first:i]):
+            assert torch.equal(h.rep, rep)
+
+
+def test_index_html_references_every_clip(played):
+    page = (played.out / "index.html").read_text()
+    videos = re.findall(r'<video src="([^"]+)" controls loop muted', page)
+    assert videos == [f"turn_{i:03d}.mp4" for i in range(len(SCRIPT))]
+    assert "Qiqi" in page and re.search(r'style="width: 100%', page) and re.search(r'style="width: 0%', page)
+
+
+def test_turns_are_seeded(models, tmp_path):
+    """Same seed and predictions -> same frames; another seed -> other frames."""
+    def first_frames(seed):
+        game = Game(models, seed=seed, predict_fn=StubPredict(models.cfg))
+        return game.play_turn("Character: Qiqi; Motion: run; Background: park.").frames
+
+    a, b, c = first_frames(1), first_frames(1), first_frames(2)
+    assert a.dtype == np.uint8 and a.shape == (FRAMES, HEIGHT, WIDTH, 3)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_default_window_is_k(models):
+    game = Game(models, predict_fn=StubPredict(models.cfg))
+    assert game.max_turns == len(models.cfg.data.window_weights) == 5
+
+
+def test_malformed_generation_names_the_turn(models, tmp_path):
+    stub = StubPredict(models.cfg, fail_at=2)
+    with pytest.raises(ValueError, match=r"turn 2 .*malformed state generation"):
+        play_game(models, instructions(4), tmp_path, predict_fn=stub)
+    record = json.loads((tmp_path / "game.json").read_text())
+    assert len(record["turns"]) == 2 and "turn 2" in record["error"]
+    assert sorted(p.name for p in tmp_path.glob("turn_*.mp4")) == ["turn_000.mp4", "turn_001.mp4"]
+    with pytest.raises(FileExistsError):
+        play_game(models, instructions(1), tmp_path, predict_fn=StubPredict(models.cfg))
+
+
+def test_failed_turn_leaves_the_game_unchanged(models):
+    game = Game(models, predict_fn=StubPredict(models.cfg, fail_at=1))
+    game.play_turn("Character: Qiqi; Motion: walk; Background: street.")
+    before = (game.states, len(game.history))
+    with pytest.raises(ValueError, match="turn 1"):
+        game.play_turn("Character: Qiqi; Motion: jump; Background: street.")
+    assert (game.states, len(game.history)) == before
+
+
+def test_real_mllm_turn_plays_or_names_the_turn(models):
+    """The real predict_next on an untrained tiny MLLM: either valid states or a ValueError for turn 0."""
+    from animegamer.phases.phase_b import PhaseB
+
+    mllm = PhaseB(models.cfg).eval().requires_grad_(False)
+    game = Game(replace(models, mllm=mllm))
+    try:
+        result = game.play_turn("Character: Qiqi; Motion: wave; Background: beach.")
+    except ValueError as error:
+        assert str(error).startswith("turn 0 ") and "malformed state generation" in str(error)
+    else:
+        assert result.frames.shape == (FRAMES, HEIGHT, WIDTH, 3) and len(game.history) == 1
+
+
+# --------------------------------------------------------------------------- exports and the command line
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    from animegamer.checkpoints.export import save_export
+    from animegamer.phases.common import set_trainable
+    from animegamer.phases.phase_a import JOINT, ReconstructionModel, stage_trainable
+    from animegamer.phases.phase_b import PhaseB
+
+    cfg = tiny_cfg()
+    root = tmp_path_factory.mktemp("exports")
+    torch.manual_seed(0)
+    mllm = PhaseB(cfg).model
+    renderer = ReconstructionModel(cfg)
+    renderer.decoder.add_lora()
+    set_trainable(renderer, stage_trainable(renderer, JOINT))
+    for module in (mllm, renderer):
+        with torch.no_grad():
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.01)
+    save_export(root / "b", mllm, {"phase": "b"})
+    save_export(root / "a", renderer, {"phase": "a_joint"})
+    manifest = root / "manifest.json"
+    manifest.write_text(json.dumps({"kind": "clips", "motion_bins": {
+        "edges": [0.5, 2.5, 10, 20], "level_flow": {str(k): v for k, v in LEVEL_FLOW.items()}}}))
+    trained = {"mllm": {n: p.detach().clone() for n, p in mllm.named_parameters() if p.requires_grad},
+               "renderer": {n: p.detach().clone() for n, p in renderer.named_parameters() if p.requires_grad}}
+    return SimpleNamespace(cfg=cfg, root=root, manifest=manifest, trained=trained)
+
+
+def test_load_game_models(exports):
+    models = load_game_models(exports.cfg, exports.root / "b", exports.root / "a", LEVEL_FLOW, device="cpu")
+    assert models.renderer.decoder.has_lora
+    for name, module, trained in (("mllm", models.mllm.model, exports.trained["mllm"]),
+                                  ("renderer", models.renderer, exports.trained["renderer"])):
+        params = dict(module.named_parameters())
+        assert trained and all(torch.equal(params[k], v) for k, v in trained.items()), name
+        assert not any(p.requires_grad for p in module.parameters()) and not module.training
+    assert models.vae.latent_shape(FRAMES, HEIGHT, WIDTH) == (5, 4, HEIGHT // 4, WIDTH // 4)
+    assert models.level_flow == LEVEL_FLOW and models.sources["renderer"] == [str(exports.root / "a")]
+
+
+def test_command_line(exports, tmp_path, monkeypatch):
+    stub = StubPredict(exports.cfg)
+    monkeypatch.setattr("animegamer.game.predict_next", stub)
+    script = tmp_path / "instructions.txt"
+    script.write_text("# a comment\n" + "\n".join(instructions(3)) + "\n\n")
+    common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"),
+              "--clips-manifest", str(exports.manifest), "--device", "cpu", *SMALL]
+    assert main([*common, "--instructions", str(script), "--out", str(tmp_path / "file"), "--seed", "5"]) == 0
+    record = json.loads((tmp_path / "file" / "game.json").read_text())
+    assert [t["instruction"] for t in record["turns"]] == instructions(3) and record["seed"] == 5
+    assert len(list((tmp_path / "file").glob("turn_*.mp4"))) == 3
+
+    # Interactive: an empty line ends the game; what follows it is never read as a turn.
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(instructions(2)) + "\n\nnot played\n"))
+    assert main([*common, "--interactive", "--out", str(tmp_path / "live")]) == 0
+    record = json.loads((tmp_path / "live" / "game.json").read_text())
+    assert [t["instruction"] for t in record["turns"]] == instructions(2)
+    assert (tmp_path / "live" / "index.html").exists()
