@@ -254,6 +254,14 @@ def exports(tmp_path_factory):
                     p.add_(torch.randn_like(p) * 0.01)
     save_export(root / "b", mllm, {"phase": "b"})
     save_export(root / "a", renderer, {"phase": "a_joint"})
+    # A later decoder-only export (as a decoder adaptation would write) loaded over the first one.
+    set_trainable(renderer, [f"decoder.{n}" for n in renderer.decoder.adaln_parameters()])
+    with torch.no_grad():
+        for p in renderer.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    save_export(root / "c", renderer, {"phase": "c"})
+    set_trainable(renderer, stage_trainable(renderer, JOINT))
     manifest = root / "manifest.json"
     manifest.write_text(json.dumps({"kind": "clips", "motion_bins": {
         "edges": [0.5, 2.5, 10, 20], "level_flow": {str(k): v for k, v in LEVEL_FLOW.items()}}}))
@@ -263,7 +271,8 @@ def exports(tmp_path_factory):
 
 
 def test_load_game_models(exports):
-    models = load_game_models(exports.cfg, exports.root / "b", exports.root / "a", LEVEL_FLOW, device="cpu")
+    models = load_game_models(exports.cfg, exports.root / "b", [exports.root / "a", exports.root / "c"], LEVEL_FLOW,
+                              device="cpu")
     assert models.renderer.decoder.has_lora
     for name, module, trained in (("mllm", models.mllm.model, exports.trained["mllm"]),
                                   ("renderer", models.renderer, exports.trained["renderer"])):
@@ -271,7 +280,25 @@ def test_load_game_models(exports):
         assert trained and all(torch.equal(params[k], v) for k, v in trained.items()), name
         assert not any(p.requires_grad for p in module.parameters()) and not module.training
     assert models.vae.latent_shape(FRAMES, HEIGHT, WIDTH) == (5, 4, HEIGHT // 4, WIDTH // 4)
-    assert models.level_flow == LEVEL_FLOW and models.sources["renderer"] == [str(exports.root / "a")]
+    assert models.level_flow == LEVEL_FLOW and models.sources["renderer"] == [str(exports.root / n) for n in "ac"]
+    with pytest.raises(FileNotFoundError):
+        load_game_models(exports.cfg, exports.root / "b", exports.root / "missing", LEVEL_FLOW, device="cpu")
+
+
+def test_load_phase_c_export(exports, tmp_path):
+    """A phase (c) export stands alone: encoder, decoder LoRA, AdaLN and motion scope in one folder."""
+    from animegamer.phases.phase_c import PhaseC, export_phase_c
+
+    module = PhaseC(exports.cfg)
+    with torch.no_grad():
+        for p in module.model.parameters():
+            p.add_(0.01)
+    export_phase_c(module, tmp_path / "c", {})
+    models = load_game_models(exports.cfg, exports.root / "b", tmp_path / "c", LEVEL_FLOW, device="cpu")
+    params = dict(models.renderer.named_parameters())
+    wanted = {n: p for n, p in module.model.named_parameters() if p.requires_grad or n.startswith("encoder.")}
+    assert models.renderer.decoder.has_lora and any(n.startswith("encoder.") for n in wanted)
+    assert all(torch.equal(params[n], p) for n, p in wanted.items())
 
 
 def test_command_line(exports, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ A malformed state generation is an error (``ValueError`` naming the turn), never
 
 Command line::
 
-    python -m animegamer.game --mllm EXPORT --renderer EXPORT [EXPORT ...] --clips-manifest MANIFEST \\
+    python -m animegamer.game --mllm EXPORT --renderer EXPORT [--renderer EXPORT] --clips-manifest MANIFEST \\
         --instructions FILE.txt --out DIR [hydra overrides ...]
     python -m animegamer.game ... --interactive --out DIR      # instructions from stdin, one per line
 
@@ -151,9 +151,9 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
                      *, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> GameModels:
     """Build the MLLM, renderer and VAE from ``cfg`` and load the trained exports over them.
 
-    ``mllm_export``: a phase (b) export folder. ``renderer_export``: a phase (a) export, or several
-    applied in order (e.g. the phase (a) export, then a decoder-adaptation export over it); the
-    decoder gets its LoRA first when any of them holds LoRA tensors. Official checkpoints named in
+    ``mllm_export``: a phase (b) export folder. ``renderer_export``: a phase (c) export (it carries the
+    encoder too, so it stands alone) or a phase (a) one, or several applied in order; the decoder
+    gets its LoRA first when any of them holds LoRA tensors. Official checkpoints named in
     the config are imported before the exports, as the training phases do. Either export may be
     empty when the config's official checkpoint provides that network. Everything ends frozen, in
     eval mode, on ``device`` (CUDA when available) in ``dtype`` (bfloat16 on CUDA, float32 on CPU).
@@ -502,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m animegamer.game", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mllm", default="", help="phase (b) export folder")
-    parser.add_argument("--renderer", nargs="+", default=[],
-                        help="phase (a) export folder (more than one: loaded in order, e.g. a then c)")
+    parser.add_argument("--renderer", action="append", default=[],
+                        help="phase (c) export folder (or phase (a)); repeat to load several in order")
     parser.add_argument("--clips-manifest", required=True,
                         help="pipeline manifest.json (or its folder) with motion_bins.level_flow")
     source = parser.add_mutually_exclusive_group(required=True)

@@ -48,10 +48,10 @@ class IndexedShardDataset(Dataset):
     """Map-style dataset over a shard folder; ``transform`` turns a decoded sample into tensors."""
 
     def __init__(self, folder: str | Path, transform: Callable[[dict], dict], keep: Callable[[str], bool] | None = None,
-                 video: bool = True) -> None:
+                 video: bool = True, allow_empty: bool = False) -> None:
         self.locations = [loc for url in shard_urls(folder) for loc in index_shard(url)
                           if keep is None or keep(loc.key)]
-        if not self.locations:
+        if not self.locations and not allow_empty:
             raise ValueError(f"{folder}: no samples selected")
         self.transform = transform
         self.video = video

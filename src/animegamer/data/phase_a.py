@@ -61,9 +61,10 @@ def phase_a_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
         return (key_fraction(key) < val_fraction) == (split == "val")
 
     if cfg.phase.input == FEATURES:
-        return IndexedShardDataset(root / cfg.data.features, feature_transform, keep, video=False)
+        return IndexedShardDataset(root / cfg.data.features, feature_transform, keep, video=False,
+                                   allow_empty=split == "val")
     transform = partial(clip_transform, random_frame=cfg.phase.random_frame, seed=cfg.seed)
-    return IndexedShardDataset(root / cfg.data.clips, transform, keep, video=True)
+    return IndexedShardDataset(root / cfg.data.clips, transform, keep, video=True, allow_empty=split == "val")
 
 
 def train_loader(cfg: RunConfig, dataset, start_step: int, rank: int, world_size: int) -> DataLoader:

@@ -52,7 +52,8 @@ class FullSessions(Dataset):
 def session_shards(cfg: RunConfig, split: str) -> IndexedShardDataset:
     fraction = cfg.data.val_fraction
     keep = lambda key: (key_fraction(key) < fraction) == (split == "val")
-    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.sessions, lambda s: s, keep, video=False)
+    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.sessions, lambda s: s, keep, video=False,
+                               allow_empty=split == "val")
 
 
 def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_step: int, rank: int,

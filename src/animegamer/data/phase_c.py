@@ -21,4 +21,5 @@ def adaptation_transform(sample: dict) -> dict:
 def adaptation_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
     fraction = cfg.data.val_fraction
     keep = lambda key: (key_fraction(key) < fraction) == (split == "val")
-    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.adaptation, adaptation_transform, keep, video=False)
+    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.adaptation, adaptation_transform, keep, video=False,
+                               allow_empty=split == "val")

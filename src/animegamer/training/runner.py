@@ -38,7 +38,7 @@ class PhaseAData(L.LightningDataModule):
     def val_dataloader(self):
         from animegamer.data.phase_a import val_loader
 
-        return val_loader(self.cfg, self.val_set)
+        return val_loader(self.cfg, self.val_set) if len(self.val_set) else []
 
 
 def clip_lookup(cfg: RunConfig, keys: list[str]):
@@ -72,7 +72,7 @@ class PhaseBData(L.LightningDataModule):
     def val_dataloader(self):
         from animegamer.data.phase_b import val_loader
 
-        return val_loader(self.cfg, self.val_set, self.pad_id)
+        return val_loader(self.cfg, self.val_set, self.pad_id) if len(self.val_set) else []
 
 
 class PhaseCData(L.LightningDataModule):
@@ -95,7 +95,7 @@ class PhaseCData(L.LightningDataModule):
     def val_dataloader(self):
         from animegamer.data.phase_a import val_loader
 
-        return val_loader(self.cfg, self.val_set)
+        return val_loader(self.cfg, self.val_set) if len(self.val_set) else []
 
 
 def build_phase(cfg: RunConfig) -> tuple:
@@ -105,6 +105,7 @@ def build_phase(cfg: RunConfig) -> tuple:
     if cfg.phase.name in STAGES:
         from animegamer.phases.phase_a import PhaseA, export_phase_a
 
+
         frozen = None
         if cfg.phase.input == "clips":
             from animegamer.models.frozen_encoders import build_frozen_encoders
@@ -112,7 +113,7 @@ def build_phase(cfg: RunConfig) -> tuple:
             frozen = build_frozen_encoders(cfg.model.encoders)
         data = PhaseAData(cfg)
         callbacks = []
-        if cfg.phase.val_clips > 0:
+        if cfg.phase.val_clips > 0 and len(data.val_set):
             lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
             callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
                                               cfg.phase.val_clips, cfg.phase.val_sampling_steps))
