@@ -35,6 +35,12 @@ def test_quickstart_end_to_end(quickstart):
     assert all(a["pred_rep.npy"].shape == (46, 32) and a["latents.npy"].ndim == 4 for a in adaptation)
     assert 0 <= summary["phase b val/state_accuracy"] <= 1
     assert (root / "c" / "export" / "trained.safetensors").exists()
+    import json
+
+    metrics = json.loads((root / "eval" / "metrics.json").read_text())
+    assert metrics["metrics"]["games"]["completed_turns"] > 0
+    assert metrics["metrics"]["clip_i"]["available"] is False  # no local CLIP weights: n/a, never 0
+    assert (root / "eval" / "gallery.html").exists() and list((root / "eval" / "games").rglob("turn_000.mp4"))
 
 
 def test_quickstart_again_resumes_and_skips(quickstart):

@@ -33,6 +33,7 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
         phase_a=[*common, f"phase.max_steps={steps[0]}"],
         phase_b=phase_b,
         phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
+        evaluation=[*common, "evaluation.games=2"],
         start_a=str(start / "a_joint" / "export"),
         start_b=start_b,
         extra=list(extra),

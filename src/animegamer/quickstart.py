@@ -1,5 +1,5 @@
 """The quick start, end to end on one CPU: toy film -> pipeline -> phase (a1, a2) -> representations
--> session shards -> phase (b) -> adaptation shards -> phase (c).
+-> session shards -> phase (b) -> adaptation shards -> phase (c) -> 5-turn games and the evaluation report.
 
     python -m animegamer.quickstart [extra overrides for every stage]
 
@@ -14,7 +14,8 @@ from animegamer.recipe import Recipe, run_recipe
 from animegamer.utils.logging import setup_logging
 
 QUICKSTART = Recipe(pipeline=["experiment=quickstart"], phase_a=["experiment=quickstart_a"],
-                    phase_b=["experiment=quickstart_b"], phase_c=["experiment=quickstart_c"])
+                    phase_b=["experiment=quickstart_b"], phase_c=["experiment=quickstart_c"],
+                    evaluation=["experiment=quickstart_eval"])
 
 
 def run_quickstart(extra: list[str]) -> dict:

@@ -1,5 +1,5 @@
 """The whole recipe as one call: pipeline -> phase (a1, a2) -> representations -> session shards ->
-phase (b) -> adaptation shards -> phase (c). The quick start and fine-tuning on a new film are two
+phase (b) -> adaptation shards -> phase (c) -> evaluation (benchmark games, metrics, report). The quick start and fine-tuning on a new film are two
 parameterisations of it; every stage is the same code path as its own command.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ class Recipe:
     phase_a: list[str]  # overrides of train.py for both phase (a) stages
     phase_b: list[str]
     phase_c: list[str]
+    evaluation: list[str] = field(default_factory=list)  # overrides of evaluate.py; empty = no evaluation
     start_a: str = ""  # an earlier phase (a) export: skip the warm-up, start a_joint from it
     start_b: str = ""  # an earlier phase (b) export to start from
     extra: list[str] = field(default_factory=list)  # overrides for every stage
@@ -41,6 +42,14 @@ def run_recipe(recipe: Recipe) -> dict:
     game = train(recipe.phase_b, *([f"phase.init_from={recipe.start_b}"] if recipe.start_b else []))
     adaptation = pipe("pipeline.steps=[adaptation]", f"pipeline.adaptation.export={game['export']}")
     adapted = train(recipe.phase_c, f"phase.init_from={joint['export']}")
+    report = None
+    if recipe.evaluation:
+        from animegamer.evaluation import run as run_evaluation
+
+        out = Path(adapted["export"]).parent.parent / "eval"
+        report = run_evaluation(compose_config("evaluate", [
+            *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
+            f"evaluation.renderer_export={adapted['export']}", *recipe.extra, f"evaluation.out={out}"]))
     summary = {
         "clip shards": clips["output"],
         "report": str(Path(clips["output"]).parent / "report.json"),
@@ -55,6 +64,8 @@ def run_recipe(recipe: Recipe) -> dict:
         "phase b val/state_accuracy": game["metrics"].get("val/state_accuracy"),
         "adaptation shards": adaptation["adaptation"]["output"],
         "phase c export": adapted["export"],
+        "evaluation report": report["files"].get("report_md") if report else None,
+        "game clips": str(Path(report["out"]) / "games") if report else None,
     }
     for name, value in summary.items():
         log.info("%-26s %s", name, value)

@@ -374,6 +374,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    """``evaluate.py``: benchmark games, the trained game to play, and the metric models."""
+
+    mllm_export: str = ""  # phase (b) export
+    renderer_export: str = ""  # phase (c) export; a phase (a) export = the "without adaptation" setting
+    benchmark: str = ""  # benchmark file (json); '' = built from held-out sessions and written to out
+    games: int = 4
+    turns: int = 5
+    clip_model: str = ""  # local CLIP folder for CLIP-I / CLIP-T; '' -> reported unavailable
+    dreamsim: str = ""  # local DreamSim weights folder; '' -> reported unavailable
+    reconstruction_export: str = ""  # phase (a) export: also the Table 3 reconstruction metrics
+    reconstruction_clips: int = 8
+    sampling_steps: int = 0  # 0 = model.diffusion.sampling_steps
+    out: str = "outputs/eval"
+
+
+@dataclass
 class RunConfig:
     """Root of every entry point (``configs/pipeline.yaml``, ``configs/train.yaml``): one tree."""
 
@@ -384,6 +401,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/train"
     seed: int = 0
     log_level: str = "INFO"

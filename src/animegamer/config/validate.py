@@ -219,3 +219,24 @@ def validate_train_run(cfg) -> None:
     problems = check_training(cfg) + check_encoders(cfg.model.encoders, frozen_encoders_needed(cfg))
     if problems:
         raise ConfigError(problems)
+
+
+def validate_eval_run(cfg) -> None:
+    """Exports, shards and the model sizes an evaluation needs, all checked before anything loads."""
+    e = cfg.evaluation
+    problems = []
+    for key in ("mllm_export", "renderer_export"):
+        path = getattr(e, key)
+        if not path or not (Path(path) / "trained.safetensors").is_file():
+            problems.append(f"evaluation.{key}={path!r}: not an export folder (train the phase first)")
+    if e.benchmark and not Path(e.benchmark).is_file():
+        problems.append(f"evaluation.benchmark={e.benchmark!r}: no such file")
+    root = Path(cfg.data.root)
+    for folder in (cfg.data.clips, cfg.data.sessions):
+        if not (root / folder / "manifest.json").exists():
+            problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
+    if e.games <= 0 or e.turns <= 0:
+        problems.append("evaluation.games and evaluation.turns must be > 0")
+    problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
+    if problems:
+        raise ConfigError(problems)

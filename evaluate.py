@@ -1,0 +1,25 @@
+"""Evaluate a trained game: ``python evaluate.py experiment=quickstart_eval`` (Hydra overrides).
+
+Plays benchmark games (held-out sessions, or ``evaluation.benchmark=FILE``) with
+``evaluation.mllm_export`` and ``evaluation.renderer_export`` (a phase (c) export; a phase (a) export
+gives the paper's "without adaptation" setting) and writes metrics.json, report.md, plots and an
+HTML gallery to ``evaluation.out``. See README "Evaluation".
+"""
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from animegamer.config.compose import config_dir
+from animegamer.config.schema import register_configs
+from animegamer.evaluation import run
+
+
+@hydra.main(config_path=str(config_dir()), config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    register_configs()
+    main()

@@ -1,0 +1,155 @@
+"""``evaluate.py``'s body: benchmark games from held-out sessions, played and scored (DESIGN 8).
+
+A benchmark game is consecutive turns of one held-out session: each turn's instruction, environment
+text, ground-truth first frame (by clip key), motion level and states. The trained game plays the
+instructions; the generated clips and predicted states are scored against the truth with the
+paper's Table 1 metrics. Model-based metrics without local weights are reported unavailable.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from animegamer.config.schema import RunConfig
+from animegamer.data.indexed import IndexedShardDataset, key_fraction
+from animegamer.metrics.common import available, mean_metric, unavailable
+
+log = logging.getLogger(__name__)
+
+BENCHMARK_FILE = "benchmark.json"
+STATE_KEYS = ("ML", "SC", "ET", "ST")
+STAGES = ("mllm", "sample", "vae_decode", "total")
+
+
+def held_out_games(cfg: RunConfig) -> dict:
+    """Games from the validation split of the session shards (never trained on in phase b)."""
+    root = Path(cfg.data.root)
+    fraction = cfg.data.val_fraction
+    sessions = IndexedShardDataset(root / cfg.data.sessions, lambda s: s, lambda k: key_fraction(k) < fraction,
+                                   video=False, allow_empty=True)
+    clips = IndexedShardDataset(root / cfg.data.clips, lambda s: s["json"], video=False)
+    metas = {key: clips[i] for i, key in enumerate(clips.keys())}
+    games = []
+    for index in range(min(cfg.evaluation.games, len(sessions))):
+        record = sessions.raw(index)["json"]
+        turns = [{"key": t["key"], "instruction": t["instruction"], "states": t["states"],
+                  "level": t["states"]["ML"], "environment": metas[t["key"]]["caption"]["environment"]}
+                 for t in record["turns"][: cfg.evaluation.turns]]
+        games.append({"id": sessions.locations[index].key, "turns": turns})
+    if not games:
+        raise ValueError(f"{root / cfg.data.sessions}: no held-out session (data.val_fraction={fraction}); "
+                         "raise it or pass evaluation.benchmark")
+    return {"source": str(root / cfg.data.sessions), "games": games}
+
+
+def first_frames(cfg: RunConfig, keys: set[str]) -> dict[str, np.ndarray]:
+    """Ground-truth first frames (H, W, 3) of the benchmark clips, decoded from the clip shards."""
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"][0], lambda k: k in keys)
+    return {key: clips[i] for i, key in enumerate(clips.keys())}
+
+
+class Scorers:
+    """The metric models, each loaded from local weights or explicitly unavailable."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from animegamer.metrics.clip_scores import try_load_clip
+        from animegamer.metrics.dreamsim import try_load_dreamsim
+
+        self.clip, self.clip_reason = try_load_clip(cfg.evaluation.clip_model)
+        self.dreamsim, self.dreamsim_reason = try_load_dreamsim(cfg.evaluation.dreamsim)
+
+    def turn(self, frames: np.ndarray, reference: np.ndarray, instruction: str, environment: str) -> dict:
+        from animegamer.metrics.dreamsim import dreamsim_score
+
+        if self.clip is None:
+            clip_i = clip_t = clip_t_env = unavailable(self.clip_reason)
+        else:
+            clip_i = available(self.clip.clip_i(frames, reference[None]))
+            clip_t = available(self.clip.clip_t(frames, instruction))
+            clip_t_env = available(self.clip.clip_t(frames, environment))
+        dreamsim = dreamsim_score(self.dreamsim, frames, reference[None], self.dreamsim_reason)
+        return {"clip_i": clip_i, "clip_t": clip_t, "clip_t_env": clip_t_env, "dreamsim": dreamsim}
+
+
+def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
+    """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
+    from animegamer.game import play_game
+
+    frames_by_key = first_frames(cfg, {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t})
+    report_games, turns = [], []
+    for game in benchmark["games"]:
+        folder = out / "games" / game["id"]
+        played = []
+        try:
+            play_game(models, [t["instruction"] for t in game["turns"]], folder, seed=cfg.seed, overwrite=True,
+                      sampling_steps=cfg.evaluation.sampling_steps, on_turn=played.append)
+        except ValueError as error:
+            log.warning("game %s stopped: %s", game["id"], error)
+        rows = []
+        for truth, result in zip(game["turns"], played):
+            scores = scorers.turn(result.frames, frames_by_key[truth["key"]], truth["instruction"], truth["environment"])
+            turns.append({"truth": truth, "result": result, "scores": scores})
+            rows.append({"instruction": truth["instruction"], "environment": truth["environment"],
+                         "video": str(folder / f"turn_{result.index:03d}.mp4"), "states": result.predicted,
+                         "target_states": truth["states"],
+                         "metrics": {**scores, "target_level": truth["level"]}})
+        report_games.append({"id": game["id"], "turns": rows, "completed": len(played), "planned": len(game["turns"])})
+    return report_games, turns
+
+
+def aggregate(cfg: RunConfig, turns: list, bins: dict) -> dict:
+    from animegamer.metrics.motion import motion_accuracy
+    from animegamer.metrics.states import state_accuracy
+
+    metrics = {name: mean_metric([t["scores"][name] for t in turns], "no completed turn")
+               for name in ("clip_i", "clip_t", "clip_t_env", "dreamsim")}
+    if turns:
+        motion = motion_accuracy([t["result"].frames for t in turns], [t["truth"]["level"] for t in turns], bins,
+                                 cfg.pipeline.motion)
+        states = state_accuracy([t["result"].predicted for t in turns], [t["truth"]["states"] for t in turns])
+        metrics.update(motion=motion, states=states, acc_f=available(motion["acc_f"]), mae_f=available(motion["mae_f"]),
+                       acc_s=available(states["acc_s"]), mae_s=available(states["mae_s"]))
+        seconds = {s: statistics.mean(t["result"].timings.get(s, 0.0) for t in turns) for s in STAGES}
+        metrics["seconds_per_turn"] = available(seconds["total"])
+        metrics["seconds_per_stage"] = seconds
+    return metrics
+
+
+def evaluate(cfg: RunConfig) -> dict:
+    """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
+    from animegamer.game import load_game_models, read_level_flow
+    from animegamer.metrics.report import write_report
+
+    e = cfg.evaluation
+    out = Path(e.out)
+    out.mkdir(parents=True, exist_ok=True)
+    benchmark = json.loads(Path(e.benchmark).read_text()) if e.benchmark else held_out_games(cfg)
+    (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
+    clip_manifest = Path(cfg.data.root) / cfg.data.clips / "manifest.json"
+    models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(clip_manifest))
+    bins = json.loads(clip_manifest.read_text())["motion_bins"]
+    games, turns = play_benchmark(cfg, models, benchmark, out, Scorers(cfg))
+    metrics = aggregate(cfg, turns, bins)
+    metrics["games"] = {"planned_turns": sum(g["planned"] for g in games),
+                        "completed_turns": sum(g["completed"] for g in games),
+                        "renderer": e.renderer_export, "mllm": e.mllm_export}
+    files = write_report(out, metrics, games)
+    log.info("evaluation: %d/%d turns played; report %s", metrics["games"]["completed_turns"],
+             metrics["games"]["planned_turns"], files.get("report_md", out))
+    return {"metrics": metrics, "files": {k: str(v) for k, v in files.items()}, "out": str(out)}
+
+
+def run(composed) -> dict:
+    """Validate (every problem at once) and evaluate; what ``evaluate.py`` calls."""
+    from omegaconf import OmegaConf
+
+    from animegamer.config.validate import validate_eval_run
+    from animegamer.utils.logging import setup_logging
+
+    setup_logging(composed.log_level)
+    validate_eval_run(composed)
+    return evaluate(OmegaConf.to_object(composed))
