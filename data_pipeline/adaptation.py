@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import torch
-import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.checkpoints.export import TRAINED_FILE, load_export
@@ -21,10 +20,10 @@ from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
-from animegamer.utils.io import atomic_path, npy_bytes, sha256_file, write_json_atomic
+from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
 from data_pipeline.precompute import FEATURES_DIR, LATENTS
 from data_pipeline.session_shards import SESSION_SHARDS_DIR
-from data_pipeline.writer import MANIFEST, SHARD_PATTERN, TAR_MTIME
+from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 ADAPTATION_DIR = "adaptation"
 PRED_REP = "pred_rep.npy"
@@ -75,16 +74,15 @@ def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: d
     shards = []
     for number, group in enumerate(tqdm(groups, desc="adaptation", unit="shard", disable=None)):
         path = out_dir / SHARD_PATTERN.format(number)
-        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
-            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
-                for start in range(0, len(group), settings.batch_size):
-                    chunk = group[start : start + settings.batch_size]
-                    for (key, (index, turn)), pred in zip(chunk, predict(module, sessions, chunk)):
-                        clip = features.raw(feature_index[key])
-                        meta = {"key": key, "flow": clip["json"]["motion"]["flow"],
-                                "level": clip["json"]["motion"]["level"], "history_turns": turn}
-                        tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
-                                   LATENTS: npy_bytes(clip[LATENTS]), PRED_REP: npy_bytes(pred.astype("float16"))})
+        with shard_writer(path) as tar:
+            for start in range(0, len(group), settings.batch_size):
+                chunk = group[start : start + settings.batch_size]
+                for (key, (index, turn)), pred in zip(chunk, predict(module, sessions, chunk)):
+                    clip = features.raw(feature_index[key])
+                    meta = {"key": key, "flow": clip["json"]["motion"]["flow"],
+                            "level": clip["json"]["motion"]["level"], "history_turns": turn}
+                    tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
+                               LATENTS: npy_bytes(clip[LATENTS]), PRED_REP: npy_bytes(pred.astype("float16"))})
         shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
     manifest = {
         "kind": "adaptation",

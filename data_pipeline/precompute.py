@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, shard_urls
-from animegamer.utils.io import atomic_path, npy_bytes, sha256_file, write_json_atomic
-from data_pipeline.writer import CLIPS_DIR, MANIFEST, TAR_MTIME
+from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.writer import CLIPS_DIR, MANIFEST, shard_writer
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +83,14 @@ def _captioned(samples, skipped: list[str]):
 def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int) -> dict:
     """One feature shard from one clip shard, renamed into place when complete."""
     written, skipped = 0, []
-    with atomic_path(out_path) as tmp, open(tmp, "wb") as stream:
-        with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
-            for batch in _batches(_captioned(iter_samples([clip_url]), skipped), batch_size):
-                features = encode_batch(encoders, batch)
-                for i, sample in enumerate(batch):
-                    record = {"__key__": sample["__key__"], "json": json.dumps(sample["json"], sort_keys=True).encode()}
-                    record.update({name: npy_bytes(array[i]) for name, array in features.items()})
-                    tar.write(record)
-                    written += 1
+    with shard_writer(out_path) as tar:
+        for batch in _batches(_captioned(iter_samples([clip_url]), skipped), batch_size):
+            features = encode_batch(encoders, batch)
+            for i, sample in enumerate(batch):
+                record = {"__key__": sample["__key__"], "json": json.dumps(sample["json"], sort_keys=True).encode()}
+                record.update({name: npy_bytes(array[i]) for name, array in features.items()})
+                tar.write(record)
+                written += 1
     return {"name": out_path.name, "count": written, "skipped": skipped, "sha256": sha256_file(out_path)}
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch import nn
 from tqdm import tqdm
 
@@ -21,9 +20,9 @@ from animegamer.checkpoints.export import TRAINED_FILE, load_export
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, shard_urls
 from animegamer.models.encoder import ActionAwareEncoder
-from animegamer.utils.io import atomic_path, npy_bytes, sha256_file, write_json_atomic
+from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
 from data_pipeline.precompute import FEATURES_DIR, IMAGE, TEXT, _batches
-from data_pipeline.writer import MANIFEST, TAR_MTIME
+from data_pipeline.writer import MANIFEST, shard_writer
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +55,13 @@ def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: di
     for url in tqdm(shard_urls(features), desc="representations", unit="shard", disable=None):
         path = out_dir / Path(url).name
         count = 0
-        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
-            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
-                for batch in _batches(iter_samples([url], video=False), settings.batch_size):
-                    reps = encode_representations(encoder, batch, dtype)
-                    for sample, rep in zip(batch, reps):
-                        tar.write({"__key__": sample["__key__"], REP: npy_bytes(rep),
-                                   "json": json.dumps(sample["json"], sort_keys=True).encode()})
-                        count += 1
+        with shard_writer(path) as tar:
+            for batch in _batches(iter_samples([url], video=False), settings.batch_size):
+                reps = encode_representations(encoder, batch, dtype)
+                for sample, rep in zip(batch, reps):
+                    tar.write({"__key__": sample["__key__"], REP: npy_bytes(rep),
+                               "json": json.dumps(sample["json"], sort_keys=True).encode()})
+                    count += 1
         shards.append({"name": path.name, "count": count, "sha256": sha256_file(path)})
     manifest = {
         "kind": "representations",

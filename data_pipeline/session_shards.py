@@ -11,15 +11,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.indexed import IndexedShardDataset
-from animegamer.utils.io import atomic_path, npy_bytes, read_json, sha256_file, write_json_atomic
+from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.representations import REP, REPRESENTATIONS_DIR
 from data_pipeline.sessions import SESSIONS_FILE
-from data_pipeline.writer import MANIFEST, SHARD_PATTERN, TAR_MTIME
+from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 SESSION_SHARDS_DIR = "session_shards"
 REPS = "reps.npy"
@@ -50,15 +49,14 @@ def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
     shards = []
     for number, group in enumerate(tqdm(groups, desc="session shards", unit="shard", disable=None)):
         path = out_dir / SHARD_PATTERN.format(number)
-        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
-            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
-                for session in group:
-                    samples = [reps.raw(position[k]) for k in session["keys"]]
-                    record = {"film": session["film"], "keys": session["keys"],
-                              "turns": [turn_record(s["json"]) for s in samples]}
-                    stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
-                    tar.write({"__key__": f"{session['keys'][0]}-s{len(session['keys'])}",
-                               "json": json.dumps(record, sort_keys=True).encode(), REPS: npy_bytes(stacked)})
+        with shard_writer(path) as tar:
+            for session in group:
+                samples = [reps.raw(position[k]) for k in session["keys"]]
+                record = {"film": session["film"], "keys": session["keys"],
+                          "turns": [turn_record(s["json"]) for s in samples]}
+                stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
+                tar.write({"__key__": f"{session['keys'][0]}-s{len(session['keys'])}",
+                           "json": json.dumps(record, sort_keys=True).encode(), REPS: npy_bytes(stacked)})
         shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
     manifest = {
         "kind": "session_shards",

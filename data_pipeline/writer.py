@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import webdataset as wds
 from tqdm import tqdm
@@ -75,6 +77,15 @@ def with_levels(clips: list[tuple[str, Path, dict]], bins: MotionBins) -> list[t
             for key, mp4, meta in clips]
 
 
+@contextmanager
+def shard_writer(path: Path) -> Iterator[wds.TarWriter]:
+    """A webdataset TarWriter whose shard appears at ``path`` only when complete, with fixed tar
+    metadata so equal contents give equal bytes. Every shard set of the pipeline is written this way."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as stream:
+        with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
+            yield tar
+
+
 def write_shards(clips: list[tuple[str, Path, dict]], out_dir: Path, maxcount: int) -> list[dict]:
     """Clip shards in key order; each shard renamed into place only when complete."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -82,11 +93,10 @@ def write_shards(clips: list[tuple[str, Path, dict]], out_dir: Path, maxcount: i
     groups = [clips[i : i + maxcount] for i in range(0, len(clips), maxcount)]
     for index, group in enumerate(tqdm(groups, desc="shards", unit="shard", disable=None)):
         path = out_dir / SHARD_PATTERN.format(index)
-        with atomic_path(path) as tmp, open(tmp, "wb") as stream:
-            with wds.TarWriter(stream, encoder=False, mtime=TAR_MTIME) as tar:
-                for key, mp4_path, meta in group:
-                    tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
-                               "mp4": mp4_path.read_bytes()})
+        with shard_writer(path) as tar:
+            for key, mp4_path, meta in group:
+                tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
+                           "mp4": mp4_path.read_bytes()})
         shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
     for stale in sorted(out_dir.glob("shard-*.tar"))[len(groups):]:
         stale.unlink()  # a previous run with more clips: its extra shards are no longer valid

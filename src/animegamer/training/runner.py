@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -18,27 +20,21 @@ CHECKPOINT_DIR = "checkpoints"
 LAST = "last.ckpt"
 
 
-class PhaseAData(L.LightningDataModule):
-    """Train/val loaders; the train loader starts where the (possibly resumed) run stands."""
+class ShardData(L.LightningDataModule):
+    """Train/val loaders of any phase; the train loader starts where the (possibly resumed) run
+    stands, so its sample order continues exactly. An empty validation split disables validation."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, train_set, val_set, train_loader: Callable, val_loader: Callable) -> None:
         super().__init__()
-        from animegamer.data.phase_a import phase_a_dataset
-
-        self.cfg = cfg
-        self.train_set = phase_a_dataset(cfg, "train")
-        self.val_set = phase_a_dataset(cfg, "val")
+        self.train_set, self.val_set = train_set, val_set
+        self._train_loader, self._val_loader = train_loader, val_loader
 
     def train_dataloader(self):
-        from animegamer.data.phase_a import train_loader
-
         trainer = self.trainer
-        return train_loader(self.cfg, self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
+        return self._train_loader(self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
 
     def val_dataloader(self):
-        from animegamer.data.phase_a import val_loader
-
-        return val_loader(self.cfg, self.val_set) if len(self.val_set) else []
+        return self._val_loader(self.val_set) if len(self.val_set) else []
 
 
 def clip_lookup(cfg: RunConfig, keys: list[str]):
@@ -49,53 +45,6 @@ def clip_lookup(cfg: RunConfig, keys: list[str]):
     dataset = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in wanted)
     positions = {key: i for i, key in enumerate(dataset.keys())}
     return lambda key: dataset[positions[key]]
-
-
-class PhaseBData(L.LightningDataModule):
-    """Session windows for training (seeded by stream position), full sessions for validation."""
-
-    def __init__(self, cfg: RunConfig, tokenizer, ids) -> None:
-        super().__init__()
-        from animegamer.data.phase_b import FullSessions, SessionWindows, session_shards
-
-        self.cfg, self.pad_id = cfg, ids.pad
-        self.train_set = SessionWindows(session_shards(cfg, "train"), tokenizer, ids, cfg.data.window_weights, cfg.seed)
-        self.val_set = FullSessions(session_shards(cfg, "val"), tokenizer, ids)
-
-    def train_dataloader(self):
-        from animegamer.data.phase_b import train_loader
-
-        trainer = self.trainer
-        return train_loader(self.cfg, self.train_set, self.pad_id, trainer.global_step, trainer.global_rank,
-                            trainer.world_size)
-
-    def val_dataloader(self):
-        from animegamer.data.phase_b import val_loader
-
-        return val_loader(self.cfg, self.val_set, self.pad_id) if len(self.val_set) else []
-
-
-class PhaseCData(L.LightningDataModule):
-    """Adaptation shards; the same step-indexed loader as phase (a) (features-like tensors)."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__()
-        from animegamer.data.phase_c import adaptation_dataset
-
-        self.cfg = cfg
-        self.train_set = adaptation_dataset(cfg, "train")
-        self.val_set = adaptation_dataset(cfg, "val")
-
-    def train_dataloader(self):
-        from animegamer.data.phase_a import train_loader
-
-        trainer = self.trainer
-        return train_loader(self.cfg, self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
-
-    def val_dataloader(self):
-        from animegamer.data.phase_a import val_loader
-
-        return val_loader(self.cfg, self.val_set) if len(self.val_set) else []
 
 
 def build_phase(cfg: RunConfig) -> tuple:
@@ -111,7 +60,10 @@ def build_phase(cfg: RunConfig) -> tuple:
             from animegamer.models.frozen_encoders import build_frozen_encoders
 
             frozen = build_frozen_encoders(cfg.model.encoders)
-        data = PhaseAData(cfg)
+        from animegamer.data import phase_a as data_a
+
+        data = ShardData(data_a.phase_a_dataset(cfg, "train"), data_a.phase_a_dataset(cfg, "val"),
+                         partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
         callbacks = []
         if cfg.phase.val_clips > 0 and len(data.val_set):
             lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
@@ -121,12 +73,25 @@ def build_phase(cfg: RunConfig) -> tuple:
     if cfg.phase.name == "b":
         from animegamer.phases.phase_b import PhaseB, export_phase_b
 
+        from animegamer.data import phase_b as data_b
+
         module = PhaseB(cfg)
-        return module, PhaseBData(cfg, module.tokenizer, module.ids), export_phase_b, []
+        tokenizer, ids = module.tokenizer, module.ids
+        data = ShardData(
+            data_b.SessionWindows(data_b.session_shards(cfg, "train"), tokenizer, ids, cfg.data.window_weights, cfg.seed),
+            data_b.FullSessions(data_b.session_shards(cfg, "val"), tokenizer, ids),
+            lambda dataset, *position: data_b.train_loader(cfg, dataset, ids.pad, *position),
+            lambda dataset: data_b.val_loader(cfg, dataset, ids.pad))
+        return module, data, export_phase_b, []
     if cfg.phase.name == "c":
         from animegamer.phases.phase_c import PhaseC, export_phase_c
 
-        return PhaseC(cfg), PhaseCData(cfg), export_phase_c, []
+        from animegamer.data import phase_a as data_a
+        from animegamer.data.phase_c import adaptation_dataset
+
+        data = ShardData(adaptation_dataset(cfg, "train"), adaptation_dataset(cfg, "val"),
+                         partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
+        return PhaseC(cfg), data, export_phase_c, []
     raise ValueError(f"unknown phase {cfg.phase.name!r}")
 
 
