@@ -67,3 +67,30 @@ def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
     assert clips["sources"][0]["film_id"] == "second_film" and clips["counts"]["clips"] > 0
     for phase in ("a_joint", "b", "c"):
         assert (tmp_path / "ft" / phase / "export" / "trained.safetensors").exists()
+
+
+def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp_path):
+    """With CLIP weights in a local folder (a tiny random CLIP here) the CLIP metrics are measured,
+    in Table 1 and in the Table 3 reconstruction report; DreamSim stays unavailable (no weights)."""
+    import json
+
+    from animegamer.config.compose import compose_config
+    from animegamer.evaluation import run
+    from animegamer.metrics.clip_scores import ClipScorer
+
+    root, summary = quickstart
+    scorer = ClipScorer.random(seed=0)
+    scorer.model.save_pretrained(tmp_path / "clip")
+    scorer.tokenizer.save_pretrained(tmp_path / "clip")
+    result = run(compose_config("evaluate", [
+        "experiment=quickstart_eval", *_overrides(root), f"evaluation.clip_model={tmp_path / 'clip'}",
+        f"evaluation.mllm_export={summary['phase b export']}", f"evaluation.renderer_export={summary['phase c export']}",
+        f"evaluation.reconstruction_export={summary['phase a2 export']}", f"evaluation.out={tmp_path / 'eval'}",
+        "evaluation.games=1", "evaluation.turns=2"]))
+    metrics = result["metrics"]
+    for name in ("clip_i", "clip_t", "clip_t_env"):
+        assert metrics[name]["available"] and -1 <= metrics[name]["value"] <= 1
+    assert metrics["dreamsim"]["available"] is False and metrics["dreamsim"]["value"] is None
+    assert metrics["reconstruction"]["clip_i"]["available"] and metrics["reconstruction"]["clips"] > 0
+    saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert saved["metrics"]["clip_i"]["value"] == pytest.approx(metrics["clip_i"]["value"])

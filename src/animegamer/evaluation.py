@@ -119,6 +119,39 @@ def aggregate(cfg: RunConfig, turns: list, bins: dict) -> dict:
     return metrics
 
 
+def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
+    """Table 3 (reconstruction): held-out clips decoded from their own representation by a phase (a)
+    export, against the true clips; CLIP-I and DreamSim like Table 1."""
+    from dataclasses import replace
+
+    import torch
+
+    from animegamer.data.phase_a import phase_a_dataset
+    from animegamer.models.frozen_encoders import build_frozen_encoders
+    from animegamer.phases.common import step_generator
+    from animegamer.phases.phase_a import ClipBatch, PhaseA
+
+    e = cfg.evaluation
+    run = replace(cfg, phase=replace(cfg.phase, name="a_joint", init_from=e.reconstruction_export, input="features"))
+    module = PhaseA(run).eval()
+    vae = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae
+    dataset = phase_a_dataset(run, "val")
+    count = min(e.reconstruction_clips, len(dataset))
+    keys = [dataset.locations[i].key for i in range(count)]
+    truth = first_frames(cfg, set(keys))
+    rows = []
+    for index, key in enumerate(keys):
+        item = dataset[index]
+        clips = ClipBatch(item["latents"][None], item["text"][None], item["image"][None], item["flow"][None])
+        with torch.no_grad():
+            latents = module.reconstruct(clips, step_generator(cfg.seed, index, 0), e.sampling_steps)
+            frames = (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+        rows.append(scorers.turn(frames, truth[key], "", ""))
+    return {"clips": count, "export": e.reconstruction_export,
+            "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
+            "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip")}
+
+
 def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
     from animegamer.game import load_game_models, read_level_flow
@@ -132,11 +165,18 @@ def evaluate(cfg: RunConfig) -> dict:
     clip_manifest = Path(cfg.data.root) / cfg.data.clips / "manifest.json"
     models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(clip_manifest))
     bins = json.loads(clip_manifest.read_text())["motion_bins"]
-    games, turns = play_benchmark(cfg, models, benchmark, out, Scorers(cfg))
+    scorers = Scorers(cfg)
+    games, turns = play_benchmark(cfg, models, benchmark, out, scorers)
     metrics = aggregate(cfg, turns, bins)
     metrics["games"] = {"planned_turns": sum(g["planned"] for g in games),
                         "completed_turns": sum(g["completed"] for g in games),
                         "renderer": e.renderer_export, "mllm": e.mllm_export}
+    if e.reconstruction_export:
+        from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION
+
+        metrics["reconstruction"] = reconstruction_metrics(cfg, scorers)
+        write_report(out / "reconstruction", metrics["reconstruction"], [], paper=PAPER_TABLE3_RECONSTRUCTION,
+                     title="AnimeGamer reconstruction (Table 3)")
     files = write_report(out, metrics, games)
     log.info("evaluation: %d/%d turns played; report %s", metrics["games"]["completed_turns"],
              metrics["games"]["planned_turns"], files.get("report_md", out))

@@ -229,6 +229,8 @@ def validate_eval_run(cfg) -> None:
         path = getattr(e, key)
         if not path or not (Path(path) / "trained.safetensors").is_file():
             problems.append(f"evaluation.{key}={path!r}: not an export folder (train the phase first)")
+    if e.reconstruction_export and not (Path(e.reconstruction_export) / "trained.safetensors").is_file():
+        problems.append(f"evaluation.reconstruction_export={e.reconstruction_export!r}: not a phase (a) export folder")
     if e.benchmark and not Path(e.benchmark).is_file():
         problems.append(f"evaluation.benchmark={e.benchmark!r}: no such file")
     root = Path(cfg.data.root)
