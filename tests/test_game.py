@@ -274,11 +274,27 @@ def test_load_game_models(exports):
     models = load_game_models(exports.cfg, exports.root / "b", [exports.root / "a", exports.root / "c"], LEVEL_FLOW,
                               device="cpu")
     assert models.renderer.decoder.has_lora
-    for name, module, trained in (("mllm", models.mllm.model, exports.trained["mllm"]),
-                                  ("renderer", models.renderer, exports.trained["renderer"])):
-        params = dict(module.named_parameters())
-        assert trained and all(torch.equal(params[k], v) for k, v in trained.items()), name
+    params = dict(models.renderer.named_parameters())
+    trained = exports.trained["renderer"]
+    assert trained and all(torch.equal(params[k], v) for k, v in trained.items())
+    for module in (models.mllm.model, models.renderer):
         assert not any(p.requires_grad for p in module.parameters()) and not module.training
+    # The MLLM's LoRA is merged for play; it predicts what the unmerged model with the export predicts.
+    from animegamer.checkpoints.export import load_export
+    from animegamer.mllm.predict import HistoryTurn, generate, prompt_batch
+    from animegamer.mllm.sequence import Turn
+    from animegamer.phases.phase_b import PhaseB
+
+    assert not models.mllm.model.has_lora
+    unmerged = PhaseB(exports.cfg)
+    load_export(exports.root / "b", unmerged.model)
+    unmerged.eval()
+    history = [HistoryTurn(Turn("Character: Qiqi; Motion: slowly walk; Background: day town.",
+                                {"ML": 2, "SC": 0, "ET": 1, "ST": 1}), torch.randn(46, 32, generator=torch.Generator().manual_seed(0)))]
+    reps = [generate(m.model, m.ids, prompt_batch(m.model, m.tokenizer, m.ids, history, "Character: Qiqi; Motion: run.", 5))
+            for m in (models.mllm, unmerged)]
+    assert reps[0][0] == reps[1][0]
+    torch.testing.assert_close(reps[0][1], reps[1][1], rtol=1e-4, atol=1e-5)
     assert models.vae.latent_shape(FRAMES, HEIGHT, WIDTH) == (5, 4, HEIGHT // 4, WIDTH // 4)
     assert models.level_flow == LEVEL_FLOW and models.sources["renderer"] == [str(exports.root / n) for n in "ac"]
     with pytest.raises(FileNotFoundError):

@@ -174,6 +174,10 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     mllm = PhaseB(cfg)
     for export in mllm_exports:
         load_export(export, mllm.model)
+    if mllm.model.has_lora:
+        # Playing never trains: fold the adapter into the weights (in float32, before the cast), one
+        # matmul per projection instead of three. The unmerged MLLM stage measured 2.2x the plain one.
+        mllm.model.merge_lora()
     mllm = _frozen(mllm, device, dtype)
 
     renderer_exports = _as_list(renderer_export)
