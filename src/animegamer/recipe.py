@@ -49,7 +49,8 @@ def run_recipe(recipe: Recipe) -> dict:
         out = Path(adapted["export"]).parent.parent / "eval"
         report = run_evaluation(compose_config("evaluate", [
             *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
-            f"evaluation.renderer_export={adapted['export']}", *recipe.extra, f"evaluation.out={out}"]))
+            f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
+            *recipe.extra, f"evaluation.out={out}"]))
     summary = {
         "clip shards": clips["output"],
         "report": str(Path(clips["output"]).parent / "report.json"),
