@@ -73,3 +73,23 @@ def test_inference_rep_equals_training_forward_at_query_positions(data_root, tmp
     batch = prompt_batch(module.model, module.tokenizer, module.ids, history, sample.turns[-1].instruction, 5)
     _, rep = generate(module.model, module.ids, batch)  # untrained: the states are garbage, the rep is read
     torch.testing.assert_close(rep, training_pred.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_constrained_state_decoding_is_always_well_formed(data_root, tmp_path):
+    """An untrained model's free generation breaks the layout (an error with its text); constrained
+    decoding picks its most likely valid states, with the same representation."""
+    from animegamer.mllm.predict import state_grammar
+
+    _, cfg = tiny_b_cfg(data_root, tmp_path, "model.mllm.lora_dropout=0")
+    module = PhaseB(cfg).eval()
+    sample = session_of(FullSessions(session_shards(cfg, "val"), module.tokenizer, module.ids).sessions[0])
+    history = [HistoryTurn(t, torch.as_tensor(r).float()) for t, r in zip(sample.turns[:-1], sample.reps[:-1])]
+    args = (module.model, module.tokenizer, module.ids, history, sample.turns[-1].instruction, 5)
+    with pytest.raises(ValueError, match="malformed state generation"):
+        predict_next(*args)
+    prediction = predict_next(*args, constrained=True)
+    grammar = state_grammar(module.ids)
+    assert len(prediction.tokens) == len(grammar) and all(t in allowed for t, allowed in zip(prediction.tokens, grammar))
+    assert 1 <= prediction.states["ML"] <= 5
+    _, free_rep = generate(module.model, module.ids, prompt_batch(*args))
+    torch.testing.assert_close(prediction.rep, free_rep)

@@ -1,6 +1,8 @@
 """README command 1's job end to end, its resume, and fine-tuning the result on a second film."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -33,9 +35,13 @@ def test_quickstart_end_to_end(quickstart):
     adaptation = list(iter_samples(shard_urls(summary["adaptation shards"]), video=False))
     assert adaptation and {a["__key__"] for a in adaptation} <= {r["__key__"] for r in reps}
     assert all(a["pred_rep.npy"].shape == (46, 32) and a["latents.npy"].ndim == 4 for a in adaptation)
-    assert 0 <= summary["phase b val/state_accuracy"] <= 1
+    # Held-out shots are few in a 10-shot film: phase (b) may have no fully held-out session to validate.
+    accuracy = summary["phase b val/state_accuracy"]
+    assert accuracy is None or 0 <= accuracy <= 1
+    game = json.loads((root / "game" / "game.json").read_text())
+    assert len(game["turns"]) == 5 and (root / "game" / "index.html").exists()
+    assert all(0 <= v <= 100 for t in game["turns"] for v in t["states_after"].values())
     assert (root / "c" / "export" / "trained.safetensors").exists()
-    import json
 
     metrics = json.loads((root / "eval" / "metrics.json").read_text())
     assert metrics["metrics"]["games"]["completed_turns"] > 0
@@ -60,13 +66,14 @@ def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
     root, _ = quickstart
     film = make_toy_film(tmp_path / "film_b", film_id="second_film", variant=1)
     summary = finetune(["--film", str(film.video_path), "--captions", str(film.captions_path), "--from", str(root),
-                        "--out", str(tmp_path / "ft"), "--model", "tiny", "--steps", "6", "6", "6",
+                        "--out", str(tmp_path / "ft"), "--model", "tiny", "--steps", "6", "6", "6", "--constrained-states",
                         "pipeline.clips.height=96", "pipeline.clips.width=144"])
     assert summary["phase a start"] == str(root / "a_joint" / "export")  # no warm-up: starts from the old export
     clips = read_manifest(summary["clip shards"])
     assert clips["sources"][0]["film_id"] == "second_film" and clips["counts"]["clips"] > 0
     for phase in ("a_joint", "b", "c"):
         assert (tmp_path / "ft" / phase / "export" / "trained.safetensors").exists()
+    assert (tmp_path / "ft" / "eval" / "report.md").exists() and (tmp_path / "ft" / "game" / "index.html").exists()
 
 
 def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp_path):

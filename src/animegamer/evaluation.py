@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset, key_fraction
+from animegamer.data.indexed import IndexedShardDataset
+from animegamer.data.split import consecutive_runs, held_out
 from animegamer.metrics.common import available, mean_metric, unavailable
 
 log = logging.getLogger(__name__)
@@ -26,24 +27,34 @@ STAGES = ("mllm", "sample", "vae_decode", "total")
 
 
 def held_out_games(cfg: RunConfig) -> dict:
-    """Games from the validation split of the session shards (never trained on in phase b)."""
-    root = Path(cfg.data.root)
-    fraction = cfg.data.val_fraction
-    sessions = IndexedShardDataset(root / cfg.data.sessions, lambda s: s, lambda k: key_fraction(k) < fraction,
-                                   video=False, allow_empty=True)
-    clips = IndexedShardDataset(root / cfg.data.clips, lambda s: s["json"], video=False)
-    metas = {key: clips[i] for i, key in enumerate(clips.keys())}
+    """Games made of held-out shots (no phase trained on any of their clips): runs of consecutive
+    held-out, captioned clips of one film, cut into games of up to ``evaluation.turns`` turns."""
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
+    split = held_out(cfg)
+    keep = lambda meta: split.clip(meta["key"]) and meta["captioner"]["status"] == "ok"
+    turns = cfg.evaluation.turns
     games = []
-    for index in range(min(cfg.evaluation.games, len(sessions))):
-        record = sessions.raw(index)["json"]
-        turns = [{"key": t["key"], "instruction": t["instruction"], "states": t["states"],
-                  "level": t["states"]["ML"], "environment": metas[t["key"]]["caption"]["environment"]}
-                 for t in record["turns"][: cfg.evaluation.turns]]
-        games.append({"id": sessions.locations[index].key, "turns": turns})
+    for run in consecutive_runs((clips[i] for i in range(len(clips))), keep):
+        for start in range(0, len(run), turns):
+            chunk = run[start : start + turns]
+            games.append({"id": chunk[0]["key"], "turns": [
+                {"key": m["key"], "instruction": m["instruction"], "environment": m["caption"]["environment"],
+                 "level": m["motion"]["level"], "states": {"ML": m["motion"]["level"], **m["states"]}}
+                for m in chunk]})
+    games = sorted(games, key=lambda g: -len(g["turns"]))[: cfg.evaluation.games]  # longest games first
     if not games:
-        raise ValueError(f"{root / cfg.data.sessions}: no held-out session (data.val_fraction={fraction}); "
+        raise ValueError(f"{clips.locations[0].shard}: no held-out shot (data.val_fraction={cfg.data.val_fraction}); "
                          "raise it or pass evaluation.benchmark")
-    return {"source": str(root / cfg.data.sessions), "games": games}
+    return {"source": str(Path(cfg.data.root) / cfg.data.clips), "held_out": "shots", "games": games}
+
+
+def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
+    """The instructions of ``turns`` consecutive captioned clips of a film (the longest run first):
+    a script for a demonstration game."""
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
+    runs = consecutive_runs((clips[i] for i in range(len(clips))), lambda m: m["captioner"]["status"] == "ok")
+    longest = max(runs, key=len) if runs else []
+    return [m["instruction"] for m in longest[:turns]]
 
 
 def first_frames(cfg: RunConfig, keys: set[str]) -> dict[str, np.ndarray]:

@@ -49,10 +49,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="paper", choices=("tiny", "paper"))
     parser.add_argument("--steps", type=int, nargs=3, default=DEFAULT_STEPS, metavar=("A2", "B", "C"))
     parser.add_argument("--official-mllm", default="", help="official MLLM pytorch_model.bin for phase (b)")
+    parser.add_argument("--constrained-states", action="store_true",
+                        help="evaluate and play with state decoding constrained to the layout")
     args, overrides = parser.parse_known_args(argv)
     setup_logging("INFO")
-    return run_recipe(finetune_recipe(args.film, args.captions, args.start, args.out, args.model, tuple(args.steps),
-                                      args.official_mllm, tuple(overrides)))
+    recipe = finetune_recipe(args.film, args.captions, args.start, args.out, args.model, tuple(args.steps),
+                             args.official_mllm, tuple(overrides))
+    if args.constrained_states:
+        recipe.evaluation.append("model.mllm.constrained_states=true")
+    return run_recipe(recipe)
 
 
 if __name__ == "__main__":

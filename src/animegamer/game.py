@@ -26,6 +26,8 @@ The output folder holds ``turn_000.mp4``, ``turn_001.mp4``, ..., ``game.json`` (
 """
 from __future__ import annotations
 
+from functools import partial
+
 import argparse
 import logging
 import sys
@@ -260,7 +262,10 @@ class Game:
         self.max_turns = int(max_turns if max_turns else len(self.cfg.data.window_weights))
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        self.predict_fn = predict_fn or predict_next
+        if predict_fn is None:
+            constrained = models.cfg.model.mllm.constrained_states
+            predict_fn = partial(predict_next, constrained=True) if constrained else predict_next
+        self.predict_fn = predict_fn
         self.diffusion = self.cfg.model.diffusion
         if sampling_steps:
             from dataclasses import replace

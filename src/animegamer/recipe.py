@@ -25,6 +25,27 @@ class Recipe:
     extra: list[str] = field(default_factory=list)  # overrides for every stage
 
 
+STORY_TURNS = 5
+
+
+def play_story(composed, out: Path) -> Path:
+    """A demonstration game: the trained game plays the instructions of consecutive clips of the film."""
+    from omegaconf import OmegaConf
+
+    from animegamer.evaluation import story_instructions
+    from animegamer.game import load_game_models, play_game, read_level_flow
+
+    cfg = OmegaConf.to_object(composed)
+    e = cfg.evaluation
+    models = load_game_models(cfg, e.mllm_export, e.renderer_export,
+                              read_level_flow(Path(cfg.data.root) / cfg.data.clips / "manifest.json"))
+    try:
+        play_game(models, story_instructions(cfg, STORY_TURNS), out, seed=cfg.seed, overwrite=True)
+    except ValueError as error:  # a malformed state generation ends the game; game.json records it
+        log.warning("the demonstration game stopped: %s", error)
+    return out / "index.html"
+
+
 def run_recipe(recipe: Recipe) -> dict:
     from animegamer.training.runner import run as run_train
     from data_pipeline.__main__ import run as run_pipeline
@@ -42,15 +63,17 @@ def run_recipe(recipe: Recipe) -> dict:
     game = train(recipe.phase_b, *([f"phase.init_from={recipe.start_b}"] if recipe.start_b else []))
     adaptation = pipe("pipeline.steps=[adaptation]", f"pipeline.adaptation.export={game['export']}")
     adapted = train(recipe.phase_c, f"phase.init_from={joint['export']}")
-    report = None
+    report, story = None, None
     if recipe.evaluation:
         from animegamer.evaluation import run as run_evaluation
 
-        out = Path(adapted["export"]).parent.parent / "eval"
-        report = run_evaluation(compose_config("evaluate", [
+        root = Path(adapted["export"]).parent.parent
+        evaluation = compose_config("evaluate", [
             *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
             f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
-            *recipe.extra, f"evaluation.out={out}"]))
+            *recipe.extra, f"evaluation.out={root / 'eval'}"])
+        report = run_evaluation(evaluation)
+        story = play_story(evaluation, root / "game")
     summary = {
         "clip shards": clips["output"],
         "report": str(Path(clips["output"]).parent / "report.json"),
@@ -66,7 +89,8 @@ def run_recipe(recipe: Recipe) -> dict:
         "adaptation shards": adaptation["adaptation"]["output"],
         "phase c export": adapted["export"],
         "evaluation report": report["files"].get("report_md") if report else None,
-        "game clips": str(Path(report["out"]) / "games") if report else None,
+        "evaluation games": str(Path(report["out"]) / "games") if report else None,
+        "5-turn game": str(story) if story else None,
     }
     for name, value in summary.items():
         log.info("%-26s %s", name, value)

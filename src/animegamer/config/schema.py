@@ -161,6 +161,9 @@ class MLLMConfig:
     rec_weight: float = 1.0  # MSE on the representation
     cos_weight: float = 0.0  # Table 3 ablation: cosine term on the representation
     attention: str = "sdpa"  # sdpa | flex | eager
+    # Inference: greedy over the state layout's allowed tokens only (never malformed). Off = the
+    # official free greedy decoding, where a broken layout is an error with the generated text.
+    constrained_states: bool = False
     gradient_checkpointing: bool = False
 
 

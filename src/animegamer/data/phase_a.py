@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset, StepSampler, key_fraction
+from animegamer.data.indexed import IndexedShardDataset, StepSampler
+from animegamer.data.split import held_out
 
 FEATURES, CLIPS = "features", "clips"
 INPUTS = (FEATURES, CLIPS)
@@ -53,12 +54,9 @@ def clip_transform(sample: dict, random_frame: bool, seed: int) -> dict:
 
 
 def phase_a_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
-    """Train or validation clips; the split is a fixed hash of the key (``data.val_fraction``)."""
+    """Train or validation clips; validation = the held-out shots (``animegamer.data.split``)."""
     root = Path(cfg.data.root)
-    val_fraction = cfg.data.val_fraction
-
-    def keep(key: str) -> bool:
-        return (key_fraction(key) < val_fraction) == (split == "val")
+    keep = held_out(cfg).keep_clip(split)
 
     if cfg.phase.input == FEATURES:
         return IndexedShardDataset(root / cfg.data.features, feature_transform, keep, video=False,

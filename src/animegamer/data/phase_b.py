@@ -7,7 +7,8 @@ from pathlib import Path
 from torch.utils.data import DataLoader, Dataset
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset, StepSampler, key_fraction
+from animegamer.data.indexed import IndexedShardDataset, StepSampler
+from animegamer.data.split import held_out
 from animegamer.mllm.collate import Session, WindowSampler, collate_sequences, make_example
 from animegamer.mllm.tokens import TokenIds
 
@@ -50,8 +51,7 @@ class FullSessions(Dataset):
 
 
 def session_shards(cfg: RunConfig, split: str) -> IndexedShardDataset:
-    fraction = cfg.data.val_fraction
-    keep = lambda key: (key_fraction(key) < fraction) == (split == "val")
+    keep = held_out(cfg).keep_session(split)
     return IndexedShardDataset(Path(cfg.data.root) / cfg.data.sessions, lambda s: s, keep, video=False,
                                allow_empty=split == "val")
 

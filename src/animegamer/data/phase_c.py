@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset, key_fraction
+from animegamer.data.indexed import IndexedShardDataset
+from animegamer.data.split import held_out
 
 
 def adaptation_transform(sample: dict) -> dict:
@@ -19,7 +20,6 @@ def adaptation_transform(sample: dict) -> dict:
 
 
 def adaptation_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
-    fraction = cfg.data.val_fraction
-    keep = lambda key: (key_fraction(key) < fraction) == (split == "val")
+    keep = held_out(cfg).keep_clip(split)
     return IndexedShardDataset(Path(cfg.data.root) / cfg.data.adaptation, adaptation_transform, keep, video=False,
                                allow_empty=split == "val")

@@ -49,22 +49,42 @@ def prompt_batch(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn]
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
+MOTION_LEVELS = range(1, 6)
+STATE_VALUES = range(-5, 6)
+
+
+def state_grammar(ids: TokenIds) -> list[list[int]]:
+    """Allowed ids per generated position: the markers of the state layout, and at each value slot
+    the ``<Strength_k>`` tokens its state may take (ML 1..5, the others -5..5). Constrained decoding
+    picks the model's most likely *valid* continuation; the layout comes from ``state_ids``."""
+    grammar = [[ids.strength(k) for k in MOTION_LEVELS], [ids.ml_end]]
+    for key in ("SC", "ET", "ST"):
+        open_id, close_id = ids.state_tags(key)
+        grammar += [[open_id], [ids.strength(k) for k in STATE_VALUES], [close_id]]
+    return grammar + [[ids.turn_end]]
+
+
 @torch.no_grad()
-def generate(model, ids: TokenIds, batch: dict) -> tuple[list[int], torch.Tensor]:
-    """(generated state token ids, representation (N, D)) from one prefill of the prompt."""
+def generate(model, ids: TokenIds, batch: dict, constrained: bool = False) -> tuple[list[int], torch.Tensor]:
+    """(generated state token ids, representation (N, D)) from one prefill of the prompt.
+
+    ``constrained``: greedy over :func:`state_grammar` instead of the whole vocabulary (the official
+    release decodes freely; a free generation that breaks the layout raises in :func:`parse_states`)."""
     mask = attention_mask_4d(batch["query_mask"], batch["padding_mask"], dtype=model.llm.dtype)
     out = model.generate_states(batch["input_ids"], mask, batch["history_reps"].to(model.llm.dtype),
                                 batch["history_index"], batch["query_mask"], max_new_tokens=STATE_TOKENS,
                                 stop_token_id=ids.turn_end, position_ids=batch["position_ids"],
-                                padding_mask=batch["padding_mask"])
+                                padding_mask=batch["padding_mask"],
+                                allowed_tokens=state_grammar(ids) if constrained else None)
     return out["tokens"][0].tolist(), out["pred"][0].float().cpu()
 
 
 def predict_next(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,
-                 max_turns: int) -> Prediction:
+                 max_turns: int, constrained: bool = False) -> Prediction:
     """States and representation of the turn ``instruction`` after ``history`` (oldest first).
 
     A generation that is not exactly the 12 state tokens raises ValueError with its text.
     """
-    tokens, rep = generate(model, ids, prompt_batch(model, tokenizer, ids, history, instruction, max_turns))
+    tokens, rep = generate(model, ids, prompt_batch(model, tokenizer, ids, history, instruction, max_turns),
+                           constrained)
     return Prediction(parse_states(ids, tokens, tokenizer), rep, tokens)

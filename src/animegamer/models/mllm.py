@@ -58,7 +58,7 @@ import re
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
+from typing import Sequence, TYPE_CHECKING, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +172,14 @@ def _allowed(mask: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the module
+def _greedy(logits: torch.Tensor, allowed: Optional[Sequence[Sequence[int]]], step: int) -> torch.Tensor:
+    """argmax, over ``allowed[step]`` only when constrained decoding gives a set for this step."""
+    if allowed is None or step >= len(allowed):
+        return logits.argmax(dim=-1)
+    ids = torch.as_tensor(list(allowed[step]), device=logits.device)
+    return ids[logits[:, ids].argmax(dim=-1)]
+
+
 class GameStateMLLM(nn.Module):
     """Mistral (``llm``) + ``input_proj`` (D -> H) + ``output_proj`` (H -> D), LoRA through peft.
 
@@ -490,7 +498,8 @@ class GameStateMLLM(nn.Module):
                         history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
                         query_mask: Optional[torch.Tensor] = None, max_new_tokens: int = 12,
                         stop_token_id: Optional[int] = None, position_ids: Optional[torch.Tensor] = None,
-                        padding_mask: Optional[torch.Tensor] = None) -> Dict[str, Optional[torch.Tensor]]:
+                        padding_mask: Optional[torch.Tensor] = None,
+                        allowed_tokens: Optional[Sequence[Sequence[int]]] = None) -> Dict[str, Optional[torch.Tensor]]:
         """Greedy state tokens after a prompt ending in ``<ML>``, and the representation from the same prefill.
 
         Returns ``tokens`` (B, T) with T <= max_new_tokens (after ``stop_token_id``, e.g.
@@ -520,7 +529,8 @@ class GameStateMLLM(nn.Module):
 
         keys = allowed[:, 0, -1, :]  # (B, L): what the last prompt position sees
         position = position_ids[:, -1:].clone()
-        token = lm.get_output_embeddings()(hidden[:, -1]).argmax(dim=-1)
+        pick = lambda h, step: _greedy(lm.get_output_embeddings()(h), allowed_tokens, step)
+        token = pick(hidden[:, -1], 0)
         done = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
         tokens = []
         for step in range(max_new_tokens):
@@ -536,7 +546,7 @@ class GameStateMLLM(nn.Module):
             step_mask = self._kernel_mask(keys[:, None, None, :], step_embeds.dtype)
             hidden = lm.model(inputs_embeds=step_embeds, attention_mask=step_mask, position_ids=position,
                               use_cache=True, **cache).last_hidden_state
-            token = lm.get_output_embeddings()(hidden[:, -1]).argmax(dim=-1)
+            token = pick(hidden[:, -1], step + 1)
         stacked = torch.stack(tokens, dim=1) if tokens else prompt_ids.new_zeros(batch, 0)
         return dict(tokens=stacked, pred=pred)
 
