@@ -73,13 +73,13 @@ def make_batch(ids, tokenizer, n: int, d: int, batch_size: int, turns: int, devi
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def model_flops(cfg, tokens: int, length: int, batch: int) -> float:
+def model_flops(cfg, tokens: int, length: int, batch: int, vocab: int) -> float:
     """Forward+backward FLOPs: 6 x (non-embedding params) x tokens + attention 12 x layers x L^2 x H x B."""
     m = cfg.model.mllm
     head = m.hidden_size // m.num_attention_heads
     attn_params = m.hidden_size * head * (m.num_attention_heads * 2 + m.num_key_value_heads * 2)
     mlp_params = 3 * m.hidden_size * m.intermediate_size
-    vocab_head = m.hidden_size * 32284
+    vocab_head = m.hidden_size * vocab
     dense = m.num_hidden_layers * (attn_params + mlp_params) + vocab_head
     attention = 12 * m.num_hidden_layers * length * length * m.hidden_size * batch
     return 6 * dense * tokens + attention
@@ -169,7 +169,7 @@ def run_framework(args, attention: str, batch_size: int, gc: bool, peak: float) 
                        batch_size, args.turns, args.device)
     seconds, memory = time_steps(framework_step(module, optimizer, batch, cfg.phase.grad_clip), args.steps,
                                  args.warmup, args.device)
-    result = summarise(cfg, batch, seconds, memory, peak)
+    result = summarise(cfg, batch, seconds, memory, peak, len(module.tokenizer))
     del module, optimizer
     return result
 
@@ -208,13 +208,13 @@ def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
     seconds, memory = time_steps(plain_step(model, input_proj, output_proj, optimizer, batch, cfg.phase.grad_clip, n),
                                  args.steps, args.warmup, args.device)
     del model, optimizer
-    return summarise(cfg, batch, seconds, memory, peak)
+    return summarise(cfg, batch, seconds, memory, peak, len(tokenizer))
 
 
-def summarise(cfg, batch: dict, seconds: float, memory: float, peak: float) -> dict:
+def summarise(cfg, batch: dict, seconds: float, memory: float, peak: float, vocab: int) -> dict:
     tokens = int(batch["padding_mask"].sum())
     length, size = batch["input_ids"].shape[1], batch["input_ids"].shape[0]
-    flops = model_flops(cfg, tokens, length, size)
+    flops = model_flops(cfg, tokens, length, size, vocab)
     return {"batch": size, "seq_len": length, "tokens": tokens, "step_ms": round(seconds * 1e3, 1),
             "tokens_per_s": round(tokens / seconds, 1), "mfu": round(flops / seconds / peak, 4) if peak == peak else None,
             "peak_gib": round(memory, 2) if memory == memory else None}
@@ -230,7 +230,7 @@ def main() -> None:
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
                         help="name:batch:gc triples")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (vocab 32284)")
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens)")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     if args.tiny:
