@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.indexed import IndexedShardDataset
+from animegamer.data.split import session_key
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.representations import REP, REPRESENTATIONS_DIR
 from data_pipeline.sessions import SESSIONS_FILE
@@ -55,7 +56,7 @@ def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
                 record = {"film": session["film"], "keys": session["keys"],
                           "turns": [turn_record(s["json"]) for s in samples]}
                 stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
-                tar.write({"__key__": f"{session['keys'][0]}-s{len(session['keys'])}",
+                tar.write({"__key__": session_key(session["keys"]),
                            "json": json.dumps(record, sort_keys=True).encode(), REPS: npy_bytes(stacked)})
         shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
     manifest = {

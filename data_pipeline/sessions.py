@@ -11,10 +11,9 @@ from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
+from animegamer.data.split import SESSIONS_FILE
 from animegamer.utils.io import sha256_file, write_json_atomic
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
-
-SESSIONS_FILE = "sessions.json"
 
 
 def consecutive_runs(clips: list[dict]) -> list[list[dict]]:

@@ -13,6 +13,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
 from data_pipeline.motion import LEVELS, MotionBins, compute_bins
 from data_pipeline.staging import Staging
@@ -147,6 +148,8 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
         "motion_bins": bins.to_json(),
         "shards": shards,
     }
+    # The held-out split is by shot (animegamer.data.split): every reader needs each clip's shot.
+    write_json_atomic(root / CLIPS_DIR / SHOTS_FILE, {m["key"]: shot_id(m["film"], m["shot"]) for _, _, m in clips})
     write_json_atomic(root / CLIPS_DIR / MANIFEST, manifest)
     if cfg.writer.report_histogram and clips:
         save_histogram(bins, flows, root / HISTOGRAM)
