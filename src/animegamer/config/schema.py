@@ -359,6 +359,10 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     deterministic: bool = False
     benchmark: bool = False
+    # Dense bf16 peak of one device in TFLOP/s for the logged MFU (0 = do not log MFU); measure it on
+    # your GPU (benchmarks/ print it) rather than trusting a datasheet.
+    peak_tflops: float = 0.0
+    throughput_every_n_steps: int = 10
 
 
 @dataclass

@@ -185,10 +185,46 @@ class PhaseA(L.LightningModule):
     def trainable_parameter_names(self) -> list[str]:
         return trainable_names(self.model)
 
+    # ----------------------------------------------------------------------- throughput
+    def batch_size_of(self, batch: dict) -> int:
+        return int(batch["flow"].shape[0])
+
+    def tokens_of(self, batch: dict) -> int:
+        """Joint decoder tokens per batch: representation + latent patches."""
+        return self.batch_size_of(batch) * decoder_tokens(self.cfg, self.model.encoder.num_tokens, batch)
+
+    def flops_per_batch(self, batch: dict) -> float:
+        return decoder_flops(self.cfg, self.model.encoder.num_tokens, batch)
+
     # ----------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
                                     if k.removeprefix("model.") in set(self.trainable)}
+
+
+def decoder_tokens(cfg: RunConfig, rep_tokens: int, batch: dict) -> int:
+    """N + T' x (H'/p) x (W'/p): the decoder's joint sequence for this batch's latents."""
+    latents = batch["latents"] if "latents" in batch else None
+    if latents is None:  # raw clips: the VAE's geometry
+        frames, height, width = batch["video"].shape[1:4]
+        latents_t = (frames - 1) // cfg.model.encoders.vae.temporal_compression_ratio + 1
+        spatial = 2 ** (len(cfg.model.encoders.vae.block_out_channels) - 1)
+        t, h, w = latents_t, height // spatial, width // spatial
+    else:
+        t, _, h, w = latents.shape[1:]
+    p = cfg.model.decoder.patch_size
+    return rep_tokens + t * (h // p) * (w // p)
+
+
+def decoder_flops(cfg: RunConfig, rep_tokens: int, batch: dict) -> float:
+    """Forward FLOPs of the CogVideoX decoder on a batch (the frozen encoders are not counted)."""
+    from animegamer.training.throughput import transformer_forward_flops
+
+    dec = cfg.model.decoder
+    hidden = dec.num_attention_heads * dec.attention_head_dim
+    tokens = decoder_tokens(cfg, rep_tokens, batch)
+    size = batch["flow"].shape[0]
+    return size * transformer_forward_flops(tokens, hidden, dec.num_layers, 4 * hidden)
 
 
 def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, extra: tuple[str, ...] = ()) -> Path:

@@ -98,6 +98,24 @@ class PhaseB(L.LightningModule):
                             ("state_accuracy", accuracy)):
             self.log(f"val/{name}", value, batch_size=size, sync_dist=True)
 
+    def batch_size_of(self, batch: dict) -> int:
+        return int(batch["input_ids"].shape[0])
+
+    def tokens_of(self, batch: dict) -> int:
+        return int(batch["padding_mask"].sum())
+
+    def flops_per_batch(self, batch: dict) -> float:
+        """Forward FLOPs: the LLM over every real token (padding excluded), the LM head at the label
+        positions only (that is all the model computes), the projections."""
+        from animegamer.training.throughput import transformer_forward_flops
+
+        m = self.cfg.model.mllm
+        kv = m.hidden_size // m.num_attention_heads * m.num_key_value_heads
+        flops = sum(transformer_forward_flops(int(n), m.hidden_size, m.num_hidden_layers, m.intermediate_size, kv,
+                                              gated_mlp=True) for n in batch["lengths"])
+        labels = int((batch["labels"] != IGNORE_INDEX).sum())
+        return flops + 2 * labels * m.hidden_size * self.model.vocab_size
+
     def configure_optimizers(self):
         return make_optimizer(self.model, self.cfg.phase)
 

@@ -16,7 +16,7 @@ from animegamer.config.schema import RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.phases.common import clip_gradients, make_optimizer, set_trainable, step_generator, trainable_names
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
-from animegamer.phases.phase_a import ReconstructionModel, export_phase_a
+from animegamer.phases.phase_a import ReconstructionModel, decoder_flops, decoder_tokens, export_phase_a
 
 PHASE = "c"
 
@@ -84,6 +84,15 @@ class PhaseC(L.LightningModule):
 
     def trainable_parameter_names(self) -> list[str]:
         return trainable_names(self.model)
+
+    def batch_size_of(self, batch: dict) -> int:
+        return int(batch["flow"].shape[0])
+
+    def tokens_of(self, batch: dict) -> int:
+        return self.batch_size_of(batch) * decoder_tokens(self.cfg, self.model.encoder.num_tokens, batch)
+
+    def flops_per_batch(self, batch: dict) -> float:
+        return decoder_flops(self.cfg, self.model.encoder.num_tokens, batch)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         keep = set(self.trainable)

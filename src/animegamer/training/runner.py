@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from animegamer.config.schema import RunConfig
 from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, ValidationVideos
 from animegamer.training.loggers import make_logger
+from animegamer.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     if cfg.logger.kind != "none":
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks += phase_callbacks
+    callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
     trainer = make_trainer(cfg, callbacks)
     last = out / CHECKPOINT_DIR / LAST
     trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.exists() else None)

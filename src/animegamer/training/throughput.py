@@ -1,0 +1,70 @@
+"""Throughput in the training log: samples/s, tokens/s, MFU and the share of time spent waiting for data.
+
+Answers "is this step time normal?" from the log itself. Model FLOPs per step come from the phase
+module's ``flops_per_batch(batch)`` (forward + backward = 3 x forward, the usual convention;
+recomputation under gradient checkpointing is not counted), over ``trainer.peak_tflops``.
+"""
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (2 x forward)
+
+
+def transformer_forward_flops(tokens: int, hidden: int, layers: int, mlp_hidden: int, kv_hidden: int | None = None,
+                              gated_mlp: bool = False) -> float:
+    """Matmul FLOPs of one forward of a pre-norm transformer over ``tokens`` tokens of one sequence:
+    q/o projections (2 x hidden^2), k/v (2 x hidden x kv_hidden), the MLP (2 or 3 matrices), attention
+    scores and values (2 x tokens^2 x hidden); 2 FLOPs per multiply-add."""
+    kv_hidden = hidden if kv_hidden is None else kv_hidden
+    projections = 2 * hidden * hidden + 2 * hidden * kv_hidden
+    mlp = (3 if gated_mlp else 2) * hidden * mlp_hidden
+    return layers * (2 * tokens * (projections + mlp) + 4 * tokens * tokens * hidden)
+
+
+class Throughput(L.Callback):
+    """Logs ``perf/*`` every ``every`` optimiser steps, averaged over those steps (rank 0's view)."""
+
+    def __init__(self, peak_tflops: float = 0.0, every: int = 10) -> None:
+        self.peak = peak_tflops * 1e12
+        self.every = max(1, every)
+        self._reset()
+        self._last_end: float | None = None
+
+    def _reset(self) -> None:
+        self.steps = self.samples = self.tokens = self.flops = 0
+        self.busy = self.wait = 0.0
+
+    @staticmethod
+    def _now(module) -> float:
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)
+        return time.perf_counter()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self._start = self._now(module)
+        if self._last_end is not None:
+            self.wait += self._start - self._last_end  # fetching and moving the batch
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        end = self._now(module)
+        self.busy += end - self._start
+        self._last_end = end
+        self.samples += int(module.batch_size_of(batch))
+        self.tokens += int(module.tokens_of(batch))
+        self.flops += TRAIN_FLOPS_FACTOR * float(module.flops_per_batch(batch))
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self._log(module)
+
+    def _log(self, module) -> None:
+        seconds = self.busy + self.wait
+        metrics = {"perf/samples_per_s": self.samples / seconds, "perf/tokens_per_s": self.tokens / seconds,
+                   "perf/data_wait_fraction": self.wait / seconds, "perf/step_s": seconds / self.steps}
+        if self.peak > 0:
+            metrics["perf/mfu"] = self.flops / seconds / self.peak
+        module.log_dict(metrics, rank_zero_only=True)
+        self._reset()

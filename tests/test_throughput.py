@@ -1,0 +1,31 @@
+"""The throughput callback: samples/s, tokens/s, data-wait share and MFU in the training log."""
+from __future__ import annotations
+
+import pytest
+from phase_a_helpers import tiny_train_cfg, write_synthetic_features
+
+from animegamer.training.runner import train
+from animegamer.training.throughput import transformer_forward_flops
+
+
+def test_transformer_flops_by_hand():
+    # one layer, 10 tokens, hidden 4, MLP 8: projections 2*(4*4*2 + 4*4*2) = 128 per token, MLP 2*2*4*8 = 128,
+    # attention 4 * 10^2 * 4 = 1600
+    assert transformer_forward_flops(10, 4, 1, 8) == 10 * 128 + 10 * 128 + 1600
+    # grouped-query attention with a gated MLP
+    assert transformer_forward_flops(1, 4, 1, 8, kv_hidden=2, gated_mlp=True) == 2 * (2 * 16 + 2 * 8) + 2 * 3 * 32 + 4 * 4
+
+
+def test_training_log_has_throughput(tmp_path):
+    from animegamer.config.compose import compose_config
+    from omegaconf import OmegaConf
+
+    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
+    root = write_synthetic_features(tmp_path / "data", enc)
+    composed, cfg = tiny_train_cfg(root, tmp_path / "run", "phase.max_steps=4", "trainer.throughput_every_n_steps=2",
+                                   "trainer.peak_tflops=1.0")
+    metrics = train(cfg, composed)["metrics"]
+    assert metrics["perf/samples_per_s"] > 0 and metrics["perf/tokens_per_s"] > metrics["perf/samples_per_s"]
+    assert 0 <= metrics["perf/data_wait_fraction"] < 1
+    assert 0 < metrics["perf/mfu"] < 1  # a CPU core is far below 1 TFLOP/s
+    assert metrics["perf/step_s"] == pytest.approx(2 / metrics["perf/samples_per_s"], rel=1e-3)  # batch 2
