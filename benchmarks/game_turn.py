@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run)
 from animegamer.config.compose import compose_config
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
@@ -76,16 +77,6 @@ def instruction(k: int) -> str:
             f"Background: evening seaside with lanterns.")
 
 
-@contextlib.contextmanager
-def building(device: str, dtype: torch.dtype):
-    """Build weights directly on the device in the target dtype (a 7B model in float32 on CPU is slow)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 class SideTimeout(Exception):

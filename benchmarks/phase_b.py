@@ -21,7 +21,6 @@ attention, over the bf16 matmul peak measured in the same run) and peak memory.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run)
 from animegamer.config.compose import compose_config
 from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
 from animegamer.mllm.masks import attention_mask_4d
@@ -135,16 +135,6 @@ def time_steps(step, steps: int, warmup: int, device: str) -> tuple[float, float
     return statistics.median(times), peak
 
 
-@contextlib.contextmanager
-def building(device: str, dtype: torch.dtype):
-    """Build weights directly on the device in the target dtype (a 7B model in float32 on CPU is slow)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER):

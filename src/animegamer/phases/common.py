@@ -43,6 +43,12 @@ def set_trainable(module: nn.Module, names: Iterable[str]) -> list[str]:
     return sorted(wanted)
 
 
+def keep_trained(checkpoint: dict, trainable: Iterable[str], prefix: str = "model.") -> None:
+    """Drop frozen weights from a Lightning checkpoint: they are rebuilt from the config on resume."""
+    keep = set(trainable)
+    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.removeprefix(prefix) in keep}
+
+
 def trainable_names(module: nn.Module) -> list[str]:
     return sorted(n for n, p in module.named_parameters() if p.requires_grad)
 

@@ -20,7 +20,7 @@ from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
-from animegamer.phases.common import clip_gradients, make_optimizer, set_trainable, step_generator, trainable_names
+from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, set_trainable, step_generator, trainable_names
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +198,7 @@ class PhaseA(L.LightningModule):
 
     # ----------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
-                                    if k.removeprefix("model.") in set(self.trainable)}
+        keep_trained(checkpoint, self.trainable)
 
 
 def decoder_tokens(cfg: RunConfig, rep_tokens: int, batch: dict) -> int:

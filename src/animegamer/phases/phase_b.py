@@ -19,7 +19,7 @@ from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
-from animegamer.phases.common import clip_gradients, make_optimizer, step_seed
+from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, step_seed
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,7 @@ class PhaseB(L.LightningModule):
         clip_gradients(self.model, gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        keep = set(self.trainable)
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.removeprefix("model.") in keep}
+        keep_trained(checkpoint, self.trainable)
 
 
 def import_official_mllm(model: GameStateMLLM, path: str) -> None:

@@ -14,7 +14,7 @@ import torch
 from animegamer.checkpoints.export import load_export
 from animegamer.config.schema import RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
-from animegamer.phases.common import clip_gradients, make_optimizer, set_trainable, step_generator, trainable_names
+from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, set_trainable, step_generator, trainable_names
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
 from animegamer.phases.phase_a import ReconstructionModel, decoder_flops, decoder_tokens, export_phase_a
 
@@ -95,8 +95,7 @@ class PhaseC(L.LightningModule):
         return decoder_flops(self.cfg, self.model.encoder.num_tokens, batch)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        keep = set(self.trainable)
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.removeprefix("model.") in keep}
+        keep_trained(checkpoint, self.trainable)
 
 
 def export_phase_c(module: PhaseC, folder: str | Path, meta: dict) -> Path:
