@@ -1,6 +1,6 @@
 """Train one phase: ``python train.py experiment=quickstart_a`` (Hydra overrides as usual).
 
-Resumes automatically from ``<output_dir>/checkpoints/last.ckpt``; writes the portable export to
+Resumes automatically from the newest complete checkpoint in ``<output_dir>/checkpoints``; writes the portable export to
 ``<output_dir>/export``. See README "Training".
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ What is timed (forward + backward + gradient clipping + optimizer step, one samp
 
 - ``framework-*``: ``PhaseA`` built from the composed config (``experiment=paper_a_joint`` with random
   weights), stepped the way Lightning's automatic optimisation steps it: ``zero_grad`` ->
-  ``step_generator`` + ``diffusion_loss`` (the body of ``training_step``, generator on the GPU, CFG dropout,
+  ``SampleRandom`` + ``diffusion_loss`` (the body of ``training_step``, generator on the GPU, CFG dropout,
   float32 loss) inside the precision's autocast -> ``backward`` -> ``clip_grad_norm_(grad_clip)`` ->
   fused AdamW from ``configure_optimizers`` -> LR scheduler. ``-mixed`` is Lightning's ``bf16-mixed``
   (what ``configs/trainer/gpu.yaml`` uses: float32 weights and optimizer, ``torch.autocast(bfloat16)``);
@@ -308,7 +308,7 @@ def _build_on(device: torch.device, make: Callable[[], torch.nn.Module]) -> torc
 
 
 def build_framework(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Built:
-    from animegamer.phases.common import step_generator
+    from animegamer.phases.common import SampleRandom, sample_positions
     from animegamer.phases.phase_a import ClipBatch, PhaseA
 
     module = _build_on(device, lambda: PhaseA(cfg))
@@ -359,8 +359,8 @@ def build_framework(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Bu
         with lightning_forward_context(device, v.mixed):
             # training_step: (seed, micro step, rank) on the module's device (the GPU since the fix the
             # cuda_rng diagnostic motivated; the diagnostic is now the same as the framework step)
-            generator = step_generator(cfg.seed, i, 0, device)
-            loss = module.diffusion_loss(module.to_clip_batch(batch), generator)
+            draw = SampleRandom(cfg.seed, sample_positions(i, shapes.batch, 0, 1), device)
+            loss = module.diffusion_loss(module.to_clip_batch(batch), draw)
         loss.backward()
         if masters is not None:
             for p, m in zip(params, masters):

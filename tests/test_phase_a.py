@@ -50,7 +50,7 @@ def test_resume_mid_run_continues_the_curve_exactly(data_root, tmp_path):
     full = logged_losses(tmp_path / "full")
     _run(data_root, tmp_path / "split", "phase=a_joint", "phase.max_steps=3")
     (tmp_path / "split" / "logs" / "metrics.csv").rename(tmp_path / "first.csv")
-    _run(data_root, tmp_path / "split", "phase=a_joint")  # resumes from checkpoints/last.ckpt (step 3)
+    _run(data_root, tmp_path / "split", "phase=a_joint")  # resumes from checkpoints/step-0000003.ckpt
     resumed = logged_losses(tmp_path / "split")
     assert sorted(resumed) == [3, 4, 5]
     for step in resumed:
@@ -98,7 +98,7 @@ def test_export_then_load_is_exact(data_root, tmp_path):
 def _one_clip_fit(data_root, tmp_path, lr: str, steps: int, train_everything: bool) -> tuple[float, float]:
     """Loss on one clip at fixed t and noise, before and after ``steps`` AdamW steps on it."""
     from animegamer.data.phase_a import phase_a_dataset
-    from animegamer.phases.common import make_optimizer, step_generator
+    from animegamer.phases.common import SampleRandom, make_optimizer
     from animegamer.phases.phase_a import ClipBatch
 
     _, cfg = tiny_train_cfg(data_root, tmp_path, "phase=a_joint", f"phase.lr={lr}", "phase.warmup_steps=1",
@@ -109,7 +109,7 @@ def _one_clip_fit(data_root, tmp_path, lr: str, steps: int, train_everything: bo
     item = phase_a_dataset(cfg, "train")[0]
     clips = ClipBatch(item["latents"][None], item["text"][None], item["image"][None], item["flow"][None])
     t = torch.tensor([500])
-    loss_at = lambda: module.diffusion_loss(clips, step_generator(0, 0, 0), t=t, dropout=False)
+    loss_at = lambda: module.diffusion_loss(clips, SampleRandom(0, range(len(t))), t=t, dropout=False)
     optimizer = make_optimizer(module.model, cfg.phase)["optimizer"]
     first = float(loss_at())
     for _ in range(steps):

@@ -344,6 +344,8 @@ class TrainDataConfig:
     window_weights: List[float] = field(default_factory=lambda: [1.0, 1.0, 1.0, 1.0, 1.0])
     val_fraction: float = 0.1  # held-out clips (by key hash), never trained on
     num_workers: int = 0
+    # Corrupt samples or shards skipped (and logged) before training stops with an error.
+    bad_sample_budget: int = 100
 
 
 @dataclass
@@ -363,6 +365,10 @@ class TrainerConfig:
     # your GPU (benchmarks/ print it) rather than trusting a datasheet.
     peak_tflops: float = 0.0
     throughput_every_n_steps: int = 10
+    # Steps in a row whose gradient norm may be NaN/inf (each one skipped) before the run stops.
+    max_nonfinite_in_row: int = 3
+    # Signals that save a checkpoint at the end of the current optimizer step, then exit (preemption).
+    preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
 
 @dataclass

@@ -9,15 +9,26 @@ run would have read next.
 from __future__ import annotations
 
 import hashlib
+import logging
 import tarfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
 from animegamer.data.shards import decode_sample, shard_urls
+
+log = logging.getLogger(__name__)
+
+# Batch key listing the bad samples a batch's items replaced: [{"shard", "key", "reason"}, ...]. Workers
+# are separate processes, so this is how the main process (``BadDataBudget``) learns about them.
+SKIPPED = "__skipped__"
+WHOLE_SHARD = "*"  # the key of a bad-item record that stands for a whole unreadable shard
+TAR_END = 2 * tarfile.BLOCKSIZE  # a complete tar ends with two zero blocks
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,50 @@ def index_shard(path: str) -> list[SampleLocation]:
                 continue
             key, _, ext = info.name.partition(".")
             grouped.setdefault(key, []).append((ext, info.offset_data, info.size))
+        end = tar.offset
+    # tarfile stops quietly at a truncated or corrupt header past the first: without the end-of-archive
+    # marker where the listing stopped, the listing is incomplete.
+    if grouped:
+        with open(path, "rb") as f:
+            f.seek(end)
+            tail = f.read(TAR_END)
+        if len(tail) < TAR_END or tail.count(0) != TAR_END:
+            raise tarfile.ReadError(f"truncated or corrupt tar: no end-of-archive marker at byte {end}")
     return [SampleLocation(path, key, tuple(members)) for key, members in grouped.items()]
+
+
+class BadSample(ValueError):
+    """Raised by a sample check: the sample is bad (the message says why) and is skipped."""
+
+
+def check_finite(sample: Mapping) -> None:
+    """No NaN or inf in any float array of a decoded sample."""
+    for ext, value in sample.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fc" and not np.isfinite(value).all():
+            raise BadSample(f"{ext}: {int((~np.isfinite(value)).sum())} non-finite values (NaN/inf)")
+
+
+class ExpectArrays:
+    """Per-phase check: each named member is an array of the given rank (int) or shape (tuple, None =
+    any size). A picklable class, so DataLoader workers can carry it."""
+
+    def __init__(self, spec: Mapping[str, int | tuple]) -> None:
+        self.spec = dict(spec)
+
+    def __call__(self, sample: Mapping) -> None:
+        for ext, want in self.spec.items():
+            value = sample.get(ext)
+            if not isinstance(value, np.ndarray):
+                raise BadSample(f"{ext}: missing or not an array")
+            pattern = (None,) * want if isinstance(want, int) else tuple(want)
+            if value.ndim != len(pattern) or any(w is not None and w != d for w, d in zip(pattern, value.shape)):
+                shown = tuple("*" if w is None else w for w in pattern)
+                raise BadSample(f"{ext}: shape {value.shape}, expected {shown}")
+
+
+def array_shapes(sample: Mapping) -> tuple:
+    """The (member, shape, dtype) of every array of a decoded sample: what a good sample shares."""
+    return tuple(sorted((ext, v.shape, v.dtype.str) for ext, v in sample.items() if isinstance(v, np.ndarray)))
 
 
 def key_fraction(key: str) -> float:
@@ -45,16 +99,42 @@ def key_fraction(key: str) -> float:
 
 
 class IndexedShardDataset(Dataset):
-    """Map-style dataset over a shard folder; ``transform`` turns a decoded sample into tensors."""
+    """Map-style dataset over a shard folder; ``transform`` turns a decoded sample into tensors.
+
+    With ``skip_bad`` (training), bad data is skipped instead of failing the run: a shard that cannot be
+    indexed (truncated or corrupt tar, missing file) is left out and listed in ``bad_items``; a sample
+    that fails to decode, to pass ``check`` or :func:`check_finite`, to match the arrays' shapes of the
+    first good samples, or to transform, is replaced by the next good index (i+1, i+2, ... mod len), a
+    pure function of the index, so a resumed run reads the same substitutes. The replaced samples are
+    listed in the returned dict under :data:`SKIPPED` for ``BadDataBudget`` to count. Without it (the
+    default, for look-ups by key) any such failure raises.
+    """
+
+    REFERENCE_SAMPLES = 3  # the shapes of a good sample: the most common among the first good ones
 
     def __init__(self, folder: str | Path, transform: Callable[[dict], dict], keep: Callable[[str], bool] | None = None,
-                 video: bool = True, allow_empty: bool = False) -> None:
-        self.locations = [loc for url in shard_urls(folder) for loc in index_shard(url)
-                          if keep is None or keep(loc.key)]
+                 video: bool = True, allow_empty: bool = False, skip_bad: bool = False,
+                 check: Callable[[dict], None] | None = None) -> None:
+        self.folder, self.skip_bad, self.check = str(folder), skip_bad, check
+        self.bad_items: list[dict] = []  # shards left out at indexing: {"shard", "key": "*", "reason"}
+        self.locations = []
+        for url in shard_urls(folder):
+            try:
+                locations = index_shard(url)
+            except (tarfile.TarError, OSError, EOFError) as error:
+                if not skip_bad:
+                    raise
+                record = {"shard": url, "key": WHOLE_SHARD, "reason": f"unreadable shard: {error}"}
+                log.warning("skipping shard %s: %s", url, record["reason"])
+                self.bad_items.append(record)
+                continue
+            self.locations += [loc for loc in locations if keep is None or keep(loc.key)]
         if not self.locations and not allow_empty:
             raise ValueError(f"{folder}: no samples selected")
         self.transform = transform
         self.video = video
+        self._reference: tuple | None = None
+        self._bad: dict[int, str] = {}  # index -> reason, this process's memory of bad samples
 
     def __len__(self) -> int:
         return len(self.locations)
@@ -71,8 +151,74 @@ class IndexedShardDataset(Dataset):
                 sample[ext] = f.read(size)
         return decode_sample(sample, video=self.video)
 
-    def __getitem__(self, index: int) -> dict:
-        return self.transform(self.raw(index))
+    def _checked(self, index: int) -> dict:
+        """The decoded sample ``index`` if it passes the checks (shapes apart); raises otherwise."""
+        sample = self.raw(index)
+        check_finite(sample)
+        if self.check is not None:
+            self.check(sample)
+        return sample
+
+    def reference_shapes(self) -> tuple:
+        """Array shapes of a good sample: the most common among the first good samples in index order
+        (the same in every process, so the choice of substitutes is too)."""
+        if self._reference is None:
+            found = []
+            for index in range(len(self)):
+                if len(found) == self.REFERENCE_SAMPLES:
+                    break
+                try:
+                    found.append(array_shapes(self._checked(index)))
+                except Exception:  # noqa: BLE001 - a bad sample is no reference; __getitem__ reports it
+                    continue
+            counts = Counter(found)
+            self._reference = max(found, key=lambda shapes: (counts[shapes], -found.index(shapes))) if found else ()
+        return self._reference
+
+    def _good(self, index: int):
+        if index in self._bad:
+            raise BadSample(self._bad[index])
+        sample = self._checked(index)
+        reference, shapes = self.reference_shapes(), array_shapes(sample)
+        if reference and shapes != reference:
+            raise BadSample(f"array shapes {_shapes_text(shapes)} differ from a good sample's {_shapes_text(reference)}")
+        return self.transform(sample)
+
+    def __getitem__(self, index: int):
+        if not self.skip_bad:
+            return self.transform(self.raw(index))
+        skipped = []
+        for attempt in range(len(self)):
+            current = (index + attempt) % len(self)
+            try:
+                item = self._good(current)
+            except Exception as error:  # noqa: BLE001 - whatever breaks a sample makes it a bad one
+                reason = str(error) if isinstance(error, BadSample) else f"{type(error).__name__}: {error}"
+                self._bad[current] = reason
+                loc = self.locations[current]
+                log.warning("bad sample in shard %s, key %s: %s; reading the next sample instead",
+                            loc.shard, loc.key, reason)
+                skipped.append({"shard": loc.shard, "key": loc.key, "reason": reason})
+                continue
+            if skipped:
+                if isinstance(item, dict):
+                    item = {**item, SKIPPED: item.get(SKIPPED, []) + skipped}
+                else:
+                    log.warning("%d bad samples skipped but not reportable through a %s item", len(skipped),
+                                type(item).__name__)
+            return item
+        raise RuntimeError(f"{self.folder}: all {len(self)} samples are bad, e.g. {skipped[:3]}")
+
+
+def _shapes_text(shapes: tuple) -> str:
+    return ", ".join(f"{ext} {tuple(shape)}" for ext, shape, _ in shapes)
+
+
+def split_skipped(items: Sequence) -> tuple[list, list[dict]]:
+    """Items without their :data:`SKIPPED` records, and those records concatenated (for collate functions)."""
+    skipped = [record for item in items if isinstance(item, Mapping) for record in item.get(SKIPPED, ())]
+    return [{k: v for k, v in item.items() if k != SKIPPED} if isinstance(item, Mapping) else item
+            for item in items], skipped
 
 
 class StepSampler(Sampler[int]):
@@ -108,7 +254,9 @@ class StepSampler(Sampler[int]):
                 if self.total is not None and self.start >= self.total:
                     return
                 self.start += 1
-                yield (index, self.start - 1) if self.with_position else index
+                # The global stream position (round-robin dealing): the same sample gets the same
+                # position, hence the same randomness, whatever the number of ranks.
+                yield (index, (self.start - 1) * self.world_size + self.rank) if self.with_position else index
 
     def __len__(self) -> int:
         if self.total is None:

@@ -7,14 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset, StepSampler
+from animegamer.data.indexed import SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, split_skipped
 from animegamer.data.split import held_out
 
 FEATURES, CLIPS = "features", "clips"
 INPUTS = (FEATURES, CLIPS)
+# What a good sample holds (ranks; shapes must also match the first good samples').
+FEATURE_ARRAYS = ExpectArrays({"latents.npy": 4, "text.npy": 2, "image.npy": 2})
+CLIP_ARRAYS = ExpectArrays({"mp4": (None, None, None, 3)})  # (T, H, W, RGB)
 
 
 def _captioned(sample: dict) -> None:
@@ -60,9 +63,19 @@ def phase_a_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
 
     if cfg.phase.input == FEATURES:
         return IndexedShardDataset(root / cfg.data.features, feature_transform, keep, video=False,
-                                   allow_empty=split == "val")
+                                   allow_empty=split == "val", skip_bad=True, check=FEATURE_ARRAYS)
     transform = partial(clip_transform, random_frame=cfg.phase.random_frame, seed=cfg.seed)
-    return IndexedShardDataset(root / cfg.data.clips, transform, keep, video=True, allow_empty=split == "val")
+    return IndexedShardDataset(root / cfg.data.clips, transform, keep, video=True, allow_empty=split == "val",
+                               skip_bad=True, check=CLIP_ARRAYS)
+
+
+def collate_samples(items: list[dict]) -> dict:
+    """``default_collate``, with the items' bad-sample records (:data:`SKIPPED`) concatenated."""
+    items, skipped = split_skipped(items)
+    batch = default_collate(items)
+    if skipped:
+        batch[SKIPPED] = skipped
+    return batch
 
 
 def train_loader(cfg: RunConfig, dataset, start_step: int, rank: int, world_size: int) -> DataLoader:
@@ -71,8 +84,9 @@ def train_loader(cfg: RunConfig, dataset, start_step: int, rank: int, world_size
     # Endless: one never-ending epoch, stopped by max_steps, so no epoch boundary can restart it.
     sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step)
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, num_workers=cfg.data.num_workers,
-                      drop_last=True, persistent_workers=cfg.data.num_workers > 0)
+                      drop_last=True, persistent_workers=cfg.data.num_workers > 0, collate_fn=collate_samples)
 
 
 def val_loader(cfg: RunConfig, dataset) -> DataLoader:
-    return DataLoader(dataset, batch_size=cfg.phase.batch_size, shuffle=False, num_workers=0)
+    return DataLoader(dataset, batch_size=cfg.phase.batch_size, shuffle=False, num_workers=0,
+                      collate_fn=collate_samples)

@@ -1,15 +1,16 @@
 """Phase (b) inputs: windows of session shards turned into token sequences with their reps."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset, StepSampler
+from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler
 from animegamer.data.split import held_out
-from animegamer.mllm.collate import Session, WindowSampler, collate_sequences, make_example
+from animegamer.mllm.collate import Example, Session, WindowSampler, collate_sequences, make_example
 from animegamer.mllm.tokens import TokenIds
 
 REPS = "reps.npy"
@@ -17,6 +18,19 @@ REPS = "reps.npy"
 
 def session_of(sample: dict) -> Session:
     return Session(sample["json"]["turns"], sample[REPS], key=sample["__key__"])
+
+
+def check_session(sample: dict) -> None:
+    """A good session sample: turns that parse and reps (K, N, D) with one row per turn."""
+    try:
+        session_of(sample)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise BadSample(f"not a session: {type(error).__name__}: {error}") from error
+
+
+def _reporting(example: Example, sample: dict) -> Example:
+    """The example, carrying the bad samples its session replaced (for the collate function)."""
+    return replace(example, skipped=tuple(sample[SKIPPED])) if sample.get(SKIPPED) else example
 
 
 class SessionWindows(Dataset):
@@ -30,11 +44,15 @@ class SessionWindows(Dataset):
     def __len__(self) -> int:
         return len(self.sessions)
 
+    @property
+    def bad_items(self) -> list[dict]:
+        return self.sessions.bad_items
+
     def __getitem__(self, item):
         index, position = item
-        session = session_of(self.sessions[index])
-        window = WindowSampler(self.weights, seed=self.seed * 1_000_003 + position)(session)
-        return make_example(self.ids, self.tokenizer, window)
+        sample = self.sessions[index]
+        window = WindowSampler(self.weights, seed=self.seed * 1_000_003 + position)(session_of(sample))
+        return _reporting(make_example(self.ids, self.tokenizer, window), sample)
 
 
 class FullSessions(Dataset):
@@ -46,14 +64,23 @@ class FullSessions(Dataset):
     def __len__(self) -> int:
         return len(self.sessions)
 
+    @property
+    def bad_items(self) -> list[dict]:
+        return self.sessions.bad_items
+
     def __getitem__(self, index: int):
-        return make_example(self.ids, self.tokenizer, session_of(self.sessions[index]))
+        sample = self.sessions[index]
+        return _reporting(make_example(self.ids, self.tokenizer, session_of(sample)), sample)
 
 
 def session_shards(cfg: RunConfig, split: str) -> IndexedShardDataset:
     keep = held_out(cfg).keep_session(split)
-    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.sessions, lambda s: s, keep, video=False,
-                               allow_empty=split == "val")
+    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.sessions, _identity, keep, video=False,
+                               allow_empty=split == "val", skip_bad=True, check=check_session)
+
+
+def _identity(sample: dict) -> dict:
+    return sample
 
 
 def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_step: int, rank: int,

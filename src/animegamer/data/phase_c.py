@@ -6,8 +6,11 @@ from pathlib import Path
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import IndexedShardDataset
+from animegamer.data.indexed import ExpectArrays, IndexedShardDataset
 from animegamer.data.split import held_out
+
+
+ADAPTATION_ARRAYS = ExpectArrays({"latents.npy": 4, "pred_rep.npy": 2})
 
 
 def adaptation_transform(sample: dict) -> dict:
@@ -22,4 +25,4 @@ def adaptation_transform(sample: dict) -> dict:
 def adaptation_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
     keep = held_out(cfg).keep_clip(split)
     return IndexedShardDataset(Path(cfg.data.root) / cfg.data.adaptation, adaptation_transform, keep, video=False,
-                               allow_empty=split == "val")
+                               allow_empty=split == "val", skip_bad=True, check=ADAPTATION_ARRAYS)

@@ -21,6 +21,8 @@ key                shape, dtype       meaning
 ``history_counts`` (B,) long          number of history turns of each row
 ``target_rep``     (B, N, D)          the regression target. Present when every item has one.
 ``keys``           list[str]          session keys (items with reps only)
+``__skipped__``    list[dict]         bad samples the items replaced ({shard, key, reason}); only
+                                      when there were some (see ``animegamer.data.indexed``)
 =================  =================  ==========================================================
 
 The model builds ``embeds = embed_tokens(input_ids)``, then
@@ -138,6 +140,7 @@ class Example:
     history_reps: Any
     target_rep: Any = None
     key: str = ""
+    skipped: tuple = ()  # bad samples this example's session replaced: ({shard, key, reason}, ...)
 
     def __post_init__(self) -> None:
         n, h = self.sequence.num_query_tokens, self.sequence.num_history
@@ -216,6 +219,9 @@ def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
                    keys=[e.key for e in examples])
         if all(e.target_rep is not None for e in examples):
             out["target_rep"] = torch.stack([_as_tensor(e.target_rep, rep_dtype) for e in examples])
+    skipped = [record for e in examples if e is not None for record in e.skipped]
+    if skipped:
+        out["__skipped__"] = skipped
     return out
 
 

@@ -31,6 +31,47 @@ def step_generator(seed: int, step: int, rank: int, device: torch.device | str =
     return generator
 
 
+def sample_positions(micro_step: int, batch_size: int, rank: int, world_size: int) -> list[int]:
+    """Global stream positions of this rank's samples in one micro-step.
+
+    :class:`~animegamer.data.indexed.StepSampler` deals the stream round-robin (local position p of
+    rank r is global position p x world + r), so the positions of all ranks together are exactly those
+    of one process taking the whole global batch.
+    """
+    return [(micro_step * batch_size + i) * world_size + rank for i in range(batch_size)]
+
+
+class SampleRandom:
+    """All randomness of a training step, drawn per sample from a generator keyed by the sample's
+    global stream position.
+
+    A sample draws the same timestep, noise and dropout whichever rank, batch split or resumed run it
+    falls in: a run on N processes reproduces the single-process run with the same global batch, and
+    a resumed run redraws exactly what the uninterrupted run drew, with no RNG state in checkpoints.
+    Every draw loops over the samples, so each sample's generator sees the same sequence of calls.
+    """
+
+    def __init__(self, seed: int, positions: Iterable[int], device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generators = [step_generator(seed, position, 0, self.device) for position in positions]
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def rand(self) -> torch.Tensor:
+        """(B,) uniform in [0, 1)."""
+        return torch.cat([torch.rand(1, generator=g, device=self.device) for g in self.generators])
+
+    def randint(self, high: int) -> torch.Tensor:
+        """(B,) int64 uniform in [0, high)."""
+        return torch.cat([torch.randint(0, high, (1,), generator=g, device=self.device) for g in self.generators])
+
+    def randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """(B, *shape) float32 standard normal."""
+        return torch.stack([torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
+                            for g in self.generators])
+
+
 def set_trainable(module: nn.Module, names: Iterable[str]) -> list[str]:
     """Freeze everything, then unfreeze exactly ``names``; returns them sorted. Unknown names raise."""
     wanted = set(names)
@@ -53,15 +94,47 @@ def trainable_names(module: nn.Module) -> list[str]:
     return sorted(n for n, p in module.named_parameters() if p.requires_grad)
 
 
-def clip_gradients(module: nn.Module, max_norm: float | None) -> None:
-    """Clip the trainable gradients' global norm.
+def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0) -> None:
+    """Clip the trained gradients' global norm, and skip the step when it is not finite.
 
-    Phases call this from ``configure_gradient_clipping`` instead of Lightning's own clipping, which
-    refuses fused AdamW under bf16-mixed (it assumes a gradient scaler; bf16 has none) and so crashed
-    the first GPU step.
+    ``module`` is the phase's LightningModule. Phases call this from ``configure_gradient_clipping``
+    instead of Lightning's own clipping, which refuses fused AdamW under bf16-mixed (it assumes a
+    gradient scaler; bf16 has none) and so crashed the first GPU step. A NaN/inf norm (a bad batch,
+    a loss spike) drops every gradient, so AdamW leaves weights and moments as they were; the run
+    stops once ``max_nonfinite_in_row`` steps in a row were skipped (0 = never skip, stop at once).
+    Under DDP the gradients are already reduced, so every rank takes the same decision.
     """
+    norm = total_grad_norm(module, max_norm)
+    if norm is None:
+        return
+    if bool(torch.isfinite(norm)):
+        module.nonfinite_in_row = 0
+        return
+    module.nonfinite_in_row = getattr(module, "nonfinite_in_row", 0) + 1
+    module.skipped_steps = getattr(module, "skipped_steps", 0) + 1
+    log.warning("step %d: gradient norm is %s; step skipped (%d in a row, limit %d)", module.global_step,
+                float(norm), module.nonfinite_in_row, max_nonfinite_in_row)
+    if module.nonfinite_in_row > max_nonfinite_in_row:
+        raise FloatingPointError(f"non-finite gradients in {module.nonfinite_in_row} steps in a row at step "
+                                 f"{module.global_step} (trainer.max_nonfinite_in_row={max_nonfinite_in_row}): "
+                                 "lower the learning rate or inspect the data of these steps")
+    for param in module.parameters():
+        param.grad = None
+
+
+def total_grad_norm(module, max_norm: float | None) -> torch.Tensor | None:
+    """Global norm of the gradients (clipped to ``max_norm`` when set); FSDP shards need its own."""
+    trainer = module._trainer
+    strategy = trainer.strategy if trainer is not None else None
+    if strategy is not None and type(strategy).__name__ == "FSDPStrategy":
+        return strategy.model.clip_grad_norm_(max_norm or float("inf"))
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm(grads)
     if max_norm:
-        torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.grad is not None], max_norm)
+        torch.nn.utils.clip_grads_with_norm_([p for p in module.parameters() if p.grad is not None], max_norm, norm)
+    return norm
 
 
 def lr_lambda(cfg: PhaseConfig):

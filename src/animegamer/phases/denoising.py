@@ -6,7 +6,8 @@ from typing import Callable
 
 import torch
 
-from animegamer.diffusion.loss import add_noise, cogvideox_v_loss, sample_timesteps
+from animegamer.diffusion.loss import add_noise, cogvideox_v_loss
+from animegamer.phases.common import SampleRandom
 
 # Validation timesteps: fixed, so the validation loss is comparable from step to step.
 VAL_TIMESTEPS = (100, 300, 500, 700, 900)
@@ -14,18 +15,22 @@ VAL_TIMESTEPS = (100, 300, 500, 700, 900)
 Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x_t, t) -> velocity
 
 
-def denoising_loss(denoise: Denoiser, latents: torch.Tensor, generator: torch.Generator,
+def denoising_loss(denoise: Denoiser, latents: torch.Tensor, draw: SampleRandom,
                    alphas_cumprod: torch.Tensor, num_train_timesteps: int, dtype: torch.dtype,
                    t: torch.Tensor | None = None) -> torch.Tensor:
     """Loss of ``denoise`` on clean ``latents`` (B, T, C, H, W); ``t`` drawn uniformly unless given."""
     latents = latents.float()
     if t is None:
-        t = sample_timesteps(latents.shape[0], generator, num_train_timesteps)
+        t = draw.randint(num_train_timesteps)
     t = t.to(latents.device)
-    noise = torch.randn(latents.shape, generator=generator, device=generator.device,
-                        dtype=torch.float32).to(latents.device)  # no-op when the generator is on the device
+    noise = draw.randn(tuple(latents.shape[1:])).to(latents.device)  # no-op when drawn on the device
     x_t = add_noise(latents, noise, t, alphas_cumprod)
     return cogvideox_v_loss(denoise(x_t.to(dtype), t), latents, x_t, t, alphas_cumprod)
+
+
+def validation_draw(seed: int, t_value: int, batch_idx: int, batch_size: int, device) -> SampleRandom:
+    """Fixed noise per (timestep, validation sample): the validation curve compares like with like."""
+    return SampleRandom(seed * 1_000 + t_value, range(batch_idx * batch_size, (batch_idx + 1) * batch_size), device)
 
 
 class AlphasCumprod:

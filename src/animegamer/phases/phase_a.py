@@ -19,8 +19,9 @@ from animegamer.diffusion.sampler import sample
 from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
-from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
-from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, set_trainable, step_generator, trainable_names
+from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
+from animegamer.phases.common import (SampleRandom, clip_gradients, keep_trained, make_optimizer, sample_positions,
+                                      set_trainable, trainable_names)
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +81,11 @@ def stage_trainable(model: ReconstructionModel, stage: str) -> list[str]:
 
 
 def cfg_dropout(text: torch.Tensor, image: torch.Tensor, p_text: float, p_image: float,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                draw: SampleRandom) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero each branch per sample with its probability, so the model also learns the unconditional."""
     batch = text.shape[0]
-    keep_text = (torch.rand(batch, generator=generator, device=generator.device) >= p_text).to(text)
-    keep_image = (torch.rand(batch, generator=generator, device=generator.device) >= p_image).to(image)
+    keep_text = (draw.rand() >= p_text).to(text)
+    keep_image = (draw.rand() >= p_image).to(image)
     return text * keep_text.view(batch, 1, 1), image * keep_image.view(batch, 1, 1)
 
 
@@ -130,42 +131,38 @@ class PhaseA(L.LightningModule):
         return ClipBatch(latents, text, image, batch["flow"])
 
     # ----------------------------------------------------------------------- training
-    def micro_step(self, batch_idx: int) -> int:
-        accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
-        return self.global_step * accumulate + batch_idx % accumulate
-
-    def diffusion_loss(self, clips: ClipBatch, generator: torch.Generator, t: torch.Tensor | None = None,
+    def diffusion_loss(self, clips: ClipBatch, draw: SampleRandom, t: torch.Tensor | None = None,
                        dropout: bool = True) -> torch.Tensor:
         phase = self.cfg.phase
         text, image = clips.text, clips.image
         if dropout:
-            text, image = cfg_dropout(text, image, phase.text_dropout, phase.image_dropout, generator)
+            text, image = cfg_dropout(text, image, phase.text_dropout, phase.image_dropout, draw)
         denoise = lambda x_t, t: self.model(x_t, t, text, image, clips.flow)
-        return denoising_loss(denoise, clips.latents, generator, self.alphas_cumprod,
+        return denoising_loss(denoise, clips.latents, draw, self.alphas_cumprod,
                               self.cfg.model.diffusion.num_train_timesteps, self.dtype, t)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # On the module's device: drawing the (B, T, C, H, W) noise on the CPU stalled the GPU every step.
-        generator = step_generator(self.cfg.seed, self.micro_step(batch_idx), self.global_rank, self.device)
-        loss = self.diffusion_loss(self.to_clip_batch(batch), generator)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0])
+        loss = self.diffusion_loss(self.to_clip_batch(batch), train_draw(self, batch_idx, self.batch_size_of(batch)))
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0], sync_dist=True)
         return loss
 
     def configure_optimizers(self):
         return make_optimizer(self.model, self.cfg.phase)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        clip_gradients(self.model, gradient_clip_val)
+        clip_gradients(self, gradient_clip_val, self.cfg.trainer.max_nonfinite_in_row)
 
     # ----------------------------------------------------------------------- validation
     def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """Diffusion loss at fixed timesteps and noise: a curve comparable from step to step."""
         clips = self.to_clip_batch(batch)
         losses = []
+        size = clips.latents.shape[0]
         for t_value in VAL_TIMESTEPS:
-            generator = step_generator(self.cfg.seed, t_value, batch_idx, self.device)
-            t = torch.full((clips.latents.shape[0],), t_value, dtype=torch.long)
-            losses.append(self.diffusion_loss(clips, generator, t=t, dropout=False))
+            draw = validation_draw(self.cfg.seed, t_value, batch_idx, size, self.device)
+            t = torch.full((size,), t_value, dtype=torch.long)
+            losses.append(self.diffusion_loss(clips, draw, t=t, dropout=False))
         loss = torch.stack(losses).mean()
         self.log("val/loss", loss, batch_size=clips.latents.shape[0], sync_dist=True)
         return loss
@@ -199,6 +196,15 @@ class PhaseA(L.LightningModule):
     # ----------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         keep_trained(checkpoint, self.trainable)
+
+
+def train_draw(module: L.LightningModule, batch_idx: int, batch_size: int) -> SampleRandom:
+    """The step's per-sample randomness, keyed by each sample's global stream position."""
+    trainer = module.trainer
+    accumulate = trainer.accumulate_grad_batches
+    micro_step = module.global_step * accumulate + batch_idx % accumulate
+    positions = sample_positions(micro_step, batch_size, trainer.global_rank, trainer.world_size)
+    return SampleRandom(module.cfg.seed, positions, module.device)
 
 
 def decoder_tokens(cfg: RunConfig, rep_tokens: int, batch: dict) -> int:

@@ -87,7 +87,7 @@ class PhaseB(L.LightningModule):
         for name in ("lm_loss", "rec_loss", "cos_loss"):
             if out[name] is not None:
                 self.log(f"train/{name}", out[name], batch_size=size)
-        self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
+        self.log("train/loss", out["loss"], prog_bar=True, batch_size=size, sync_dist=True)
         return out["loss"]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
@@ -120,7 +120,7 @@ class PhaseB(L.LightningModule):
         return make_optimizer(self.model, self.cfg.phase)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        clip_gradients(self.model, gradient_clip_val)
+        clip_gradients(self, gradient_clip_val, self.cfg.trainer.max_nonfinite_in_row)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         keep_trained(checkpoint, self.trainable)

@@ -14,9 +14,9 @@ import torch
 from animegamer.checkpoints.export import load_export
 from animegamer.config.schema import RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
-from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, set_trainable, step_generator, trainable_names
-from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss
-from animegamer.phases.phase_a import ReconstructionModel, decoder_flops, decoder_tokens, export_phase_a
+from animegamer.phases.common import SampleRandom, clip_gradients, keep_trained, make_optimizer, set_trainable, trainable_names
+from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
+from animegamer.phases.phase_a import ReconstructionModel, decoder_flops, decoder_tokens, export_phase_a, train_draw
 
 PHASE = "c"
 
@@ -28,9 +28,9 @@ def adaptation_trainable(model: ReconstructionModel) -> list[str]:
             + decoder.lora_parameters()]
 
 
-def rep_dropout(rep: torch.Tensor, uncond: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
+def rep_dropout(rep: torch.Tensor, uncond: torch.Tensor, p: float, draw: SampleRandom) -> torch.Tensor:
     """Replace a sample's representation by the unconditional one with probability ``p`` (CFG)."""
-    drop = torch.rand(rep.shape[0], generator=generator, device=generator.device) < p
+    drop = draw.rand() < p
     return torch.where(drop.to(rep.device).view(-1, 1, 1), uncond.to(rep.dtype).expand_as(rep), rep)
 
 
@@ -53,26 +53,24 @@ class PhaseC(L.LightningModule):
         image = torch.zeros(1, enc.image_tokens, enc.image_dim, device=self.device, dtype=self.dtype)
         return self.model.encoder(text, image)
 
-    def loss(self, batch: dict, generator: torch.Generator, t: torch.Tensor | None = None,
+    def loss(self, batch: dict, draw: SampleRandom, t: torch.Tensor | None = None,
              dropout: bool = True) -> torch.Tensor:
         rep = batch["pred_rep"].to(self.dtype)
         if dropout:
             with torch.no_grad():
-                rep = rep_dropout(rep, self.unconditional(), self.cfg.phase.text_dropout, generator)
+                rep = rep_dropout(rep, self.unconditional(), self.cfg.phase.text_dropout, draw)
         denoise = lambda x_t, t: self.model.decoder(x_t, t, rep, batch["flow"])
-        return denoising_loss(denoise, batch["latents"], generator, self._alphas_cumprod.on(self.device),
+        return denoising_loss(denoise, batch["latents"], draw, self._alphas_cumprod.on(self.device),
                               self.cfg.model.diffusion.num_train_timesteps, self.dtype, t)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        accumulate = self.trainer.accumulate_grad_batches
-        step = self.global_step * accumulate + batch_idx % accumulate
-        loss = self.loss(batch, step_generator(self.cfg.seed, step, self.global_rank, self.device))
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0])
+        loss = self.loss(batch, train_draw(self, batch_idx, self.batch_size_of(batch)))
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["flow"].shape[0], sync_dist=True)
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         size = batch["flow"].shape[0]
-        losses = [self.loss(batch, step_generator(self.cfg.seed, t, batch_idx, self.device),
+        losses = [self.loss(batch, validation_draw(self.cfg.seed, t, batch_idx, size, self.device),
                             t=torch.full((size,), t, dtype=torch.long), dropout=False) for t in VAL_TIMESTEPS]
         self.log("val/loss", torch.stack(losses).mean(), batch_size=size, sync_dist=True)
 
@@ -80,7 +78,7 @@ class PhaseC(L.LightningModule):
         return make_optimizer(self.model, self.cfg.phase)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        clip_gradients(self.model, gradient_clip_val)
+        clip_gradients(self, gradient_clip_val, self.cfg.trainer.max_nonfinite_in_row)
 
     def trainable_parameter_names(self) -> list[str]:
         return trainable_names(self.model)

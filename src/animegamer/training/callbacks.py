@@ -20,8 +20,11 @@ class ExportCallback(L.Callback):
         self.folder, self.export_fn, self.meta = Path(folder), export_fn, meta
 
     def _export(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.export_fn(module, self.folder, {**self.meta, "step": trainer.global_step})
+        from animegamer.training.strategies import full_weights
+
+        with full_weights(trainer):  # sharded strategies: every rank gathers, rank 0 writes
+            if trainer.is_global_zero:
+                self.export_fn(module, self.folder, {**self.meta, "step": trainer.global_step})
 
     def on_save_checkpoint(self, trainer, module, checkpoint) -> None:
         self._export(trainer, module)

@@ -8,17 +8,21 @@ from typing import Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
+from animegamer.training.bad_data import BadDataBudget
 from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, ValidationVideos
+from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCheckpointIO, checkpoint_name,
+                                               clean_partials, resume_checkpoint)
+from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
+from animegamer.training.safe_io import ensure_weights_only
+from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, make_strategy
 from animegamer.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = "checkpoints"
-LAST = "last.ckpt"
 
 
 class ShardData(L.LightningDataModule):
@@ -96,11 +100,24 @@ def build_phase(cfg: RunConfig) -> tuple:
     raise ValueError(f"unknown phase {cfg.phase.name!r}")
 
 
+def plugins(cfg: RunConfig) -> list:
+    """Atomic, weights-only checkpoint files (DeepSpeed writes its own folders); on SLURM, requeueing
+    is left to :class:`Preemption`, which saves on a step boundary first."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    found = [] if is_deepspeed(cfg.trainer.strategy) else [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        found.append(SLURMEnvironment(auto_requeue=False))
+    return found
+
+
 def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
     t = cfg.trainer
     return L.Trainer(
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        precision=t.precision, accumulate_grad_batches=t.accumulate_grad_batches,
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=make_strategy(cfg),
+        plugins=plugins(cfg), precision=t.precision,
+        # The phases' StepSampler already deals each rank its share; Lightning's wrapper would re-split it.
+        use_distributed_sampler=False, accumulate_grad_batches=t.accumulate_grad_batches,
         gradient_clip_val=cfg.phase.grad_clip or None, max_steps=cfg.phase.max_steps,
         val_check_interval=cfg.phase.val_every_n_steps, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, deterministic=t.deterministic, benchmark=t.benchmark,
@@ -110,24 +127,37 @@ def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
 
 
 def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
-    """Fit the configured phase; resumes from ``<output>/checkpoints/last.ckpt`` when it exists."""
+    """Fit the configured phase; resumes from the newest complete checkpoint in ``<output>/checkpoints``."""
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.output_dir)
+    folder = out / CHECKPOINT_DIR
     resolved = OmegaConf.to_container(resolved, resolve=True) if isinstance(resolved, DictConfig) else resolved
     module, data, export_fn, phase_callbacks = build_phase(cfg)
-    checkpoints = ModelCheckpoint(dirpath=str(out / CHECKPOINT_DIR), every_n_train_steps=cfg.checkpoint.every_n_steps,
-                                  save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max", save_last=True,
-                                  filename="step-{step:07d}", auto_insert_metric_name=False)
-    callbacks = [checkpoints, ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved})]
+    checkpoints = ModelCheckpoint(dirpath=str(folder), every_n_train_steps=cfg.checkpoint.every_n_steps,
+                                  save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max",
+                                  filename=PATTERN, auto_insert_metric_name=False)
+    callbacks = [checkpoints, ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}),
+                 Preemption(cfg.trainer.preemption_signals, folder), LossHistory(out)]
     if cfg.logger.kind != "none":
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks += phase_callbacks
+    callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
     trainer = make_trainer(cfg, callbacks)
-    last = out / CHECKPOINT_DIR / LAST
-    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.exists() else None)
+    clean_partials(folder)
+    resume = resume_checkpoint(folder)
+    if resume is not None:
+        log.info("resuming from %s", resume)
+        # FSDP and DeepSpeed read checkpoints past the weights-only CheckpointIO: refuse pickled code first.
+        ensure_weights_only(resume, checkpoint_safe_globals(cfg.trainer.strategy))
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
+    except SIGTERMException as stop:
+        raise SystemExit(PREEMPTED_EXIT_CODE) from stop
     # The periodic saves may miss the final step: save it so a longer run continues from here.
-    trainer.save_checkpoint(str(last))
+    final = folder / checkpoint_name(trainer.global_step)
+    if not final.exists():
+        trainer.save_checkpoint(str(final))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}

@@ -103,7 +103,13 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 def load_npy_bytes(data: bytes) -> np.ndarray:
     """Inverse of :func:`npy_bytes`; a pickled payload raises instead of executing code."""
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as error:
+        if "pickle" in str(error):  # numpy's messages for object arrays and for raw pickle streams
+            raise ValueError(f"refused an .npy payload that holds pickled Python objects (arrays are read "
+                             f"without pickle, so a data file cannot run code): {error}") from error
+        raise
 
 
 def clean_stale_temps(folder: str | os.PathLike) -> int:

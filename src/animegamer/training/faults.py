@@ -1,0 +1,102 @@
+"""Preemption (save, then exit) and the loss history that survives restarts."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from animegamer.training.checkpointing import checkpoint_name
+
+log = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect of a job stopped by a signal
+LOSS_HISTORY = "loss_history.json"
+
+
+class Preemption(L.Callback):
+    """On any of ``signals``: finish the current optimizer step, save a checkpoint, exit.
+
+    Lightning turns SIGTERM into ``trainer.received_sigterm`` (and forwards it to every rank); the
+    other signals (SLURM's ``--signal=USR1@90``) are forwarded to it. A signal that lands in the middle
+    of gradient accumulation is held until the step's last micro-batch, so the checkpoint is always on
+    a step boundary, where the step-indexed data stream resumes exactly. On SLURM a SIGUSR1 also
+    requeues the job.
+    """
+
+    def __init__(self, signals: list[str], folder: str | Path) -> None:
+        self.signals = [getattr(signal, name) for name in signals]
+        self.folder = Path(folder)
+        self.received: int | None = None
+        self._held = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum in self.signals:
+            if signum != signal.SIGTERM:
+                signal.signal(signum, self._forward)
+
+    def _forward(self, signum: int, _frame) -> None:
+        self.received = signum
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        connector = trainer._signal_connector
+        mid_step = trainer.fit_loop.epoch_loop._should_accumulate()
+        if connector.received_sigterm and mid_step:
+            connector.received_sigterm, self._held = False, True
+        elif self._held and not mid_step:
+            connector.received_sigterm, self._held = True, False
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        path = self.folder / checkpoint_name(trainer.global_step)
+        if not path.exists():
+            trainer.save_checkpoint(str(path))
+        log.warning("preempted at step %d: checkpoint %s saved; the next run resumes from it",
+                    trainer.global_step, path)
+        if self.received == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID") and trainer.is_global_zero:
+            job = os.environ["SLURM_JOB_ID"]
+            if os.environ.get("SLURM_ARRAY_JOB_ID"):
+                job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+            result = subprocess.call(["scontrol", "requeue", job])
+            log.warning("requeue of SLURM job %s: %s", job, "done" if result == 0 else f"failed ({result})")
+
+
+class LossHistory(L.Callback):
+    """Every micro-batch's training loss, kept in the checkpoints and written to ``loss_history.json``
+    at the end: a resumed run's history is the uninterrupted run's, which the fault tests compare."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.path = Path(folder) / LOSS_HISTORY
+        self.entries: list[list] = []  # [global step, batch index, loss]
+        self._pending: list[tuple[int, int, torch.Tensor]] = []  # converted lazily: no sync per step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self._pending.append((trainer.global_step, batch_idx, loss.detach()))
+
+    def _flush(self) -> None:
+        self.entries += [[step, index, float(loss)] for step, index, loss in self._pending]
+        self._pending = []
+
+    def state_dict(self) -> dict:
+        self._flush()
+        return {"entries": list(self.entries)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries, self._pending = [list(e) for e in state["entries"]], []
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._flush()
+        # Rank r > 0 writes its own file: what each rank saw is checkable (equal batch counts).
+        path = self.path if trainer.is_global_zero else self.path.with_suffix(f".rank{trainer.global_rank}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.entries))

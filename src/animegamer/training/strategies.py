@@ -1,0 +1,112 @@
+"""``trainer.strategy`` names -> Lightning strategy objects. Distribution is configuration only: the
+phases and models never know which engine runs them.
+
+Every strategy saves only what trains (frozen weights are rebuilt from the config on resume):
+DDP and FSDP (full state dict) through the phases' ``on_save_checkpoint``, DeepSpeed through its
+``exclude_frozen_parameters``.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+from animegamer.config.schema import RunConfig
+
+log = logging.getLogger(__name__)
+
+DDP_STRATEGIES = ("auto", "ddp", "ddp_spawn")
+FSDP = "fsdp"
+# name -> (ZeRO stage, optimizer offload to CPU)
+DEEPSPEED_STRATEGIES = {
+    "deepspeed_stage_1": (1, False),
+    "deepspeed_stage_2": (2, False),
+    "deepspeed_stage_2_offload": (2, True),
+    "deepspeed_stage_3": (3, False),
+    "deepspeed_stage_3_offload": (3, True),
+}
+STRATEGIES = DDP_STRATEGIES + (FSDP,) + tuple(DEEPSPEED_STRATEGIES)
+
+
+def block_types(cfg: RunConfig) -> set[type]:
+    """The transformer block classes of the phase's trained network: FSDP's wrapping unit."""
+    if cfg.phase.name == "b":
+        from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
+
+        return {MistralDecoderLayer}
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+
+    return {CogVideoXBlock}
+
+
+def make_strategy(cfg: RunConfig):
+    """The Lightning strategy (object or name) of ``cfg.trainer.strategy``."""
+    name = cfg.trainer.strategy
+    if name not in STRATEGIES:
+        raise ValueError(f"trainer.strategy={name!r}: expected one of {', '.join(STRATEGIES)}")
+    if name in DDP_STRATEGIES:
+        if name == "auto" or cfg.trainer.devices * cfg.trainer.num_nodes == 1:
+            return name
+        from lightning.pytorch.strategies import DDPStrategy
+
+        # Frozen parameters are not registered by DDP (requires_grad=False), so every trained
+        # parameter gets a gradient each step: no unused-parameter search needed.
+        return DDPStrategy(start_method="spawn" if name == "ddp_spawn" else "popen", find_unused_parameters=False)
+    if name == FSDP:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        # use_orig_params: frozen and trained weights share a block's flat parameter (LoRA, AdaLN).
+        # Full state dict: the phases' on_save_checkpoint then keeps only what trains.
+        return FSDPStrategy(auto_wrap_policy=block_types(cfg), sharding_strategy="FULL_SHARD",
+                            state_dict_type="full", use_orig_params=True, limit_all_gathers=True)
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    stage, offload = DEEPSPEED_STRATEGIES[name]
+    return DeepSpeedStrategy(stage=stage, offload_optimizer=offload, offload_parameters=offload and stage == 3,
+                             exclude_frozen_parameters=True, logging_level=logging.WARNING)
+
+
+def is_deepspeed(name: str) -> bool:
+    return name in DEEPSPEED_STRATEGIES
+
+
+@contextmanager
+def full_weights(trainer):
+    """Inside, the module's parameters are whole on every rank (FSDP shards and ZeRO-3 partitions are
+    gathered), so exports read full tensors. A collective: every rank must enter."""
+    strategy = trainer.strategy
+    kind = type(strategy).__name__
+    if kind == "FSDPStrategy":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False, offload_to_cpu=True):
+            yield
+    elif kind == "DeepSpeedStrategy" and strategy.zero_stage_3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(trainer.lightning_module.parameters()), modifier_rank=None):
+            yield
+    else:
+        yield
+
+
+def checkpoint_safe_globals(name: str) -> list:
+    """Classes a DeepSpeed checkpoint pickles besides tensors, allowed when checking a resume."""
+    if not is_deepspeed(name):
+        return []
+    import importlib
+
+    found = []
+    for module, attr in DEEPSPEED_PICKLED:
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            log.debug("no %s.%s in this DeepSpeed", module, attr)
+    return found
+
+
+DEEPSPEED_PICKLED = (
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+)

@@ -1,0 +1,223 @@
+"""Bad configurations fail in validation, before any model is built, with every problem listed.
+
+One test per fault of issue 7 item 4: sizes that disagree between encoder, decoder, MLLM, weights
+folders, exports and data; token counts that do not match the tokenizer; missing weight folders;
+trainer strategies that cannot produce the phase's export. Each checks the message.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import SHARED
+from omegaconf import OmegaConf
+from phase_a_helpers import write_synthetic_features
+from phase_b_helpers import write_synthetic_sessions
+
+from animegamer.config.compose import compose_config
+from animegamer.config.validate import ConfigError, validate_eval_run, validate_pipeline_run, validate_train_run
+
+OFFICIAL_TOKENIZER = SHARED / "reference" / "animegamer_tokenizer"
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """Feature shards (phase a), session shards (phase b) and an empty adaptation set (phase c)."""
+    root = tmp_path_factory.mktemp("faults_data")
+    write_synthetic_features(root, compose_config("train", ["model=tiny"]).model.encoders, clips=4)
+    write_synthetic_sessions(root, sessions=2)
+    (root / "adaptation").mkdir()
+    (root / "adaptation" / "manifest.json").write_text(json.dumps({"kind": "adaptation", "shards": []}))
+    return root
+
+
+def train_cfg(data_root: Path, phase: str, *overrides: str):
+    trainer = [] if any(o.startswith("trainer=") for o in overrides) else ["trainer=cpu"]
+    return compose_config("train", ["model=tiny", f"phase={phase}", *trainer, "logger=csv",
+                                    f"data.root={data_root}", *overrides])
+
+
+def problems_of(validate, cfg) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        validate(cfg)
+    return caught.value.problems
+
+
+def only_problem(validate, cfg) -> str:
+    problems = problems_of(validate, cfg)
+    assert len(problems) == 1, problems
+    return problems[0]
+
+
+@pytest.mark.parametrize("phase", ["a_warmup", "a_joint", "b", "c"])
+def test_tiny_configs_of_every_phase_are_valid(data_root, phase):
+    validate_train_run(train_cfg(data_root, phase))
+
+
+# --------------------------------------------------------------------------- sizes
+def test_encoder_width_must_match_the_decoder(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "model.encoder.width=48"))
+    assert "model.encoder.width=48 != decoder hidden 2x16=32" in text
+
+
+def test_mllm_queries_must_fit_the_frame_tokens(data_root):
+    cfg = train_cfg(data_root, "b", "model.encoder.text_tokens=300", "model.encoders.t5.max_tokens=300")
+    problems = problems_of(validate_train_run, cfg)
+    assert any("316 representation tokens but the layout has only 256 <frame_i> tokens" in p for p in problems)
+
+
+def test_session_data_must_match_the_mllm_queries(data_root):
+    # The sessions hold 46 = 30 + 16 tokens per turn; fusion=add gives N = 16 image tokens.
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "model.encoder.fusion=add"))
+    assert "reps.npy has shape (5, 46, 32) but this config's model needs (*, 16, 32)" in text
+
+
+def test_feature_data_must_match_the_encoder(data_root):
+    cfg = train_cfg(data_root, "a_warmup", "model.encoder.text_dim=64", "model.encoders.t5.d_model=64")
+    text = only_problem(validate_train_run, cfg)
+    assert "text.npy has shape (30, 32) but this config's model needs (30, 64)" in text
+
+
+def test_weights_folder_must_match_the_configured_sizes(data_root, tmp_path):
+    from animegamer.mllm.tokens import byte_tokenizer
+
+    folder = tmp_path / "mistral"
+    byte_tokenizer().save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 600}))
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", f"model.mllm.path={folder}"))
+    assert "model.mllm.path=" in text and "hidden_size 64 (folder) vs 32 (config)" in text
+
+
+def test_init_from_export_must_have_this_configs_sizes(data_root, tmp_path):
+    export = tmp_path / "warmup_export"
+    export.mkdir()
+    (export / "trained.safetensors").write_bytes(b"")
+    saved = OmegaConf.to_container(train_cfg(data_root, "a_warmup", "model.encoder.width=48",
+                                             "model.decoder.attention_head_dim=24").model, resolve=True)
+    (export / "export.json").write_text(json.dumps({"phase": "a_warmup", "config": {"model": saved}}))
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", f"phase.init_from={export}"))
+    assert "phase.init_from=" in text and "was trained at other sizes" in text
+    assert "model.encoder.width 48 (export) vs 32 (this config)" in text
+    assert "model.decoder.attention_head_dim 24 (export) vs 16 (this config)" in text
+
+
+# --------------------------------------------------------------------------- tokens
+def test_tokenizer_with_part_of_the_animegamer_tokens_is_refused(data_root, tmp_path):
+    from animegamer.mllm.tokens import FRAME_TOKENS, byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    tokenizer.add_tokens(list(FRAME_TOKENS[:10]), special_tokens=True)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", f"model.mllm.tokenizer={tmp_path / 'tok'}"))
+    assert "has 10 of the 284 AnimeGamer tokens" in text and "<frame_00010>" in text
+
+
+def test_export_vocabulary_must_match_the_tokenizer(data_root, tmp_path):
+    export = tmp_path / "b_export"
+    (export / "adapter").mkdir(parents=True)
+    (export / "trained.safetensors").write_bytes(b"")
+    # The byte tokenizer has 3 + 256 tokens, + 284 AnimeGamer tokens = 543; 46 queries of width 32.
+    (export / "adapter" / "mllm_meta.json").write_text(json.dumps(
+        {"vocab_size": 32284, "num_query_tokens": 46, "rep_width": 32, "hidden_size": 32}))
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", f"phase.init_from={export}"))
+    assert "phase.init_from=" in text and "vocab_size 32284 (export) vs 543 (this config)" in text
+
+
+@pytest.mark.skipif(not OFFICIAL_TOKENIZER.is_dir(), reason="needs ../shared/reference/animegamer_tokenizer")
+def test_official_tokenizer_against_an_llm_with_fewer_rows(data_root, tmp_path):
+    official = tmp_path / "official.bin"
+    official.write_bytes(b"")
+    ok = train_cfg(data_root, "b", f"model.mllm.tokenizer={OFFICIAL_TOKENIZER}",
+                   f"model.mllm.official_checkpoint={official}")
+    validate_train_run(ok)  # all 284 tokens, consecutive ids in the official order: fits the checkpoint
+    folder = tmp_path / "small_llm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 32, "vocab_size": 1000}))
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", f"model.mllm.tokenizer={OFFICIAL_TOKENIZER}",
+                                                      f"model.mllm.path={folder}"))
+    assert "has 1000 embedding rows but the tokenizer" in text and "has 32000 tokens before the AnimeGamer" in text
+
+
+# --------------------------------------------------------------------------- missing folders
+@pytest.mark.parametrize("phase,key", [
+    ("b", "model.mllm.path"), ("b", "model.mllm.tokenizer"), ("b", "model.mllm.official_checkpoint"),
+    ("a_joint", "model.decoder.path"), ("a_joint", "model.decoder.official_checkpoint"),
+    ("a_joint", "phase.init_from"), ("a_joint", "model.encoders.vae.path"),
+])
+def test_missing_weight_folder_is_named(data_root, tmp_path, phase, key):
+    missing = tmp_path / "nowhere"
+    text = only_problem(validate_train_run, train_cfg(data_root, phase, f"{key}={missing}"))
+    assert text.startswith(f"{key}='{missing}'") and ("no such" in text)
+
+
+def test_missing_eval_exports_and_weights_are_listed(tmp_path):
+    cfg = compose_config("evaluate", ["model=tiny", f"data.root={tmp_path}", f"model.mllm.path={tmp_path / 'llm'}",
+                                      f"evaluation.mllm_export={tmp_path / 'b'}"])
+    text = "\n".join(problems_of(validate_eval_run, cfg))
+    for needle in ("evaluation.mllm_export=", "evaluation.renderer_export=", "model.mllm.path=", "manifest.json"):
+        assert needle in text, needle
+
+
+def test_missing_pipeline_export_is_named(tmp_path):
+    cfg = compose_config("pipeline", ["experiment=quickstart", f"pipeline.adaptation.export={tmp_path / 'b'}"])
+    text = only_problem(validate_pipeline_run, cfg)
+    assert "pipeline.adaptation.export=" in text and "not a phase (b) export folder" in text
+
+
+# --------------------------------------------------------------------------- trainer strategies
+def test_deepspeed_needs_a_gpu(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_warmup", "trainer.strategy=deepspeed_stage_2"))
+    assert "trainer.strategy='deepspeed_stage_2' needs trainer.accelerator=gpu" in text
+
+
+@pytest.mark.parametrize("phase", ["a_joint", "b", "c"])
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_3", "deepspeed_stage_3_offload"])
+def test_zero3_is_refused_for_phases_that_export_a_lora_adapter(data_root, phase, strategy):
+    cfg = train_cfg(data_root, phase, "trainer=deepspeed_zero3", f"trainer.strategy={strategy}")
+    text = only_problem(validate_train_run, cfg)
+    assert f"trainer.strategy='{strategy}' partitions the LoRA weights" in text and "peft LoRA adapter" in text
+    assert "use deepspeed_stage_2" in text
+
+
+def test_zero3_is_accepted_for_the_warmup_stage(data_root):
+    """a_warmup exports no adapter; its export gathers the partitions (strategies.full_weights)."""
+    validate_train_run(train_cfg(data_root, "a_warmup", "trainer=deepspeed_zero3"))
+
+
+@pytest.mark.parametrize("preset", ["gpu", "ddp", "deepspeed_zero2", "deepspeed_zero2_offload", "fsdp"])
+@pytest.mark.parametrize("phase", ["a_warmup", "b"])
+def test_replicated_weight_presets_are_accepted(data_root, preset, phase):
+    validate_train_run(train_cfg(data_root, phase, f"trainer={preset}", "trainer.num_nodes=2"))
+
+
+def test_deepspeed_precision_is_checked(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "trainer=deepspeed_zero2",
+                                                      "trainer.precision=64-true"))
+    assert "trainer.precision='64-true' is not supported by trainer.strategy='deepspeed_stage_2'" in text
+
+
+def test_unknown_strategy_lists_the_known_ones(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "trainer.strategy=deepspeed_stage_4"))
+    assert "trainer.strategy='deepspeed_stage_4' is not a known strategy" in text
+    assert "'deepspeed_stage_2_offload'" in text and "'fsdp'" in text and "'ddp'" in text
+
+
+def test_devices_and_nodes_must_be_positive(data_root):
+    problems = problems_of(validate_train_run, train_cfg(data_root, "a_warmup", "trainer.devices=0",
+                                                         "trainer.num_nodes=0"))
+    assert problems == ["trainer.devices=0 must be >= 1 (or -1: every visible device)",
+                        "trainer.num_nodes=0 must be >= 1"]
+
+
+# --------------------------------------------------------------------------- all at once
+def test_every_problem_is_reported_together(data_root, tmp_path):
+    cfg = train_cfg(data_root, "b", "model.encoder.fusion=add", f"model.mllm.path={tmp_path / 'missing'}",
+                    "trainer.strategy=deepspeed_stage_3", "trainer.devices=0", "phase.lr_schedule=linear")
+    problems = problems_of(validate_train_run, cfg)
+    text = "\n".join(problems)
+    for needle in ("phase.lr_schedule='linear'", "model.mllm.path=", "trainer.devices=0",
+                   "needs trainer.accelerator=gpu", "partitions the LoRA weights", "reps.npy has shape"):
+        assert needle in text, needle
+    assert len(problems) == 6, problems
+    assert str(len(problems)) + " configuration problem(s)" in str(ConfigError(problems))

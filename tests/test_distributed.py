@@ -1,0 +1,73 @@
+"""2-process CPU DDP training of every phase through ``train.py`` (a subprocess, never pytest itself):
+both ranks see the same number of batches, and loss and trained weights equal the single-process run
+with the same global batch (randomness is keyed by each sample's global stream position)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from phase_a_helpers import logged_losses, write_synthetic_features
+from phase_b_helpers import write_synthetic_sessions
+from phase_c_helpers import write_synthetic_adaptation
+
+ROOT = Path(__file__).resolve().parents[1]
+GLOBAL_BATCH, STEPS = 4, 3
+COMMON = ["model=tiny", "trainer=cpu", "logger=csv", f"phase.max_steps={STEPS}", "phase.warmup_steps=1",
+          "phase.val_every_n_steps=1000", "checkpoint.every_n_steps=1000", "trainer.log_every_n_steps=1",
+          "data.val_fraction=0.2"]
+
+
+def _features(root: Path) -> Path:
+    from animegamer.config.compose import compose_config
+    from omegaconf import OmegaConf
+
+    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"])).model.encoders
+    # 14 clips, 12 of them training clips: three global batches of 4 in the first epoch.
+    return write_synthetic_features(root, enc, clips=14)
+
+
+PHASES = {
+    "a_joint": (["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0"], _features),
+    "b": (["phase=b", "phase.lr=3e-3"], lambda root: write_synthetic_sessions(root, sessions=16)),
+    "c": (["phase=c", "phase.lr=1e-3"], lambda root: write_synthetic_adaptation(root, clips=16)),
+}
+
+
+def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int) -> None:
+    overrides = COMMON + phase_overrides + [f"data.root={data_root}", f"output_dir={output}",
+                                            f"phase.batch_size={GLOBAL_BATCH // devices}",
+                                            f"trainer.devices={devices}", f"trainer.strategy={'ddp' if devices > 1 else 'auto'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_two_process_ddp_matches_single_process(phase, tmp_path):
+    overrides, make_data = PHASES[phase]
+    data_root = make_data(tmp_path / "data")
+    _train(data_root, tmp_path / "single", overrides, devices=1)
+    _train(data_root, tmp_path / "ddp", overrides, devices=2)
+
+    ranks = [json.loads((tmp_path / "ddp" / name).read_text())
+             for name in ("loss_history.json", "loss_history.rank1.json")]
+    assert len(ranks[0]) == len(ranks[1]) == STEPS  # both ranks saw every step's batch, no more
+
+    single, ddp = logged_losses(tmp_path / "single"), logged_losses(tmp_path / "ddp")
+    assert sorted(single) == sorted(ddp) == list(range(STEPS))
+    for step in single:  # the logged loss is the mean over ranks: the global batch's loss
+        assert ddp[step] == pytest.approx(single[step], rel=1e-5, abs=1e-6), step
+
+    trained_single = load_file(tmp_path / "single" / "export" / "trained.safetensors")
+    trained_ddp = load_file(tmp_path / "ddp" / "export" / "trained.safetensors")
+    assert trained_single.keys() == trained_ddp.keys()
+    for name, value in trained_single.items():
+        torch.testing.assert_close(trained_ddp[name], value, rtol=1e-4, atol=1e-6, msg=name)
