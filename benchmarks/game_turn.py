@@ -108,6 +108,10 @@ def compose(args):
                  "model.mllm.lora_dropout=0"]
     if args.tokenizer and Path(args.tokenizer).exists():
         overrides.append(f"model.mllm.tokenizer={Path(args.tokenizer).resolve()}")
+    if args.attention:
+        overrides.append(f"model.decoder.attention_backends=[{','.join(args.attention)}]")
+    if args.compile:
+        overrides.append("model.decoder.compile=true")
     if args.tiny:
         overrides += ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]
     cfg = OmegaConf.to_object(compose_config("train", overrides))
@@ -170,7 +174,7 @@ class PredictOrFixed:
 
 
 def run_framework(args, cfg, record) -> dict:
-    from animegamer.game import Game, GameModels
+    from animegamer.game import Game, GameModels, merge_for_play
     from animegamer.mllm.predict import HistoryTurn
     from animegamer.mllm.sequence import Turn
     from animegamer.models.encoder import representation_tokens
@@ -184,6 +188,8 @@ def run_framework(args, cfg, record) -> dict:
         renderer = ReconstructionModel(cfg)
         renderer.decoder.add_lora()
         vae = FrozenVAE(cfg.model.encoders.vae, seed=cfg.model.encoders.seed, dtype=args.dtype)
+    merge_for_play(mllm.model)  # what load_game_models does before play
+    merge_for_play(renderer.decoder)
     mllm = mllm.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
     renderer = renderer.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
     vae = vae.to(device=args.device, dtype=args.dtype)
@@ -358,7 +364,7 @@ def table(results: dict) -> str:
         cells = [f"{med[s]:.3f}" if s in med else "-" for s in STAGES]
         measured = max(0, len(row.get("turns", [])) - results["warmup"])
         note = row.get("error", "")
-        if side == "framework" and "fallback_states" in row:
+        if side.startswith("framework") and "fallback_states" in row:
             note = (note + "; " if note else "") + f"fixed states after {row['fallback_states']} malformed generations"
         peak = row.get("peak_gib")
         lines.append(f"| {side} | " + " | ".join(cells) + f" | {peak if peak is not None else '-'} | {measured} | {note} |")
@@ -380,6 +386,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (vocab 32284)")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument("--attention", nargs="+", default=None, choices=["cudnn", "flash", "efficient", "math"],
+                        help="framework side: SDPA kernels in order of preference (default: the config's)")
+    parser.add_argument("--compile", action="store_true", help="framework side: torch.compile the decoder")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
@@ -411,7 +420,10 @@ def main() -> None:
     cfg = compose(args)
     results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (no official tokenizer found)"
     for side in args.sides:
-        record = results["runs"][side] = {}
+        name = side
+        if side == "framework" and (args.attention or args.compile):  # a variant: its own row
+            name += f"[{'+'.join(args.attention or ['config'])}{'+compile' if args.compile else ''}]"
+        record = results["runs"][name] = {}
         limit = args.side_timeout
         if args.deadline:
             left = max(1, int(args.deadline - (time.perf_counter() - started)))

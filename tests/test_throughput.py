@@ -29,3 +29,24 @@ def test_training_log_has_throughput(tmp_path):
     assert 0 <= metrics["perf/data_wait_fraction"] < 1
     assert 0 < metrics["perf/mfu"] < 1  # a CPU core is far below 1 TFLOP/s
     assert metrics["perf/step_s"] == pytest.approx(2 / metrics["perf/samples_per_s"], rel=1e-3)  # batch 2
+
+
+def test_throughput_rows_reach_the_csv_and_a_resume_keeps_earlier_rows(tmp_path):
+    """perf/* rows land at the callback's cadence whatever log_every_n_steps is; the CSV logger
+    would empty metrics.csv on resume, so the first attempt's rows are kept beside it."""
+    import csv
+
+    from animegamer.config.compose import compose_config
+    from omegaconf import OmegaConf
+
+    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
+    root = write_synthetic_features(tmp_path / "data", enc)
+    for steps in (4, 6):
+        composed, cfg = tiny_train_cfg(root, tmp_path / "run", f"phase.max_steps={steps}",
+                                       "trainer.throughput_every_n_steps=2", "trainer.log_every_n_steps=5")
+        train(cfg, composed)
+    logs = tmp_path / "run" / "logs"
+    first = list(csv.DictReader(open(logs / "metrics.attempt-1.csv")))
+    second = list(csv.DictReader(open(logs / "metrics.csv")))
+    assert [int(r["step"]) for r in first if r.get("perf/step_s")] == [2, 4]
+    assert [int(r["step"]) for r in second if r.get("perf/step_s")] == [6]

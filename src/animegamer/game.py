@@ -143,6 +143,14 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def merge_for_play(model) -> None:
+    """Playing never trains: fold a LoRA adapter (MLLM or decoder) into its weights, in float32 before
+    the cast: one matmul per projection instead of three (the unmerged MLLM stage measured 2.2x the
+    plain one)."""
+    if model.has_lora:
+        model.merge_lora()
+
+
 def _frozen(module: torch.nn.Module, device, dtype) -> torch.nn.Module:
     return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
@@ -176,10 +184,7 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     mllm = PhaseB(cfg)
     for export in mllm_exports:
         load_export(export, mllm.model)
-    if mllm.model.has_lora:
-        # Playing never trains: fold the adapter into the weights (in float32, before the cast), one
-        # matmul per projection instead of three. The unmerged MLLM stage measured 2.2x the plain one.
-        mllm.model.merge_lora()
+    merge_for_play(mllm.model)
     mllm = _frozen(mllm, device, dtype)
 
     renderer_exports = _as_list(renderer_export)
@@ -192,6 +197,7 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
         import_official(renderer, cfg.model.decoder.official_checkpoint)
     for export in renderer_exports:
         load_export(export, renderer)
+    merge_for_play(renderer.decoder)
     renderer = _frozen(renderer, device, dtype)
 
     vae = build_frozen_encoders(cfg.model.encoders, device=device, dtype=dtype, which=("vae",)).vae

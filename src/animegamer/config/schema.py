@@ -117,6 +117,11 @@ class DecoderConfig:
     lora_alpha: float = 1.0
     lora_targets: List[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
     gradient_checkpointing: bool = False
+    # SDPA kernels on CUDA, in order of preference (unsupported ones are skipped for a shape):
+    # cudnn | flash | efficient | math. cuDNN's fused attention is the fastest on Hopper for the
+    # decoder's 64-wide heads and ~7k tokens (benchmarks/README.md); PyTorch's own default puts flash first.
+    attention_backends: List[str] = field(default_factory=lambda: ["cudnn", "flash", "efficient", "math"])
+    compile: bool = False  # torch.compile the transformer (first call compiles; fixed shapes)
 
 
 @dataclass

@@ -176,6 +176,10 @@ def check_training(cfg) -> list[str]:
     if dec.in_channels != frozen.vae.latent_channels:
         problems.append(f"model.decoder.in_channels={dec.in_channels} != model.encoders.vae.latent_channels="
                         f"{frozen.vae.latent_channels}")
+    from animegamer.models.decoder import ATTENTION_BACKENDS
+
+    for backend in dec.attention_backends:
+        problems += _choice("model.decoder.attention_backends[]", str(backend), ATTENTION_BACKENDS)
     if phase.name == "b":
         problems += check_mllm(model)
         problems += check_tokenizer(model, [("phase.init_from", phase.init_from)] if phase.init_from else [])

@@ -20,6 +20,8 @@ Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward 
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 from pathlib import Path
@@ -159,6 +161,20 @@ def _motion_scope_modules(hidden: int, time_embed_dim: int) -> tuple[nn.Module, 
     return proj, embedding
 
 
+ATTENTION_BACKENDS = ("cudnn", "flash", "efficient", "math")  # model.decoder.attention_backends names
+
+
+def attention_kernels(names: List[str], on_cuda: bool):
+    """SDPA's kernels in the configured order of preference (CUDA only; CPU keeps PyTorch's choice)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not on_cuda or not names:
+        return contextlib.nullcontext()
+    kernels = dict(zip(ATTENTION_BACKENDS, (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))
+    return sdpa_kernel([kernels[n] for n in names], set_priority=True)
+
+
 # --------------------------------------------------------------------------- the module
 class MotionScopeDecoder(nn.Module):
     """v-prediction of CogVideoX-2B given the representation (text stream) and the motion scope.
@@ -187,6 +203,7 @@ class MotionScopeDecoder(nn.Module):
         else:
             self.transformer.ofs_proj, self.transformer.ofs_embedding = None, None
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
+        self._compiled = False
 
     # ----------------------------------------------------------------------- forward
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, rep: torch.Tensor,
@@ -202,8 +219,12 @@ class MotionScopeDecoder(nn.Module):
             flow = flow.to(device=latents.device, dtype=torch.float32)
         else:
             flow = None
-        (velocity,) = self.transformer(hidden_states=latents, encoder_hidden_states=rep, timestep=timestep,
-                                       ofs=flow, return_dict=False)
+        if self.cfg.compile and not self._compiled:
+            self.transformer.compile(dynamic=False)  # in place: parameter names stay the same
+            self._compiled = True
+        with attention_kernels(self.cfg.attention_backends, latents.is_cuda):
+            (velocity,) = self.transformer(hidden_states=latents, encoder_hidden_states=rep, timestep=timestep,
+                                           ofs=flow, return_dict=False)
         return velocity
 
     def _check_inputs(self, latents: torch.Tensor, rep: torch.Tensor) -> None:
@@ -252,6 +273,17 @@ class MotionScopeDecoder(nn.Module):
         logger.info("decoder LoRA added: %d tensors", len(self.lora_parameters()))
 
     # ----------------------------------------------------------------------- parameter groups
+    def merge_lora(self) -> None:
+        """Fold the adapter into the base weights for frozen use (play): the wrapped layers then run
+        their base Linear alone, one matmul instead of three. Parameter names do not change."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        if not self.has_lora:
+            raise RuntimeError("the decoder has no LoRA adapter to merge")
+        for module in self.transformer.modules():
+            if isinstance(module, BaseTunerLayer) and not module.merged:
+                module.merge(adapter_names=[LORA_ADAPTER])
+
     def motion_scope_parameters(self) -> List[str]:
         """Names of the motion-scope embedder's parameters (empty without motion scope)."""
         return [n for n, _ in self.named_parameters() if n.startswith(_MOTION_SCOPE_PREFIX)]

@@ -6,6 +6,8 @@ import logging
 import os
 import signal
 import subprocess
+import threading
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -35,6 +37,7 @@ class Preemption(L.Callback):
         self.folder = Path(folder)
         self.received: int | None = None
         self._held = False
+        self._deferred: list = []  # Lightning's SIGTERM handler calls, run at the next step boundary
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for signum in self.signals:
@@ -45,13 +48,24 @@ class Preemption(L.Callback):
         self.received = signum
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning's SIGTERM handler (registered for this fit) sets the flag checked after every batch;
+        # a signal landing after on_train_batch_end of a mid-step micro-batch (in a later callback, the
+        # logger) would stop the run mid-step. So the handler itself runs only at a step boundary.
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda signum, frame: self._deferred.append(partial(handler, signum, frame)))
+
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         connector = trainer._signal_connector
         mid_step = trainer.fit_loop.epoch_loop._should_accumulate()
-        if connector.received_sigterm and mid_step:
+        if connector.received_sigterm and mid_step:  # landed before on_train_start
             connector.received_sigterm, self._held = False, True
-        elif self._held and not mid_step:
-            connector.received_sigterm, self._held = True, False
+        elif not mid_step:
+            while self._deferred:
+                self._deferred.pop(0)()
+            if self._held:
+                connector.received_sigterm, self._held = True, False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):

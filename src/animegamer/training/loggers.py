@@ -6,6 +6,20 @@ from pathlib import Path
 from animegamer.config.schema import RunConfig
 
 LOGGERS = ("wandb", "tensorboard", "csv", "none")
+CSV_METRICS = "metrics.csv"
+
+
+def keep_earlier_attempt(path: Path) -> None:
+    """Lightning's CSV logger empties its folder's metrics.csv when a resumed run writes: keep the
+    earlier attempt's rows as metrics.attempt-N.csv first (rank 0 only, before any rank starts)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0 or not path.is_file():
+        return
+    attempt = 1
+    while path.with_name(f"{path.stem}.attempt-{attempt}{path.suffix}").exists():
+        attempt += 1
+    path.rename(path.with_name(f"{path.stem}.attempt-{attempt}{path.suffix}"))
 
 
 def make_logger(cfg: RunConfig):
@@ -16,6 +30,7 @@ def make_logger(cfg: RunConfig):
     if kind == "csv":
         from lightning.pytorch.loggers import CSVLogger
 
+        keep_earlier_attempt(out / "logs" / CSV_METRICS)
         return CSVLogger(str(out), name="logs", version="")
     if kind == "tensorboard":
         from lightning.pytorch.loggers import TensorBoardLogger

@@ -58,13 +58,20 @@ class Throughput(L.Callback):
         self.flops += TRAIN_FLOPS_FACTOR * float(module.flops_per_batch(batch))
         self.steps += 1
         if self.steps % self.every == 0:
-            self._log(module)
+            self._log(trainer, module)
 
-    def _log(self, module) -> None:
+    def _log(self, trainer, module) -> None:
         seconds = self.busy + self.wait
         metrics = {"perf/samples_per_s": self.samples / seconds, "perf/tokens_per_s": self.tokens / seconds,
                    "perf/data_wait_fraction": self.wait / seconds, "perf/step_s": seconds / self.steps}
         if self.peak > 0:
             metrics["perf/mfu"] = self.flops / seconds / self.peak
-        module.log_dict(metrics, rank_zero_only=True)
+        if module.device.type == "cuda":  # "why out of memory?": the peak since the run started
+            metrics["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(module.device) / 2**30
+        # Straight to the loggers at this step (Lightning's own flush runs on its log_every_n_steps
+        # cadence, which after a resume need not meet this one); callback_metrics get them too.
+        module.log_dict(metrics, rank_zero_only=True, logger=False)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
         self._reset()

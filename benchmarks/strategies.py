@@ -1,0 +1,222 @@
+"""Paper-scale runs of ``train.py`` under the distributed presets, with a kill and a resume.
+
+For each phase and strategy, on random weights of the true sizes and synthetic shards of the true
+shapes (``animegamer.data.synthetic``):
+
+- 1 GPU, global batch G: train to N/2 steps, stop, then run again to N (save, resume, continue);
+- k GPUs (k > 1), global batch G (G/k per GPU): SIGKILL the whole process group once the checkpoint
+  of step K is complete and a few more steps ran, restart, finish at N.
+
+Reported per run: median samples/s, tokens/s, MFU and step time from the throughput log, peak GPU
+memory, and the resumed run's per-step loss against the 1-GPU run (same global batch: with the
+randomness keyed by global sample position, the curves agree up to bf16 reduction order).
+
+    python benchmarks/strategies.py --phases a_joint b c --strategies deepspeed_stage_2 fsdp --gpus 1 2
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
+
+PRESETS = {"ddp": "ddp", "deepspeed_stage_2": "deepspeed_zero2", "deepspeed_stage_2_offload": "deepspeed_zero2_offload",
+           "fsdp": "fsdp"}
+EXPERIMENTS = {"a_joint": "paper_a_joint", "b": "paper_b", "c": "paper_c"}
+TOKENIZER = ROOT / ".device_wheels" / "tokenizer"
+
+
+TINY = ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]  # --tiny: a CPU rehearsal
+
+
+def model_cfg(tiny: bool):
+    from omegaconf import OmegaConf
+
+    from animegamer.config.compose import compose_config
+
+    return OmegaConf.to_object(compose_config("train", TINY if tiny else ["model=paper"]))
+
+
+def make_data(phase: str, root: Path, samples: int, tiny: bool) -> Path:
+    from animegamer.data import synthetic
+    from animegamer.models.encoder import representation_tokens
+
+    cfg = model_cfg(tiny)
+    root.mkdir(parents=True, exist_ok=True)
+    clips, enc = cfg.pipeline.clips, cfg.model.encoders
+    n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
+    if phase == "a_joint":
+        return synthetic.feature_shards(root, enc, samples, clips.frames, clips.height, clips.width)
+    if phase == "b":
+        return synthetic.session_shards(root, samples, 5, n, d)
+    spatial = 2 ** (len(enc.vae.block_out_channels) - 1)
+    latents = ((clips.frames - 1) // enc.vae.temporal_compression_ratio + 1, enc.vae.latent_channels,
+               clips.height // spatial, clips.width // spatial)
+    return synthetic.adaptation_shards(root, samples, latents, (n, d))
+
+
+def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path, steps: int) -> list[str]:
+    found = [f"experiment={EXPERIMENTS[phase]}", f"trainer={PRESETS[strategy]}", f"trainer.devices={gpus}",
+             "model.mllm.path=''", "model.decoder.path=''", "model.encoders.vae.path=''", "model.encoders.t5.path=''",
+             "model.encoders.clip.path=''", "phase.init_from=''", "logger=csv", f"data.root={data}",
+             f"output_dir={out}", f"phase.max_steps={steps}", f"phase.batch_size={args.global_batch[phase] // gpus}",
+             "phase.warmup_steps=5", "phase.val_every_n_steps=1000000", "phase.val_clips=0",
+             f"checkpoint.every_n_steps={args.checkpoint_every}", "trainer.log_every_n_steps=5",
+             "trainer.throughput_every_n_steps=5", f"trainer.peak_tflops={args.peak}", "data.num_workers=4"]
+    if args.tiny:
+        found += TINY + ["trainer.accelerator=cpu", "trainer.precision=32-true", "data.num_workers=0"]
+    elif phase == "b":
+        found += [f"model.mllm.tokenizer={args.tokenizer}", "model.mllm.gradient_checkpointing=true"]
+    return found + list(args.extra)
+
+
+def launch(cmd: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait(proc: subprocess.Popen, log: Path, limit: float) -> int:
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise RuntimeError(f"timed out; log tail:\n{log.read_text()[-3000:]}")
+
+
+def checkpoint_done(folder: Path, step: int) -> bool:
+    path = folder / "checkpoints" / f"step-{step:07d}.ckpt"
+    return path.is_file() or (path / "latest").is_file()
+
+
+def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None) -> dict:
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides(args, phase, strategy, gpus, data, out, steps)]
+    log = out.with_suffix(".log")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    proc = launch(cmd, log)
+    killed = False
+    if kill_at is not None:
+        while proc.poll() is None and not checkpoint_done(out, kill_at):
+            time.sleep(0.5)
+        time.sleep(args.kill_delay)  # a few steps past the checkpoint: they are lost and redone
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed = True
+            proc = launch(cmd, log)
+    code = wait(proc, log, args.run_timeout)
+    if code != 0:
+        raise RuntimeError(f"exit {code}; log tail:\n{log.read_text()[-4000:]}")
+    return {"seconds": round(time.perf_counter() - started, 1), "killed": killed}
+
+
+def perf(out: Path) -> dict:
+    """Medians of the throughput rows after the first (warm-up) one."""
+    rows = [r for path in sorted((out / "logs").glob("metrics*.csv")) for r in csv.DictReader(open(path))
+            if r.get("perf/step_s")]
+    found = {}
+    for key in ("perf/samples_per_s", "perf/tokens_per_s", "perf/mfu", "perf/step_s", "perf/peak_mem_gib"):
+        values = [float(r[key]) for r in rows[1:] if r.get(key)] or [float(r[key]) for r in rows if r.get(key)]
+        if values:
+            found[key.removeprefix("perf/")] = round(statistics.median(values), 4)
+    return found
+
+
+def losses(out: Path) -> dict[int, float]:
+    """global step -> loss of the step's global batch: the mean over every rank's micro-batches
+    (each rank writes loss_history[.rankN].json; equal local batches make the mean exact)."""
+    by_step: dict[int, list[float]] = {}
+    for path in sorted(out.glob("loss_history*.json")):
+        for step, _, loss in json.loads(path.read_text()):
+            by_step.setdefault(step, []).append(loss)
+    return {s: sum(v) / len(v) for s, v in by_step.items()}
+
+
+def compare(reference: dict[int, float], other: dict[int, float]) -> dict:
+    common = sorted(set(reference) & set(other))
+    diffs = [abs(other[s] - reference[s]) / max(abs(reference[s]), 1e-6) for s in common]
+    return {"steps": len(common), "max_rel_diff": round(max(diffs), 5) if diffs else None,
+            "median_rel_diff": round(statistics.median(diffs), 5) if diffs else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--phases", nargs="+", default=["a_joint", "b", "c"], choices=list(EXPERIMENTS))
+    parser.add_argument("--strategies", nargs="+", default=["deepspeed_stage_2", "fsdp"], choices=list(PRESETS))
+    parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--checkpoint-every", type=int, default=25)
+    parser.add_argument("--kill-after-checkpoint", type=int, default=50, help="step whose checkpoint precedes the kill")
+    parser.add_argument("--kill-delay", type=float, default=5.0)
+    parser.add_argument("--batch", nargs="+", default=["a_joint=2", "b=4", "c=2"], help="global batch per phase")
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--peak", type=float, default=0.0, help="bf16 TFLOP/s (0 = measure)")
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    parser.add_argument("--run-timeout", type=float, default=900)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/strategies"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "strategies.json")
+    parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every run")
+    parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver; ddp only)")
+    args = parser.parse_args()
+    args.global_batch = {k: int(v) for k, v in (item.split("=") for item in args.batch)}
+    if not args.peak and not args.tiny:
+        from phase_b import measure_bf16_peak
+
+        args.peak = round(measure_bf16_peak("cuda"), 1)
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results.setdefault("runs", {})
+    results.update(peak_tflops=args.peak, steps=args.steps, global_batch=args.global_batch)
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+
+    for phase in args.phases:
+        data = make_data(phase, args.work / "data" / phase, args.samples, args.tiny)
+        for strategy in args.strategies:
+            reference = None
+            for gpus in sorted(args.gpus):
+                name = f"{phase}:{strategy}:{gpus}gpu"
+                out = args.work / "runs" / name.replace(":", "_")
+                record = results["runs"][name] = {"phase": phase, "strategy": strategy, "gpus": gpus,
+                                                  "global_batch": args.global_batch[phase]}
+                try:
+                    if gpus == 1:  # save, stop, resume, continue
+                        record["first_half"] = train(args, phase, strategy, gpus, data, out, args.steps // 2)
+                        record["resumed"] = train(args, phase, strategy, gpus, data, out, args.steps)
+                    else:  # killed after a checkpoint, restarted
+                        record["run"] = train(args, phase, strategy, gpus, data, out, args.steps,
+                                              kill_at=args.kill_after_checkpoint)
+                    record["perf"] = perf(out)
+                    curve = losses(out)
+                    record["loss_first_last"] = [round(curve[min(curve)], 4), round(curve[max(curve)], 4)]
+                    record["steps_logged"] = len(curve)
+                    if reference is None:
+                        reference = curve
+                    else:
+                        record["vs_1gpu"] = compare(reference, curve)
+                        base = results["runs"].get(f"{phase}:{strategy}:1gpu", {}).get("perf", {})
+                        if base.get("samples_per_s") and record["perf"].get("samples_per_s"):
+                            record["scaling_efficiency"] = round(
+                                record["perf"]["samples_per_s"] / (gpus * base["samples_per_s"]), 3)
+                except Exception as error:  # noqa: BLE001 - keep the other runs
+                    record["error"] = str(error)[-3000:]
+                print(name, json.dumps({k: v for k, v in record.items() if k != "error"}),
+                      record.get("error", "")[-1500:], flush=True)
+                save()
+    save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Fault injection (issue 7): training runs of every phase killed with SIGKILL at random steps and in
+the middle of checkpoint writes, or preempted with SIGTERM, then restarted, end with the same trained
+weights (bitwise) and the same loss history as an uninterrupted run; non-finite steps are skipped up to
+a limit; an incomplete checkpoint is never resumed from; the data pipeline killed at a random task
+resumes to the same shards.
+
+Runs go through ``tests/fault_driver.py`` (a child process per run, forked from a driver that imported
+torch and the phases once), so a kill is a real SIGKILL of the training process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from phase_a_helpers import write_synthetic_features
+from phase_b_helpers import write_synthetic_sessions
+from phase_c_helpers import write_synthetic_adaptation
+
+from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_partials, resume_checkpoint
+from animegamer.training.faults import LOSS_HISTORY, PREEMPTED_EXIT_CODE
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = Path(__file__).with_name("fault_driver.py")
+STEPS, EVERY = 8, 2
+COMMON = ["model=tiny", "trainer=cpu", "logger=none", f"phase.max_steps={STEPS}", "phase.warmup_steps=1",
+          "phase.batch_size=2", "phase.val_every_n_steps=1000", f"checkpoint.every_n_steps={EVERY}",
+          "checkpoint.keep_last=-1", "data.val_fraction=0.2"]
+PHASES = {  # overrides, data writer, seed of the random fault schedule
+    "a_joint": (["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0"], "features", 1),
+    "b": (["phase=b", "phase.lr=3e-3", "model.mllm.lora_dropout=0.05"], "sessions", 2),
+    "c": (["phase=c", "phase.lr=1e-3"], "adaptation", 3),
+}
+KILL_HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
+
+
+# ------------------------------------------------------------------------------------------ driver
+class Driver:
+    """tests/fault_driver.py in a subprocess: ``start`` forks a training run, ``wait`` reaps it."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, str(DRIVER)], cwd=ROOT, env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.logs: dict[int, Path] = {}
+
+    def _ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"fault driver died (rc {self.proc.poll()})"
+        return json.loads(line)
+
+    def start(self, output: Path, overrides: list[str], **faults) -> int:
+        output.mkdir(parents=True, exist_ok=True)
+        log = output.parent / f"{output.name}.{len(list(output.parent.glob(output.name + '.*.log')))}.log"
+        request = {"op": "start", "overrides": [*overrides, f"output_dir={output}"], "log": str(log), **faults}
+        pid = self._ask(request)["pid"]
+        self.logs[pid] = log
+        return pid
+
+    def wait(self, pid: int) -> int:
+        return self._ask({"op": "wait", "pid": pid})["rc"]
+
+    def run(self, output: Path, overrides: list[str], expect: int = 0, **faults) -> str:
+        pid = self.start(output, overrides, **faults)
+        rc = self.wait(pid)
+        text = self.logs[pid].read_text()
+        assert rc == expect, f"exit {rc}, expected {expect}:\n{text[-4000:]}"
+        return text
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def driver():
+    d = Driver()
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    from omegaconf import OmegaConf
+
+    from animegamer.config.compose import compose_config
+
+    root = tmp_path_factory.mktemp("fault_data")
+    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"])).model.encoders
+    # 12 training clips / sessions: 6 steps of 2 per epoch, so 8 steps cross an epoch boundary.
+    return {"features": write_synthetic_features(root / "features", enc, clips=14),
+            "sessions": write_synthetic_sessions(root / "sessions", sessions=16),
+            "adaptation": write_synthetic_adaptation(root / "adaptation", clips=16)}
+
+
+def _overrides(phase: str, data: dict, *extra: str) -> list[str]:
+    overrides, kind, _ = PHASES[phase]
+    return [*COMMON, *overrides, f"data.root={data[kind]}", *extra]
+
+
+@pytest.fixture(scope="module")
+def references(driver, data, tmp_path_factory):
+    """Uninterrupted runs, started together (they overlap the faulty runs); ``get(key)`` waits for one."""
+    root = tmp_path_factory.mktemp("references")
+    runs = {phase: (root / phase, _overrides(phase, data)) for phase in PHASES}
+    runs["a_joint_acc2"] = (root / "a_joint_acc2", _overrides("a_joint", data, "trainer.accumulate_grad_batches=2"))
+    pids = {key: driver.start(output, overrides) for key, (output, overrides) in runs.items()}
+    done: dict[str, Path] = {}
+
+    def get(key: str) -> Path:
+        if key not in done:
+            rc = driver.wait(pids[key])
+            assert rc == 0, driver.logs[pids[key]].read_text()[-4000:]
+            done[key] = runs[key][0]
+        return done[key]
+
+    yield get
+    for key in runs:
+        get(key)  # reap every child
+
+
+def _assert_same_result(output: Path, reference: Path) -> None:
+    trained, expected = (load_file(p / "export" / "trained.safetensors") for p in (output, reference))
+    assert trained.keys() == expected.keys()
+    for name, value in expected.items():
+        assert trained[name].dtype == value.dtype and torch.equal(trained[name].view(torch.uint8),
+                                                                  value.view(torch.uint8)), name
+    history = json.loads((output / LOSS_HISTORY).read_text())
+    assert history == json.loads((reference / LOSS_HISTORY).read_text())  # every micro-batch, exactly
+    assert [entry[0] for entry in history][-1] == STEPS
+    assert not list((output / "checkpoints").glob(f"*{PARTIAL}"))
+
+
+def _step(path: Path | None) -> int:
+    return int(path.name[len("step-"):-len(".ckpt")]) if path else 0
+
+
+# ------------------------------------------------------------------------------------------ SIGKILL
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_sigkill_at_random_steps_and_mid_checkpoint_write_resumes_exactly(phase, driver, data, references,
+                                                                          tmp_path):
+    rng = random.Random(PHASES[phase][2])
+    overrides, output = _overrides(phase, data), tmp_path / "faulty"
+    folder = output / "checkpoints"
+
+    # 1. SIGKILL at a random step, at a random point of it (after step-2.ckpt exists, see 2).
+    kill = {"step": rng.randint(EVERY + 1, STEPS - 1), "hook": rng.choice(KILL_HOOKS)}
+    driver.run(output, overrides, expect=-signal.SIGKILL, kill=kill)
+    assert not (output / LOSS_HISTORY).exists()  # written at the end only
+    resumed_from = resume_checkpoint(folder)
+    assert EVERY <= _step(resumed_from) <= kill["step"]
+
+    # 2. SIGKILL in the middle of writing the n-th checkpoint of the restarted run.
+    saves = len(range(_step(resumed_from) + EVERY, STEPS + 1, EVERY))
+    n = rng.randint(1, saves)
+    torn = folder / (checkpoint_name(_step(resumed_from) + n * EVERY) + PARTIAL)
+    log = driver.run(output, overrides, expect=-signal.SIGKILL, kill_in_save=n)
+    assert f"resuming from {resumed_from}" in log
+    assert torn.is_file() and torn.stat().st_size > 0, sorted(folder.iterdir())
+    assert not torn.with_name(torn.name[: -len(PARTIAL)]).exists()
+    previous = resume_checkpoint(folder)  # the torn save's predecessor, intact and loadable
+    assert _step(previous) == _step(resumed_from) + (n - 1) * EVERY
+    assert torch.load(previous, map_location="cpu", weights_only=True)["global_step"] == _step(previous)
+
+    # 3. Restarted until it completes; the torn .partial is removed, never loaded.
+    log = driver.run(output, overrides)
+    assert f"removing {torn}" in log and f"resuming from {previous}" in log
+    _assert_same_result(output, references(phase))
+
+
+# ------------------------------------------------------------------------------------------ SIGTERM
+# (accumulate, where the SIGTERM lands, step of the checkpoint it saves). global_step counts the steps
+# done, so "step": 2 is during the 3rd step. Checkpoints every 2 steps: a step-3 one is the preemption's.
+PREEMPTIONS = {
+    "acc1": (1, {"step": 2, "hook": "on_before_optimizer_step"}, 3),
+    # First micro-batch of step 3: held until the step's last micro-batch.
+    "acc2": (2, {"step": 2, "hook": "on_before_backward", "micro": 0}, 3),
+    # After Preemption's own on_train_batch_end of step 4's first micro-batch (in a later callback): it
+    # used to stop there, saving a mid-step step-3 checkpoint with one micro-batch too many.
+    "acc2-late": (2, {"step": 3, "hook": "on_train_batch_end", "micro": 0}, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PREEMPTIONS))
+def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, driver, data, references, tmp_path):
+    accumulate, pause, step = PREEMPTIONS[case]
+    overrides = _overrides("a_joint", data, f"trainer.accumulate_grad_batches={accumulate}")
+    output = tmp_path / "preempted"
+    pid = driver.start(output, overrides, pause=pause)
+    ready = Path(str(driver.logs[pid]) + ".ready")
+    deadline = time.monotonic() + 120
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ready.exists(), driver.logs[pid].read_text()[-4000:]
+    os.kill(pid, signal.SIGTERM)  # from outside, as a scheduler does
+    rc = driver.wait(pid)
+    log = driver.logs[pid].read_text()
+    assert rc == PREEMPTED_EXIT_CODE, log[-4000:]
+    assert f"preempted at step {step}" in log
+
+    saved = resume_checkpoint(output / "checkpoints")
+    assert saved.name == checkpoint_name(step)
+    assert sorted(p.name for p in saved.parent.iterdir()) == [checkpoint_name(s) for s in range(EVERY, step + 1, EVERY)
+                                                              if s != step] + [saved.name]
+    checkpoint = torch.load(saved, map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == step
+    history = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("LossHistory"))["entries"]
+    assert len(history) == step * accumulate  # whole optimizer steps only
+    assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"] == step * accumulate
+
+    log = driver.run(output, overrides)
+    assert f"resuming from {saved}" in log
+    _assert_same_result(output, references("a_joint" if accumulate == 1 else "a_joint_acc2"))
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def test_incomplete_checkpoints_are_never_resumed_from(tmp_path):
+    assert resume_checkpoint(tmp_path / "missing") is None
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    assert resume_checkpoint(folder) is None
+    (folder / checkpoint_name(2)).write_bytes(b"file checkpoint")
+    deepspeed = folder / checkpoint_name(4)  # a DeepSpeed folder: complete once its `latest` tag exists
+    (deepspeed / "checkpoint").mkdir(parents=True)
+    (deepspeed / "latest").write_text("checkpoint")
+    torn_folder = folder / checkpoint_name(6)  # killed before DeepSpeed wrote `latest`
+    (torn_folder / "checkpoint").mkdir(parents=True)
+    (torn_folder / "checkpoint" / "mp_rank_00_model_states.pt").write_bytes(b"half")
+    torn_file = folder / (checkpoint_name(8) + PARTIAL)
+    torn_file.write_bytes(b"half")
+    (folder / "notes.txt").write_text("not a checkpoint")
+    assert resume_checkpoint(folder) == deepspeed
+    clean_partials(folder)
+    assert not torn_file.exists() and (folder / checkpoint_name(2)).exists() and torn_folder.exists()
+    assert resume_checkpoint(folder) == deepspeed
+
+
+# ------------------------------------------------------------------------------------------ non-finite
+def _nan_run(data, tmp_path, monkeypatch, nan_steps: set[int], *overrides: str):
+    """In-process tiny phase (a) run whose loss is NaN in the steps that start at ``nan_steps``;
+    records weights and AdamW state before and after every step."""
+    import lightning as L
+
+    from animegamer.phases.phase_a import PhaseA
+    from animegamer.training import runner
+    from phase_a_helpers import tiny_train_cfg
+
+    original = PhaseA.training_step
+
+    def training_step(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        return loss * float("nan") if self.global_step in nan_steps else loss
+
+    monkeypatch.setattr(PhaseA, "training_step", training_step)
+
+    class Record(L.Callback):
+        def __init__(self):
+            self.steps = []
+
+        @staticmethod
+        def state(trainer, module):
+            weights = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+            adam = [{k: v.clone() for k, v in s.items()} for s in trainer.optimizers[0].state.values()]
+            return weights, adam
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.before = (trainer.global_step, self.state(trainer, module))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            step, before = self.before
+            self.steps.append((step, before, self.state(trainer, module), getattr(module, "skipped_steps", 0),
+                               getattr(module, "nonfinite_in_row", 0)))
+
+    record = Record()
+    make_trainer = runner.make_trainer
+    monkeypatch.setattr(runner, "make_trainer", lambda cfg, callbacks: make_trainer(cfg, [*callbacks, record]))
+    composed, cfg = tiny_train_cfg(data["features"], tmp_path / "run", "phase=a_joint", "phase.max_steps=4",
+                                   "logger=none", *overrides)
+    return record, lambda: runner.train(cfg, composed)
+
+
+def _same(a, b) -> bool:
+    weights_a, adam_a = a
+    weights_b, adam_b = b
+    return (all(torch.equal(weights_a[n], weights_b[n]) for n in weights_a) and len(adam_a) == len(adam_b)
+            and all(sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+                    for sa, sb in zip(adam_a, adam_b)))
+
+
+def test_non_finite_step_is_skipped_weights_and_adamw_state_unchanged(data, tmp_path, monkeypatch):
+    record, run = _nan_run(data, tmp_path, monkeypatch, {2}, "trainer.max_nonfinite_in_row=1")
+    assert run()["step"] == 4
+    by_step = {step: (before, after, skipped, in_row) for step, before, after, skipped, in_row in record.steps}
+    assert sorted(by_step) == [0, 1, 2, 3]
+    before, after, skipped, in_row = by_step[2]
+    assert _same(before, after) and skipped == 1 and in_row == 1  # the NaN step changed nothing
+    for step in (1, 3):  # the steps around it did train
+        assert not _same(by_step[step][0], by_step[step][1])
+    assert by_step[3][2:] == (1, 0)  # a finite step resets the in-a-row count, not the total
+
+
+def test_too_many_non_finite_steps_in_a_row_stop_the_run(data, tmp_path, monkeypatch):
+    _, run = _nan_run(data, tmp_path, monkeypatch, {1, 2, 3}, "trainer.max_nonfinite_in_row=2")
+    with pytest.raises(FloatingPointError) as error:
+        run()
+    message = str(error.value)
+    assert "non-finite gradients in 3 steps in a row at step 3" in message
+    assert "trainer.max_nonfinite_in_row=2" in message
+
+
+# ------------------------------------------------------------------------------------------ pipeline
