@@ -174,9 +174,16 @@ def test_sigkill_at_random_steps_and_mid_checkpoint_write_resumes_exactly(phase,
     assert _step(previous) == _step(resumed_from) + (n - 1) * EVERY
     assert torch.load(previous, map_location="cpu", weights_only=True)["global_step"] == _step(previous)
 
-    # 3. Restarted until it completes; the torn .partial is removed, never loaded.
-    log = driver.run(output, overrides)
+    # 3. Restarted: the torn .partial is removed, never loaded; SIGKILLed once more at a random step.
+    hook = rng.choice(KILL_HOOKS)
+    last = STEPS if hook == "on_train_batch_end" else STEPS - 1  # the other hooks never see global_step 8
+    kill = {"step": rng.randint(_step(previous) + 1, last), "hook": hook}
+    log = driver.run(output, overrides, expect=-signal.SIGKILL, kill=kill)
     assert f"removing {torn}" in log and f"resuming from {previous}" in log
+    assert not torn.exists()
+
+    # 4. Restarted until it completes.
+    log = driver.run(output, overrides)
     _assert_same_result(output, references(phase))
 
 
@@ -212,13 +219,13 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
 
     saved = resume_checkpoint(output / "checkpoints")
     assert saved.name == checkpoint_name(step)
-    assert sorted(p.name for p in saved.parent.iterdir()) == [checkpoint_name(s) for s in range(EVERY, step + 1, EVERY)
-                                                              if s != step] + [saved.name]
+    periodic = {checkpoint_name(s) for s in range(EVERY, step + 1, EVERY)}
+    assert {p.name for p in saved.parent.iterdir()} == periodic | {saved.name}  # nothing past the boundary
     checkpoint = torch.load(saved, map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == step
     history = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("LossHistory"))["entries"]
     assert len(history) == step * accumulate  # whole optimizer steps only
-    assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"] == step * accumulate
+    assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == step * accumulate
 
     log = driver.run(output, overrides)
     assert f"resuming from {saved}" in log
@@ -321,3 +328,39 @@ def test_too_many_non_finite_steps_in_a_row_stop_the_run(data, tmp_path, monkeyp
 
 
 # ------------------------------------------------------------------------------------------ pipeline
+def test_pipeline_killed_at_random_tasks_resumes_to_identical_shards(toy_film, toy_run, tmp_path):
+    """tests/test_pipeline_restart.py kills after a fixed 3 tasks; here after a seeded random number."""
+    from conftest import REPO, pipeline_overrides, run_pipeline
+
+    from data_pipeline.staging import Staging
+
+    rng = random.Random(7)  # the toy film has 10 tasks: killed after 6
+    output = tmp_path / "run"
+    overrides = pipeline_overrides(output, [toy_film.video_path], toy_film.captions_path,
+                                   "pipeline.shots_per_task=1", "pipeline.workers=1")
+    staging = Staging(output)
+    done = lambda tasks: sum(staging.task_done(toy_film.film_id, t) for t in range(tasks))
+    proc = subprocess.Popen([sys.executable, "-m", "data_pipeline", *overrides], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline, target, tasks = time.monotonic() + 120, None, 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        plan = staging.plan(toy_film.film_id)
+        if plan and target is None:
+            tasks = len(plan["tasks"])
+            target = rng.randint(1, tasks - 1)
+        if target is not None and done(tasks) >= target:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert target <= done(tasks) < tasks
+    assert not (output / "clips" / "manifest.json").exists()
+
+    report = run_pipeline(overrides)
+    reference = toy_run[0]
+    assert report["counts"] == toy_run[1]["counts"]
+    for step in ("clips", "features"):
+        produced = {p.name: p.read_bytes() for p in sorted((output / step).glob("shard-*.tar"))}
+        assert produced and produced == {p.name: p.read_bytes() for p in sorted((reference / step).glob("shard-*.tar"))}
+    assert not list(output.rglob(".tmp-*"))

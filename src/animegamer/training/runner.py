@@ -1,6 +1,7 @@
 """``train.py``'s body: typed config in, a fitted phase out (checkpoints, export, logs)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from functools import partial
 from pathlib import Path
@@ -52,8 +53,9 @@ def clip_lookup(cfg: RunConfig, keys: list[str]):
     return lambda key: dataset[positions[key]]
 
 
-def build_phase(cfg: RunConfig) -> tuple:
-    """(module, datamodule, export function, extra callbacks) of the configured phase."""
+def build_phase(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> tuple:
+    """(module, datamodule, export function, extra callbacks) of the configured phase; modules are
+    built inside ``init()`` (the trainer's: random weights of 7B parameters straight on the GPU)."""
     from animegamer.phases.phase_a import STAGES
 
     if cfg.phase.name in STAGES:
@@ -74,13 +76,16 @@ def build_phase(cfg: RunConfig) -> tuple:
             lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
             callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
                                               cfg.phase.val_clips, cfg.phase.val_sampling_steps))
-        return PhaseA(cfg, frozen), data, export_phase_a, callbacks
+        with init():
+            module = PhaseA(cfg, frozen)
+        return module, data, export_phase_a, callbacks
     if cfg.phase.name == "b":
         from animegamer.phases.phase_b import PhaseB, export_phase_b
 
         from animegamer.data import phase_b as data_b
 
-        module = PhaseB(cfg)
+        with init():
+            module = PhaseB(cfg)
         tokenizer, ids = module.tokenizer, module.ids
         data = ShardData(
             data_b.SessionWindows(data_b.session_shards(cfg, "train"), tokenizer, ids, cfg.data.window_weights, cfg.seed),
@@ -96,7 +101,9 @@ def build_phase(cfg: RunConfig) -> tuple:
 
         data = ShardData(adaptation_dataset(cfg, "train"), adaptation_dataset(cfg, "val"),
                          partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
-        return PhaseC(cfg), data, export_phase_c, []
+        with init():
+            module = PhaseC(cfg)
+        return module, data, export_phase_c, []
     raise ValueError(f"unknown phase {cfg.phase.name!r}")
 
 
@@ -132,18 +139,20 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     out = Path(cfg.output_dir)
     folder = out / CHECKPOINT_DIR
     resolved = OmegaConf.to_container(resolved, resolve=True) if isinstance(resolved, DictConfig) else resolved
-    module, data, export_fn, phase_callbacks = build_phase(cfg)
     checkpoints = ModelCheckpoint(dirpath=str(folder), every_n_train_steps=cfg.checkpoint.every_n_steps,
                                   save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max",
                                   filename=PATTERN, auto_insert_metric_name=False)
-    callbacks = [checkpoints, ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}),
-                 Preemption(cfg.trainer.preemption_signals, folder), LossHistory(out)]
+    callbacks = [checkpoints, Preemption(cfg.trainer.preemption_signals, folder), LossHistory(out)]
     if cfg.logger.kind != "none":
         callbacks.append(LearningRateMonitor(logging_interval="step"))
-    callbacks += phase_callbacks
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
     trainer = make_trainer(cfg, callbacks)
+    on_gpu = cfg.trainer.accelerator != "cpu"
+    init = (lambda: trainer.init_module(empty_init=False)) if on_gpu else contextlib.nullcontext
+    module, data, export_fn, phase_callbacks = build_phase(cfg, init)
+    # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
+    trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])
     clean_partials(folder)
     resume = resume_checkpoint(folder)
     if resume is not None:
