@@ -173,7 +173,7 @@ def main() -> None:
     if not args.peak and not args.tiny:
         from phase_b import measure_bf16_peak
 
-        args.peak = round(measure_bf16_peak("cuda"), 1)
+        args.peak = round(measure_bf16_peak("cuda") / 1e12, 1)  # FLOP/s -> TFLOP/s
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results.setdefault("runs", {})
     results.update(peak_tflops=args.peak, steps=args.steps, global_batch=args.global_batch)

@@ -31,6 +31,16 @@ def step_generator(seed: int, step: int, rank: int, device: torch.device | str =
     return generator
 
 
+def compute_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype the module's weights compute in: float32 under autocast (bf16-mixed; FSDP casts inside
+    its units), bfloat16 where an engine converted the weights themselves (DeepSpeed's bf16 mode,
+    bf16-true). ``LightningModule.dtype`` misses DeepSpeed's conversion, so inputs are cast to this."""
+    for param in module.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
 def sample_positions(micro_step: int, batch_size: int, rank: int, world_size: int) -> list[int]:
     """Global stream positions of this rank's samples in one micro-step.
 

@@ -20,7 +20,7 @@ from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
-from animegamer.phases.common import (SampleRandom, clip_gradients, keep_trained, make_optimizer, sample_positions,
+from animegamer.phases.common import (SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer, sample_positions,
                                       set_trainable, trainable_names)
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,9 @@ class PhaseA(L.LightningModule):
         frozen = self.frozen
         video = batch["video"]  # (B, T, H, W, 3) uint8
         with torch.no_grad():
-            latents = frozen.vae.encode(video).to(self.dtype)
-            text = frozen.t5.encode(list(batch["motion_text"])).to(self.dtype)
-            image = frozen.clip.encode(batch["frame"]).to(self.dtype)
+            latents = frozen.vae.encode(video).to(self.compute_dtype)
+            text = frozen.t5.encode(list(batch["motion_text"])).to(self.compute_dtype)
+            image = frozen.clip.encode(batch["frame"]).to(self.compute_dtype)
         return ClipBatch(latents, text, image, batch["flow"])
 
     # ----------------------------------------------------------------------- training
@@ -139,7 +139,7 @@ class PhaseA(L.LightningModule):
             text, image = cfg_dropout(text, image, phase.text_dropout, phase.image_dropout, draw)
         denoise = lambda x_t, t: self.model(x_t, t, text, image, clips.flow)
         return denoising_loss(denoise, clips.latents, draw, self.alphas_cumprod,
-                              self.cfg.model.diffusion.num_train_timesteps, self.dtype, t)
+                              self.cfg.model.diffusion.num_train_timesteps, self.compute_dtype, t)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # On the module's device: drawing the (B, T, C, H, W) noise on the CPU stalled the GPU every step.
@@ -177,7 +177,11 @@ class PhaseA(L.LightningModule):
             diffusion = replace(diffusion, sampling_steps=steps)
         cond = self.model.encoder(clips.text, clips.image)
         return sample(self.model.decoder, tuple(clips.latents.shape), cond, self.model.unconditional(clips),
-                      clips.flow, diffusion, generator, dtype=self.dtype)
+                      clips.flow, diffusion, generator, dtype=self.compute_dtype)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return compute_dtype(self.model)
 
     def trainable_parameter_names(self) -> list[str]:
         return trainable_names(self.model)

@@ -14,7 +14,7 @@ import torch
 from animegamer.checkpoints.export import load_export
 from animegamer.config.schema import RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
-from animegamer.phases.common import SampleRandom, clip_gradients, keep_trained, make_optimizer, set_trainable, trainable_names
+from animegamer.phases.common import SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer, set_trainable, trainable_names
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
 from animegamer.phases.phase_a import ReconstructionModel, decoder_flops, decoder_tokens, export_phase_a, train_draw
 
@@ -49,19 +49,19 @@ class PhaseC(L.LightningModule):
     def unconditional(self) -> torch.Tensor:
         """(1, N, D): the encoder on zeroed text and image features, as in phase (a) and sampling."""
         enc = self.cfg.model.encoder
-        text = torch.zeros(1, enc.text_tokens, enc.text_dim, device=self.device, dtype=self.dtype)
-        image = torch.zeros(1, enc.image_tokens, enc.image_dim, device=self.device, dtype=self.dtype)
+        text = torch.zeros(1, enc.text_tokens, enc.text_dim, device=self.device, dtype=self.compute_dtype)
+        image = torch.zeros(1, enc.image_tokens, enc.image_dim, device=self.device, dtype=self.compute_dtype)
         return self.model.encoder(text, image)
 
     def loss(self, batch: dict, draw: SampleRandom, t: torch.Tensor | None = None,
              dropout: bool = True) -> torch.Tensor:
-        rep = batch["pred_rep"].to(self.dtype)
+        rep = batch["pred_rep"].to(self.compute_dtype)
         if dropout:
             with torch.no_grad():
                 rep = rep_dropout(rep, self.unconditional(), self.cfg.phase.text_dropout, draw)
         denoise = lambda x_t, t: self.model.decoder(x_t, t, rep, batch["flow"])
         return denoising_loss(denoise, batch["latents"], draw, self._alphas_cumprod.on(self.device),
-                              self.cfg.model.diffusion.num_train_timesteps, self.dtype, t)
+                              self.cfg.model.diffusion.num_train_timesteps, self.compute_dtype, t)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch, train_draw(self, batch_idx, self.batch_size_of(batch)))
@@ -79,6 +79,10 @@ class PhaseC(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         clip_gradients(self, gradient_clip_val, self.cfg.trainer.max_nonfinite_in_row)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return compute_dtype(self.model)
 
     def trainable_parameter_names(self) -> list[str]:
         return trainable_names(self.model)
