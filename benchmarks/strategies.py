@@ -207,9 +207,9 @@ def main() -> None:
                     else:
                         record["vs_1gpu"] = compare(reference, curve)
                         base = results["runs"].get(f"{phase}:{strategy}:1gpu", {}).get("perf", {})
+                        # perf/* is rank 0's view, i.e. per GPU: efficiency = per-GPU throughput ratio.
                         if base.get("samples_per_s") and record["perf"].get("samples_per_s"):
-                            record["scaling_efficiency"] = round(
-                                record["perf"]["samples_per_s"] / (gpus * base["samples_per_s"]), 3)
+                            record["scaling_efficiency"] = round(record["perf"]["samples_per_s"] / base["samples_per_s"], 3)
                 except Exception as error:  # noqa: BLE001 - keep the other runs
                     record["error"] = str(error)[-3000:]
                 print(name, json.dumps({k: v for k, v in record.items() if k != "error"}),

@@ -78,7 +78,9 @@ def full_weights(trainer):
     if kind == "FSDPStrategy":
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        with FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False, offload_to_cpu=True):
+        # CPU offload of the gathered copy only when there are shards (FSDP refuses it with one rank).
+        offload = trainer.world_size > 1
+        with FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False, offload_to_cpu=offload):
             yield
     elif kind == "DeepSpeedStrategy" and strategy.zero_stage_3:
         import deepspeed
