@@ -156,3 +156,21 @@ def test_bf16_mixed_with_fused_adamw_and_clipping_trains(data_root, tmp_path, mo
     monkeypatch.setattr(common.torch.optim, "AdamW", lambda *a, **k: original(*a, **{**k, "fused": True}))
     result = _run(data_root, tmp_path / "run", "phase=a_joint", "phase.max_steps=2", "trainer.precision=bf16-mixed")
     assert result["step"] == 2
+
+
+def test_inputs_follow_weights_an_engine_converted(data_root, tmp_path):
+    """DeepSpeed's bf16 mode converts the module's weights itself (LightningModule.dtype stays float32)
+    and hands bf16 inputs: the first H200 run then failed with 'mat1 and mat2 must have the same dtype'.
+    The phase casts to the weights' compute dtype, so the step runs."""
+    from animegamer.data.phase_a import phase_a_dataset
+    from animegamer.phases.common import SampleRandom
+    from animegamer.phases.phase_a import ClipBatch
+
+    _, cfg = tiny_train_cfg(data_root, tmp_path, "phase=a_joint")
+    module = PhaseA(cfg)
+    module.model.to(torch.bfloat16)  # what DeepSpeed's engine does: not through LightningModule.to
+    assert module.dtype == torch.float32 and module.compute_dtype == torch.bfloat16
+    item = phase_a_dataset(cfg, "train")[0]
+    clips = ClipBatch(*(item[k][None].to(torch.bfloat16) for k in ("latents", "text", "image")), item["flow"][None])
+    loss = module.diffusion_loss(clips, SampleRandom(0, range(1)))
+    assert torch.isfinite(loss) and loss.dtype == torch.float32
