@@ -40,9 +40,11 @@ PHASES = {
 }
 
 
-def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int) -> None:
+def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
+           global_batch: int = GLOBAL_BATCH) -> None:
+    """``global_batch``: samples per micro-batch over all processes."""
     overrides = COMMON + phase_overrides + [f"data.root={data_root}", f"output_dir={output}",
-                                            f"phase.batch_size={GLOBAL_BATCH // devices}",
+                                            f"phase.batch_size={global_batch // devices}",
                                             f"trainer.devices={devices}", f"trainer.strategy={'ddp' if devices > 1 else 'auto'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
@@ -50,16 +52,18 @@ def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: i
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-@pytest.mark.parametrize("phase", sorted(PHASES))
-def test_two_process_ddp_matches_single_process(phase, tmp_path):
+@pytest.mark.parametrize(("phase", "accumulate"), [(p, 1) for p in sorted(PHASES)] + [("a_joint", 2)])
+def test_two_process_ddp_matches_single_process(phase, accumulate, tmp_path):
     overrides, make_data = PHASES[phase]
+    overrides = overrides + [f"trainer.accumulate_grad_batches={accumulate}"]
     data_root = make_data(tmp_path / "data")
-    _train(data_root, tmp_path / "single", overrides, devices=1)
-    _train(data_root, tmp_path / "ddp", overrides, devices=2)
+    _train(data_root, tmp_path / "single", overrides, devices=1, global_batch=GLOBAL_BATCH // accumulate)
+    _train(data_root, tmp_path / "ddp", overrides, devices=2, global_batch=GLOBAL_BATCH // accumulate)
 
     ranks = [json.loads((tmp_path / "ddp" / name).read_text())
              for name in ("loss_history.json", "loss_history.rank1.json")]
-    assert len(ranks[0]) == len(ranks[1]) == STEPS  # both ranks saw every step's batch, no more
+    # both ranks ran every micro-batch of every step, no more
+    assert len(ranks[0]) == len(ranks[1]) == STEPS * accumulate
 
     single, ddp = logged_losses(tmp_path / "single"), logged_losses(tmp_path / "ddp")
     assert sorted(single) == sorted(ddp) == list(range(STEPS))
