@@ -117,6 +117,8 @@ class DecoderConfig:
     lora_alpha: float = 1.0
     lora_targets: List[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
     gradient_checkpointing: bool = False
+    # With gradient_checkpointing: recompute every k-th block only (1 = every block, the most memory saved).
+    gradient_checkpointing_every: int = 1
     # SDPA kernels on CUDA, in order of preference (unsupported ones are skipped for a shape):
     # cudnn | flash | efficient | math. cuDNN's fused attention is the fastest on Hopper for the
     # decoder's 64-wide heads and ~7k tokens (benchmarks/README.md); PyTorch's own default puts flash first.
@@ -170,6 +172,7 @@ class MLLMConfig:
     # official free greedy decoding, where a broken layout is an error with the generated text.
     constrained_states: bool = False
     gradient_checkpointing: bool = False
+    gradient_checkpointing_every: int = 1  # as model.decoder.gradient_checkpointing_every
 
 
 @dataclass

@@ -178,6 +178,11 @@ def check_training(cfg) -> list[str]:
                         f"{frozen.vae.latent_channels}")
     from animegamer.models.decoder import ATTENTION_BACKENDS
 
+    for key, every in (("model.decoder", dec.gradient_checkpointing_every),
+                       ("model.mllm", model.mllm.gradient_checkpointing_every)):
+        if every < 1:
+            problems.append(f"{key}.gradient_checkpointing_every={every} must be >= 1")
+
     for backend in dec.attention_backends:
         problems += _choice("model.decoder.attention_backends[]", str(backend), ATTENTION_BACKENDS)
     if phase.name == "b":

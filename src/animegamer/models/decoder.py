@@ -235,12 +235,17 @@ class MotionScopeDecoder(nn.Module):
             raise ValueError(f"rep must be (B, {self.rep_tokens}, {self.hidden}), got {tuple(rep.shape)}")
 
     # ----------------------------------------------------------------------- switches
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute block activations in backward (the paper-scale memory saver)."""
-        if enabled:
+    def set_gradient_checkpointing(self, enabled: bool, every: Optional[int] = None) -> None:
+        """Recompute block activations in backward (the paper-scale memory saver): every block through
+        diffusers, or every k-th (``every``, default the config's) through :mod:`.recompute`."""
+        from animegamer.models.recompute import checkpoint_every
+
+        every = self.cfg.gradient_checkpointing_every if every is None else every
+        if enabled and every == 1:
             self.transformer.enable_gradient_checkpointing()
         else:
             self.transformer.disable_gradient_checkpointing()
+        checkpoint_every(self.transformer.transformer_blocks, every if enabled and every > 1 else 0)
 
     @property
     def has_lora(self) -> bool:

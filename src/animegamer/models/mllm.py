@@ -294,12 +294,19 @@ class GameStateMLLM(nn.Module):
         self.apply_trainable()
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute each decoder layer in backward (non-reentrant), the paper-scale memory saver.
+        """Recompute each decoder layer in backward (non-reentrant), the paper-scale memory saver;
+        with ``cfg.gradient_checkpointing_every`` = k > 1 only every k-th layer (:mod:`.recompute`).
 
         Uses ``activation_checkpointing_*`` where transformers has it (the ``gradient_checkpointing_*``
         names are deprecated there), the old names before.
         """
+        from animegamer.models.recompute import checkpoint_every
+
         lm = self.causal_lm
+        every = self.cfg.gradient_checkpointing_every
+        checkpoint_every(lm.model.layers, every if enabled and every > 1 else 0)
+        if enabled and every > 1:  # selective: only the wrapped layers recompute
+            enabled = False
         if enabled:
             if hasattr(lm, "activation_checkpointing_enable"):
                 lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
