@@ -328,6 +328,9 @@ class PhaseConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     batch_size: int = 1  # per device
+    # Phase (b): pack the batch's sequences into rows of at most this many tokens instead of padding
+    # each to the longest (0 = pad). Same losses; fewer padded tokens (mllm.packing).
+    pack_tokens: int = 0
     text_dropout: float = 0.05  # CFG dropout of the text branch
     image_dropout: float = 0.05  # CFG dropout of the image branch
     random_frame: bool = False  # Table 3 ablation: condition on a random frame, not the first

@@ -156,6 +156,8 @@ def check_training(cfg) -> list[str]:
     for name in ("text_dropout", "image_dropout"):
         if not 0 <= getattr(phase, name) < 1:
             problems.append(f"phase.{name}={getattr(phase, name)} must be in [0, 1)")
+    if phase.pack_tokens < 0 or (phase.pack_tokens and phase.name != "b"):
+        problems.append(f"phase.pack_tokens={phase.pack_tokens}: must be >= 0, and only phase b packs sequences")
     if phase.random_frame and phase.input != "clips":
         problems.append("phase.random_frame needs phase.input=clips: precomputed features hold the first frame only")
     enc, dec, frozen = model.encoder, model.decoder, model.encoders

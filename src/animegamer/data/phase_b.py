@@ -87,8 +87,14 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
                  world_size: int) -> DataLoader:
     per_step = cfg.phase.batch_size * cfg.trainer.accumulate_grad_batches
     sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step, with_position=True)
+    if cfg.phase.pack_tokens:
+        from animegamer.mllm.packing import pack_sequences
+
+        collate = partial(pack_sequences, pad_id=pad_id, capacity=cfg.phase.pack_tokens)
+    else:
+        collate = partial(collate_sequences, pad_id=pad_id)
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, drop_last=True,
-                      num_workers=cfg.data.num_workers, collate_fn=partial(collate_sequences, pad_id=pad_id),
+                      num_workers=cfg.data.num_workers, collate_fn=collate,
                       persistent_workers=cfg.data.num_workers > 0)
 
 

@@ -247,6 +247,6 @@ def scatter_history(embeds: torch.Tensor, history_reps_projected: torch.Tensor,
 
 
 def gather_queries(hidden: torch.Tensor, query_mask: torch.Tensor, num_query_tokens: int) -> torch.Tensor:
-    """(B, N, H) hidden states at the query positions (each row has exactly N, in order)."""
-    batch = hidden.shape[0]
-    return hidden[query_mask.bool()].reshape(batch, num_query_tokens, hidden.shape[-1])
+    """(S, N, H) hidden states at the query positions, in order: S = B, one sequence per row, or the
+    number of sequences of a packed batch (N query positions each, row by row)."""
+    return hidden[query_mask.bool()].reshape(-1, num_query_tokens, hidden.shape[-1])

@@ -24,11 +24,13 @@ def _check(query_mask: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.
     return query_mask.bool(), padding_mask.bool()
 
 
-def allowed_matrix(query_mask: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+def allowed_matrix(query_mask: torch.Tensor, padding_mask: torch.Tensor,
+                   document_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, L, L) bool, ``[b, i, j]`` True when position i may attend to position j.
 
     ``query_mask`` (B, L) bool: the target's query positions; ``padding_mask`` (B, L) bool: True on
-    real tokens, False on padding.
+    real tokens, False on padding; ``document_ids`` (B, L) long for packed rows
+    (:mod:`animegamer.mllm.packing`): attention stays inside each sequence.
     """
     query, valid = _check(query_mask, padding_mask)
     length = query.shape[1]
@@ -36,6 +38,8 @@ def allowed_matrix(query_mask: torch.Tensor, padding_mask: torch.Tensor) -> torc
     causal = positions[None, :] <= positions[:, None]  # (L, L): j <= i
     bidirectional = query[:, :, None] & query[:, None, :]  # (B, L, L)
     allowed = (causal[None] | bidirectional) & valid[:, None, :] & valid[:, :, None]
+    if document_ids is not None:
+        allowed = allowed & (document_ids[:, :, None] == document_ids[:, None, :])
     return allowed | torch.eye(length, dtype=torch.bool, device=query.device)[None]
 
 
@@ -48,20 +52,23 @@ def attention_mask_4d(query_mask: torch.Tensor, padding_mask: torch.Tensor,
     return mask[:, None]
 
 
-def mask_mod_for(query_mask: torch.Tensor, padding_mask: torch.Tensor):
+def mask_mod_for(query_mask: torch.Tensor, padding_mask: torch.Tensor, document_ids: torch.Tensor | None = None):
     """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the same rule (tensors captured, (B, L))."""
     query, valid = _check(query_mask, padding_mask)
+    # Unpacked rows are one document: a zero tensor keeps one mask_mod for both cases.
+    documents = document_ids if document_ids is not None else torch.zeros_like(query, dtype=torch.long)
 
     def mask_mod(b, h, q_idx, kv_idx):
         causal = kv_idx <= q_idx
         bidirectional = query[b, q_idx] & query[b, kv_idx]
-        return ((causal | bidirectional) & valid[b, kv_idx] & valid[b, q_idx]) | (q_idx == kv_idx)
+        same = documents[b, q_idx] == documents[b, kv_idx]
+        return ((causal | bidirectional) & same & valid[b, kv_idx] & valid[b, q_idx]) | (q_idx == kv_idx)
 
     return mask_mod
 
 
 def flex_block_mask(query_mask: torch.Tensor, padding_mask: torch.Tensor, block_size: int = 128,
-                    compiled: bool = False):
+                    compiled: bool = False, document_ids: torch.Tensor | None = None):
     """A FlexAttention ``BlockMask`` (B, 1 head broadcast, L, L) of the same rule, on the masks' device.
 
     ``compiled=True`` builds it with torch.compile (faster for long sequences on GPU).
@@ -70,5 +77,5 @@ def flex_block_mask(query_mask: torch.Tensor, padding_mask: torch.Tensor, block_
 
     query, valid = _check(query_mask, padding_mask)
     batch, length = query.shape
-    return create_block_mask(mask_mod_for(query, valid), batch, None, length, length, device=query.device,
+    return create_block_mask(mask_mod_for(query, valid, document_ids), batch, None, length, length, device=query.device,
                              BLOCK_SIZE=block_size, _compile=compiled)

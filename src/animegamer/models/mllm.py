@@ -381,7 +381,8 @@ class GameStateMLLM(nn.Module):
         return embeds
 
     def _allowed_mask(self, mask: Optional[torch.Tensor], query_mask: Optional[torch.Tensor],
-                      padding_mask: Optional[torch.Tensor], input_ids: torch.Tensor):
+                      padding_mask: Optional[torch.Tensor], input_ids: torch.Tensor,
+                      document_ids: Optional[torch.Tensor] = None):
         """(B, 1, L, L) bool, True = attend, from the caller's mask or the default rule.
 
         ``mask`` None: the rule of :func:`animegamer.mllm.masks.allowed_matrix` from ``query_mask``
@@ -396,7 +397,7 @@ class GameStateMLLM(nn.Module):
         if mask is None:
             query = query_mask if query_mask is not None else torch.zeros_like(input_ids, dtype=torch.bool)
             valid = padding_mask if padding_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-            allowed = allowed_matrix(query, valid)[:, None]
+            allowed = allowed_matrix(query, valid, document_ids)[:, None]
         else:
             if mask.ndim != 4 or mask.shape[-2:] != (length, length):
                 raise ValueError(f"attention_mask_4d must be (B, 1, {length}, {length}), got {tuple(mask.shape)}")
@@ -413,12 +414,16 @@ class GameStateMLLM(nn.Module):
         blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
         return torch.zeros((), dtype=dtype, device=allowed.device).where(allowed, blocked)
 
-    def _query_hidden(self, hidden: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-        """(B, L, H) -> (B, N, H) at the query positions, in sequence order."""
+    def _query_hidden(self, hidden: torch.Tensor, query_mask: torch.Tensor,
+                      document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, L, H) -> (S, N, H) at the query positions, in sequence order: S = B, or the number of
+        packed sequences with ``document_ids``."""
         counts = query_mask.sum(dim=1)
-        if not bool((counts == self.num_query_tokens).all()):
+        if document_ids is None and not bool((counts == self.num_query_tokens).all()):
             raise ValueError(f"every sample needs exactly {self.num_query_tokens} query positions, "
                              f"got {counts.tolist()}")
+        if document_ids is not None and int(counts.sum()) != self.num_query_tokens * (int(document_ids.max()) + 1):
+            raise ValueError(f"every packed sequence needs exactly {self.num_query_tokens} query positions")
         return gather_queries(hidden, query_mask, self.num_query_tokens)
 
     def _project_out(self, hidden_queries: torch.Tensor) -> torch.Tensor:
@@ -427,10 +432,11 @@ class GameStateMLLM(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor, attention_mask_4d: Optional[torch.Tensor] = None,
                       history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
                       query_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
-                      padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      padding_mask: Optional[torch.Tensor] = None,
+                      document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Last hidden states (after the final norm), (B, L, H)."""
         embeds = self.embed_inputs(input_ids, history_reps, history_index)
-        allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids)
+        allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids, document_ids)
         out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
                                    position_ids=_positions(position_ids, padding_mask, input_ids), use_cache=False)
         return out.last_hidden_state
@@ -440,7 +446,7 @@ class GameStateMLLM(nn.Module):
                 history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
                 query_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                 target_rep: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
-                padding_mask: Optional[torch.Tensor] = None,
+                padding_mask: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
                 return_logits: bool = False) -> Dict[str, Optional[torch.Tensor]]:
         """Losses and predictions of one batch (see the module docstring for the input format).
 
@@ -454,7 +460,7 @@ class GameStateMLLM(nn.Module):
         ``logits`` (B, L, V) only with ``return_logits``.
         """
         hidden = self.hidden_states(input_ids, attention_mask_4d, history_reps, history_index, query_mask,
-                                    position_ids, padding_mask)
+                                    position_ids, padding_mask, document_ids)
         lm_head = self.causal_lm.get_output_embeddings()
         out: Dict[str, Optional[torch.Tensor]] = dict(loss=None, lm_loss=None, rec_loss=None, cos_loss=None,
                                                       pred=None, label_logits=None, logits=None)
@@ -470,7 +476,7 @@ class GameStateMLLM(nn.Module):
             out["label_logits"] = label_logits
             terms.append(self.cfg.lm_weight * out["lm_loss"])
         if query_mask is not None:
-            pred = self._project_out(self._query_hidden(hidden, query_mask))
+            pred = self._project_out(self._query_hidden(hidden, query_mask, document_ids))
             out["pred"] = pred
             if target_rep is not None:
                 target = target_rep.to(pred.dtype)

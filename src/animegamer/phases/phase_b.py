@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 PHASE = "b"
 MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
-              "padding_mask")
+              "padding_mask", "document_ids")
 
 
 def game_tokenizer(cfg: RunConfig):
@@ -56,7 +56,7 @@ def attention_for(kind: str, batch: dict):
     a few 128-blocks, the rest causal, so most blocks are skipped or dense) or None, which lets the
     model build its boolean mask for SDPA / eager."""
     if kind == "flex":
-        return flex_block_mask(batch["query_mask"], batch["padding_mask"])
+        return flex_block_mask(batch["query_mask"], batch["padding_mask"], document_ids=batch.get("document_ids"))
     return None
 
 
@@ -83,7 +83,7 @@ class PhaseB(L.LightningModule):
         torch.manual_seed(step_seed(self.cfg.seed, self.global_step * accumulate + batch_idx % accumulate,
                                     self.global_rank))
         out = self.run_model(batch)
-        size = batch["input_ids"].shape[0]
+        size = self.batch_size_of(batch)
         for name in ("lm_loss", "rec_loss", "cos_loss"):
             if out[name] is not None:
                 self.log(f"train/{name}", out[name], batch_size=size)
@@ -99,7 +99,8 @@ class PhaseB(L.LightningModule):
             self.log(f"val/{name}", value, batch_size=size, sync_dist=True)
 
     def batch_size_of(self, batch: dict) -> int:
-        return int(batch["input_ids"].shape[0])
+        """Sequences in the batch (a packed row may hold several)."""
+        return int(batch["lengths"].shape[0])
 
     def tokens_of(self, batch: dict) -> int:
         return int(batch["padding_mask"].sum())
