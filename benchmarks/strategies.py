@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
 
-PRESETS = {"ddp": "ddp", "deepspeed_stage_2": "deepspeed_zero2", "deepspeed_stage_2_offload": "deepspeed_zero2_offload",
+PRESETS = {"gpu": "gpu", "ddp": "ddp", "deepspeed_stage_2": "deepspeed_zero2", "deepspeed_stage_2_offload": "deepspeed_zero2_offload",
            "fsdp": "fsdp"}
 EXPERIMENTS = {"a_joint": "paper_a_joint", "b": "paper_b", "c": "paper_c"}
 TOKENIZER = ROOT / ".device_wheels" / "tokenizer"
@@ -71,7 +71,8 @@ def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path,
              f"output_dir={out}", f"phase.max_steps={steps}", f"phase.batch_size={args.global_batch[phase] // gpus}",
              "phase.warmup_steps=5", "phase.val_every_n_steps=1000000", "phase.val_clips=0",
              f"checkpoint.every_n_steps={args.checkpoint_every}", "trainer.log_every_n_steps=5",
-             "trainer.throughput_every_n_steps=5", f"trainer.peak_tflops={args.peak}", "data.num_workers=4"]
+             f"trainer.throughput_every_n_steps={getattr(args, 'throughput_every', 5)}",
+             f"trainer.peak_tflops={args.peak}", "data.num_workers=4"]
     if args.tiny:
         found += TINY + ["trainer.accelerator=cpu", "trainer.precision=32-true", "data.num_workers=0"]
     elif phase == "b":

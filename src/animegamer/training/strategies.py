@@ -50,7 +50,9 @@ def make_strategy(cfg: RunConfig):
 
         # Frozen parameters are not registered by DDP (requires_grad=False), so every trained
         # parameter gets a gradient each step: no unused-parameter search needed.
-        return DDPStrategy(start_method="spawn" if name == "ddp_spawn" else "popen", find_unused_parameters=False)
+        # gradient_as_bucket_view: gradients live in the all-reduce buckets (no copy, less memory).
+        return DDPStrategy(start_method="spawn" if name == "ddp_spawn" else "popen", find_unused_parameters=False,
+                           gradient_as_bucket_view=True)
     if name == FSDP:
         from lightning.pytorch.strategies import FSDPStrategy
 
