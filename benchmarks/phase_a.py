@@ -309,7 +309,7 @@ def _build_on(device: torch.device, make: Callable[[], torch.nn.Module]) -> torc
 
 def build_framework(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Built:
     from animegamer.phases.common import SampleRandom, sample_positions
-    from animegamer.phases.phase_a import ClipBatch, PhaseA
+    from animegamer.phases.phase_a import PhaseA
 
     module = _build_on(device, lambda: PhaseA(cfg))
     module.to(device)  # also sets LightningModule.device, which diffusion_loss reads

@@ -1,7 +1,6 @@
 """``python -m data_pipeline [hydra overrides]`` (console script: ``animegamer-pipeline``)."""
 from __future__ import annotations
 
-import json
 import logging
 
 import hydra

@@ -8,7 +8,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import logging
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path

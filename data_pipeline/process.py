@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 
 from omegaconf import OmegaConf

@@ -8,7 +8,7 @@ from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
 from animegamer.config.validate import validate_train_run
 from animegamer.data.phase_b import FullSessions, session_of, session_shards
-from animegamer.mllm.collate import collate_sequences, make_example
+from animegamer.mllm.collate import collate_sequences
 from animegamer.mllm.predict import HistoryTurn, generate, predict_next, prompt_batch
 from animegamer.phases.common import make_optimizer
 from animegamer.phases.phase_b import PhaseB, state_accuracy
