@@ -171,6 +171,11 @@ def test_deepspeed_needs_a_gpu(data_root):
     assert "trainer.strategy='deepspeed_stage_2' needs trainer.accelerator=gpu" in text
 
 
+def test_fsdp_on_cpu_is_refused(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_warmup", "trainer.strategy=fsdp"))
+    assert "trainer.strategy='fsdp' needs trainer.accelerator=gpu" in text
+
+
 @pytest.mark.parametrize("phase", ["a_joint", "b", "c"])
 @pytest.mark.parametrize("strategy", ["deepspeed_stage_3", "deepspeed_stage_3_offload"])
 def test_zero3_is_refused_for_phases_that_export_a_lora_adapter(data_root, phase, strategy):

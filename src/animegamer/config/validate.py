@@ -273,6 +273,9 @@ def check_trainer(cfg) -> list[str]:
         if str(t.precision) not in DEEPSPEED_PRECISIONS:
             problems.append(f"trainer.precision={t.precision!r} is not supported by trainer.strategy={strategy!r}; "
                             f"use one of {DEEPSPEED_PRECISIONS}")
+    if strategy == "fsdp" and t.accelerator == "cpu":
+        problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
+                        "use strategy=ddp on CPU)")
     if any(marker in strategy for marker in SHARDED_STRATEGY_MARKERS) and phase in LORA_EXPORT_PHASES:
         problems.append(f"trainer.strategy={strategy!r} partitions the LoRA weights, and phase {phase!r} writes a "
                         f"peft LoRA adapter folder from them: use deepspeed_stage_2 (or deepspeed_stage_2_offload), "
