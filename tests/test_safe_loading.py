@@ -170,3 +170,35 @@ def test_official_importers_refuse_a_pickled_payload(tmp_path, marker):
         read_official_state_dict(tmp_path)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         read_official_mllm_state_dict(tmp_path / "pytorch_model.bin")
+
+
+def test_training_needs_no_network(tmp_path):
+    """A tiny phase (a) run with every socket connection refused still trains and exports: nothing
+    reaches for the network at run time (weights, tokenizers and loggers are local or offline)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    root = Path(__file__).resolve().parents[1]
+    script = textwrap.dedent(f"""
+        import socket, sys
+        def refuse(*args, **kwargs):
+            raise OSError("network access attempted at run time")
+        socket.socket.connect = refuse
+        socket.create_connection = refuse
+        sys.path[:0] = [{str(root / 'tests')!r}, {str(root / 'src')!r}]
+        from pathlib import Path
+        from omegaconf import OmegaConf
+        from animegamer.config.compose import compose_config
+        from animegamer.training.runner import train
+        from phase_a_helpers import tiny_train_cfg, write_synthetic_features
+        enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
+        data = write_synthetic_features(Path({str(tmp_path / 'data')!r}), enc)
+        composed, cfg = tiny_train_cfg(data, Path({str(tmp_path / 'run')!r}), "phase.max_steps=2")
+        print("step", train(cfg, composed)["step"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 2" in done.stdout
+    assert (tmp_path / "run" / "export" / "trained.safetensors").is_file()
