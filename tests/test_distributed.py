@@ -40,14 +40,20 @@ PHASES = {
 }
 
 
-def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
-           global_batch: int = GLOBAL_BATCH) -> None:
-    """``global_batch``: samples per micro-batch over all processes."""
+def _command(data_root: Path, output: Path, phase_overrides: list[str], devices: int, global_batch: int) -> list:
     overrides = COMMON + phase_overrides + [f"data.root={data_root}", f"output_dir={output}",
                                             f"phase.batch_size={global_batch // devices}",
                                             f"trainer.devices={devices}", f"trainer.strategy={'ddp' if devices > 1 else 'auto'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
+    return [sys.executable, str(ROOT / "train.py"), *overrides]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+
+
+def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
+           global_batch: int = GLOBAL_BATCH) -> None:
+    """``global_batch``: samples per micro-batch over all processes."""
+    done = subprocess.run(_command(data_root, output, phase_overrides, devices, global_batch), cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -75,3 +81,32 @@ def test_two_process_ddp_matches_single_process(phase, accumulate, tmp_path):
     assert trained_single.keys() == trained_ddp.keys()
     for name, value in trained_single.items():
         torch.testing.assert_close(trained_ddp[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_ddp_run_killed_after_a_checkpoint_resumes_exactly(tmp_path):
+    """Both ranks SIGKILLed (the whole process group) a moment after a checkpoint, then restarted: the
+    trained weights and every rank's loss history equal the uninterrupted 2-process run's, bitwise."""
+    import signal
+    import time
+
+    steps = ["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0", "phase.max_steps=60", "checkpoint.every_n_steps=10"]
+    data_root = _features(tmp_path / "data")
+    _train(data_root, tmp_path / "reference", steps, devices=2, global_batch=2)
+
+    command = _command(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)
+    run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    checkpoint = tmp_path / "killed" / "checkpoints" / "step-0000020.ckpt"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert not (tmp_path / "killed" / "export" / "export.json").exists() or \
+        json.loads((tmp_path / "killed" / "export" / "export.json").read_text()).get("step", 0) < 60
+    _train(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)
+
+    for name in ("loss_history.json", "loss_history.rank1.json"):
+        assert (tmp_path / "killed" / name).read_text() == (tmp_path / "reference" / name).read_text(), name
+    assert (tmp_path / "killed" / "export" / "trained.safetensors").read_bytes() == \
+        (tmp_path / "reference" / "export" / "trained.safetensors").read_bytes()

@@ -232,7 +232,7 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     assert {p.name for p in saved.parent.iterdir()} == periodic | {saved.name}  # nothing past the boundary
     checkpoint = torch.load(saved, map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == step
-    history = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("LossHistory"))["entries"]
+    history = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("LossHistory"))["ranks"][0]
     assert len(history) == step * accumulate  # whole optimizer steps only
     assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == step * accumulate
 

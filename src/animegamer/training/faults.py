@@ -101,12 +101,27 @@ class LossHistory(L.Callback):
         self.entries += [[step, index, float(loss)] for step, index, loss in self._pending]
         self._pending = []
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.rank = trainer.global_rank
+
     def state_dict(self) -> dict:
+        """Every rank's history: the checkpoint is written by rank 0 but restored on every rank. Every
+        rank saves a checkpoint together (Lightning), so gathering here is safe."""
         self._flush()
-        return {"entries": list(self.entries)}
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, self.entries)
+            return {"ranks": ranks}
+        return {"ranks": [list(self.entries)]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.entries, self._pending = [list(e) for e in state["entries"]], []
+        ranks = state["ranks"]
+        rank = getattr(self, "rank", 0)
+        if rank >= len(ranks):  # resumed on more processes: this rank's history starts here
+            log.warning("the checkpoint holds the loss history of %d rank(s); rank %d starts an empty one",
+                        len(ranks), rank)
+        self.entries = [list(e) for e in ranks[rank]] if rank < len(ranks) else []
+        self._pending = []
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._flush()
