@@ -83,9 +83,11 @@ def test_two_process_ddp_matches_single_process(phase, accumulate, tmp_path):
         torch.testing.assert_close(trained_ddp[name], value, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_ddp_run_killed_after_a_checkpoint_resumes_exactly(tmp_path):
-    """Both ranks SIGKILLed (the whole process group) a moment after a checkpoint, then restarted: the
-    trained weights and every rank's loss history equal the uninterrupted 2-process run's, bitwise."""
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
+    """Both ranks SIGKILLed (the whole process group), or preempted with SIGTERM, a moment after a
+    checkpoint, then restarted: the trained weights and every rank's loss history equal the
+    uninterrupted 2-process run's, bitwise."""
     import signal
     import time
 
@@ -94,14 +96,19 @@ def test_ddp_run_killed_after_a_checkpoint_resumes_exactly(tmp_path):
     _train(data_root, tmp_path / "reference", steps, devices=2, global_batch=2)
 
     command = _command(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)
-    run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+    run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True, text=True)
     checkpoint = tmp_path / "killed" / "checkpoints" / "step-0000020.ckpt"
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
+    os.killpg(run.pid, getattr(signal, how))
+    _, stderr = run.communicate(timeout=120)
+    if how == "SIGTERM":  # preempted: a checkpoint at a step boundary past step 20, exit code 143
+        from animegamer.training.faults import PREEMPTED_EXIT_CODE
+
+        assert run.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
+        assert "preempted at step" in stderr
     assert not (tmp_path / "killed" / "export" / "export.json").exists() or \
         json.loads((tmp_path / "killed" / "export" / "export.json").read_text()).get("step", 0) < 60
     _train(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)

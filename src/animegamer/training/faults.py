@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import threading
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -25,47 +24,49 @@ LOSS_HISTORY = "loss_history.json"
 class Preemption(L.Callback):
     """On any of ``signals``: finish the current optimizer step, save a checkpoint, exit.
 
-    Lightning turns SIGTERM into ``trainer.received_sigterm`` (and forwards it to every rank); the
-    other signals (SLURM's ``--signal=USR1@90``) are forwarded to it. A signal that lands in the middle
-    of gradient accumulation is held until the step's last micro-batch, so the checkpoint is always on
-    a step boundary, where the step-indexed data stream resumes exactly. On SLURM a SIGUSR1 also
-    requeues the job.
+    The signal handlers only note the request. At the end of each optimizer step (the last micro-batch
+    under gradient accumulation) the ranks agree on it with one all-reduce, so every rank stops after
+    the same step, where the step-indexed data stream resumes exactly; Lightning then raises its
+    ``SIGTERMException`` and :meth:`on_exception` saves. (Lightning's own SIGTERM handler broadcasts
+    from inside the handler; deferred to a step boundary, ranks could enter it at different steps and
+    hang, which a 2-process CPU test showed.) On SLURM a SIGUSR1 also requeues the job.
     """
 
     def __init__(self, signals: list[str], folder: str | Path) -> None:
         self.signals = [getattr(signal, name) for name in signals]
         self.folder = Path(folder)
         self.received: int | None = None
-        self._held = False
-        self._deferred: list = []  # Lightning's SIGTERM handler calls, run at the next step boundary
+        self._requested = False
+
+    def _note(self, signum: int, _frame) -> None:
+        self.received, self._requested = signum, True
+
+    def _install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                signal.signal(signum, self._note)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for signum in self.signals:
-            if signum != signal.SIGTERM:
-                signal.signal(signum, self._forward)
-
-    def _forward(self, signum: int, _frame) -> None:
-        self.received = signum
-        os.kill(os.getpid(), signal.SIGTERM)
+        self._install()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning's SIGTERM handler (registered for this fit) sets the flag checked after every batch;
-        # a signal landing after on_train_batch_end of a mid-step micro-batch (in a later callback, the
-        # logger) would stop the run mid-step. So the handler itself runs only at a step boundary.
-        handler = signal.getsignal(signal.SIGTERM)
-        if callable(handler) and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda signum, frame: self._deferred.append(partial(handler, signum, frame)))
+        self._install()  # over the SIGTERM handler Lightning registers for this fit
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         connector = trainer._signal_connector
-        mid_step = trainer.fit_loop.epoch_loop._should_accumulate()
-        if connector.received_sigterm and mid_step:  # landed before on_train_start
-            connector.received_sigterm, self._held = False, True
-        elif not mid_step:
-            while self._deferred:
-                self._deferred.pop(0)()
-            if self._held:
-                connector.received_sigterm, self._held = True, False
+        # A SIGTERM that Lightning caught before on_train_start: take it over, so that Lightning
+        # does not stop in the middle of a step (it checks its flag after every micro-batch).
+        self._requested |= connector.received_sigterm
+        connector.received_sigterm = False
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            return
+        requested = self._requested
+        if trainer.world_size > 1:
+            flag = torch.tensor([float(requested)], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            requested = bool(flag.item())
+        if requested:
+            connector.received_sigterm = True  # Lightning raises SIGTERMException after this batch
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
