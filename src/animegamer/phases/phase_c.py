@@ -14,9 +14,9 @@ import torch
 from animegamer.checkpoints.export import load_export
 from animegamer.config.schema import RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
-from animegamer.phases.common import SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer, set_trainable, trainable_names
+from animegamer.phases.common import SampleRandom, set_trainable
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
-from animegamer.phases.phase_a import ReconstructionModel, decoder_flops, decoder_tokens, export_phase_a, train_draw
+from animegamer.phases.phase_a import PhaseA, ReconstructionModel, export_phase_a, train_draw
 
 PHASE = "c"
 
@@ -74,30 +74,15 @@ class PhaseC(L.LightningModule):
                             t=torch.full((size,), t, dtype=torch.long), dropout=False) for t in VAL_TIMESTEPS]
         self.log("val/loss", torch.stack(losses).mean(), batch_size=size, sync_dist=True)
 
-    def configure_optimizers(self):
-        return make_optimizer(self.model, self.cfg.phase)
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        clip_gradients(self, gradient_clip_val, self.cfg.trainer.max_nonfinite_in_row)
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return compute_dtype(self.model)
-
-    def trainable_parameter_names(self) -> list[str]:
-        return trainable_names(self.model)
-
-    def batch_size_of(self, batch: dict) -> int:
-        return int(batch["flow"].shape[0])
-
-    def tokens_of(self, batch: dict) -> int:
-        return self.batch_size_of(batch) * decoder_tokens(self.cfg, self.model.encoder.num_tokens, batch)
-
-    def flops_per_batch(self, batch: dict) -> float:
-        return decoder_flops(self.cfg, self.model.encoder.num_tokens, batch)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        keep_trained(checkpoint, self.trainable)
+    # The same decoder and bookkeeping as phase (a): its methods, shared without inheritance.
+    configure_optimizers = PhaseA.configure_optimizers
+    configure_gradient_clipping = PhaseA.configure_gradient_clipping
+    compute_dtype = PhaseA.compute_dtype
+    trainable_parameter_names = PhaseA.trainable_parameter_names
+    batch_size_of = PhaseA.batch_size_of
+    tokens_of = PhaseA.tokens_of
+    flops_per_batch = PhaseA.flops_per_batch
+    on_save_checkpoint = PhaseA.on_save_checkpoint
 
 
 def export_phase_c(module: PhaseC, folder: str | Path, meta: dict) -> Path:
