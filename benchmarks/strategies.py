@@ -3,7 +3,8 @@
 For each phase and strategy, on random weights of the true sizes and synthetic shards of the true
 shapes (``animegamer.data.synthetic``):
 
-- 1 GPU, global batch G: train to N/2 steps, stop, then run again to N (save, resume, continue);
+- 1 GPU, global batch G: train to M/2 steps, stop, then run again to M (save, resume, continue);
+  with ``--parallel`` the 1-GPU runs of the strategies share out the host's GPUs, one run per GPU;
 - k GPUs (k > 1), global batch G (G/k per GPU): SIGKILL the whole process group once the checkpoint
   of step K is complete and a few more steps ran, restart, finish at N.
 
@@ -80,8 +81,9 @@ def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path,
     return found + list(args.extra)
 
 
-def launch(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+def launch(cmd: list[str], log: Path, gpu: int | None = None) -> subprocess.Popen:
+    pinned = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+    env = {**os.environ, **pinned, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -100,12 +102,12 @@ def checkpoint_done(folder: Path, step: int) -> bool:
     return path.is_file() or (path / "latest").is_file()
 
 
-def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None) -> dict:
+def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None, gpu: int | None = None) -> dict:
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides(args, phase, strategy, gpus, data, out, steps)]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    proc = launch(cmd, log)
+    proc = launch(cmd, log, gpu)
     killed = False
     if kill_at is not None:
         while proc.poll() is None and not checkpoint_done(out, kill_at):
@@ -115,7 +117,7 @@ def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = N
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             killed = True
-            proc = launch(cmd, log)
+            proc = launch(cmd, log, gpu)
     code = wait(proc, log, args.run_timeout)
     if code != 0:
         raise RuntimeError(f"exit {code}; log tail:\n{log.read_text()[-4000:]}")
@@ -157,6 +159,8 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", default=["deepspeed_stage_2", "fsdp"], choices=list(PRESETS))
     parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--one-gpu-steps", type=int, default=0, help="steps of the 1-GPU runs (0 = --steps)")
+    parser.add_argument("--parallel", type=int, default=0, help="GPUs to share the 1-GPU runs out over (0 = in turn)")
     parser.add_argument("--checkpoint-every", type=int, default=25)
     parser.add_argument("--kill-after-checkpoint", type=int, default=50, help="step whose checkpoint precedes the kill")
     parser.add_argument("--kill-delay", type=float, default=5.0)
@@ -179,44 +183,72 @@ def main() -> None:
     results.setdefault("runs", {})
     results.update(peak_tflops=args.peak, steps=args.steps, global_batch=args.global_batch)
 
-    def save() -> None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-
     for phase in args.phases:
         data = make_data(phase, args.work / "data" / phase, args.samples, args.tiny)
-        for strategy in args.strategies:
-            reference = None
-            for gpus in sorted(args.gpus):
-                name = f"{phase}:{strategy}:{gpus}gpu"
-                out = args.work / "runs" / name.replace(":", "_")
-                record = results["runs"][name] = {"phase": phase, "strategy": strategy, "gpus": gpus,
-                                                  "global_batch": args.global_batch[phase]}
+        single = [(phase, strategy, 1) for strategy in args.strategies] if 1 in args.gpus else []
+        if args.parallel and single:
+            from concurrent.futures import ThreadPoolExecutor
+            from queue import Queue
+
+            free: Queue = Queue()
+            for gpu in range(args.parallel):
+                free.put(gpu)
+
+            def on_a_free_gpu(job) -> None:
+                gpu = free.get()
                 try:
-                    if gpus == 1:  # save, stop, resume, continue
-                        record["first_half"] = train(args, phase, strategy, gpus, data, out, args.steps // 2)
-                        record["resumed"] = train(args, phase, strategy, gpus, data, out, args.steps)
-                    else:  # killed after a checkpoint, restarted
-                        record["run"] = train(args, phase, strategy, gpus, data, out, args.steps,
-                                              kill_at=args.kill_after_checkpoint)
-                    record["perf"] = perf(out)
-                    curve = losses(out)
-                    record["loss_first_last"] = [round(curve[min(curve)], 4), round(curve[max(curve)], 4)]
-                    record["steps_logged"] = len(curve)
-                    if reference is None:
-                        reference = curve
-                    else:
-                        record["vs_1gpu"] = compare(reference, curve)
-                        base = results["runs"].get(f"{phase}:{strategy}:1gpu", {}).get("perf", {})
-                        # perf/* is rank 0's view, i.e. per GPU: efficiency = per-GPU throughput ratio.
-                        if base.get("samples_per_s") and record["perf"].get("samples_per_s"):
-                            record["scaling_efficiency"] = round(record["perf"]["samples_per_s"] / base["samples_per_s"], 3)
-                except Exception as error:  # noqa: BLE001 - keep the other runs
-                    record["error"] = str(error)[-3000:]
-                print(name, json.dumps({k: v for k, v in record.items() if k != "error"}),
-                      record.get("error", "")[-1500:], flush=True)
-                save()
-    save()
+                    run_one(args, results, data, *job, gpu=gpu)
+                finally:
+                    free.put(gpu)
+
+            with ThreadPoolExecutor(args.parallel) as pool:
+                list(pool.map(on_a_free_gpu, single))
+        else:
+            for job in single:
+                run_one(args, results, data, *job)
+        for strategy in args.strategies:
+            for gpus in sorted(g for g in args.gpus if g > 1):
+                run_one(args, results, data, phase, strategy, gpus)
+        save(args, results)
+    save(args, results)
+
+
+def save(args, results: dict) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+
+
+def run_one(args, results: dict, data: Path, phase: str, strategy: str, gpus: int, gpu: int | None = None) -> None:
+    """One run (1 GPU: stop and resume; k GPUs: killed and restarted), recorded into ``results``."""
+    name = f"{phase}:{strategy}:{gpus}gpu"
+    out = args.work / "runs" / name.replace(":", "_")
+    record = results["runs"][name] = {"phase": phase, "strategy": strategy, "gpus": gpus,
+                                      "global_batch": args.global_batch[phase], "extra": list(args.extra)}
+    try:
+        if gpus == 1:  # save, stop, resume, continue
+            steps = args.one_gpu_steps or args.steps
+            record["first_half"] = train(args, phase, strategy, gpus, data, out, steps // 2, gpu=gpu)
+            record["resumed"] = train(args, phase, strategy, gpus, data, out, steps, gpu=gpu)
+        else:  # killed after a checkpoint, restarted
+            record["run"] = train(args, phase, strategy, gpus, data, out, args.steps, kill_at=args.kill_after_checkpoint)
+        record["perf"] = perf(out)
+        curve = losses(out)
+        record["loss_first_last"] = [round(curve[min(curve)], 4), round(curve[max(curve)], 4)]
+        record["steps_logged"] = len(curve)
+        record["loss_curve"] = {step: round(loss, 6) for step, loss in sorted(curve.items())}
+        if gpus > 1:
+            reference_dir = args.work / "runs" / f"{phase}_{strategy}_1gpu"
+            if reference_dir.is_dir():
+                record["vs_1gpu"] = compare(losses(reference_dir), curve)
+            base = results["runs"].get(f"{phase}:{strategy}:1gpu", {}).get("perf", {})
+            # perf/* is rank 0's view, i.e. per GPU: efficiency = per-GPU throughput ratio.
+            if base.get("samples_per_s") and record["perf"].get("samples_per_s"):
+                record["scaling_efficiency"] = round(record["perf"]["samples_per_s"] / base["samples_per_s"], 3)
+    except Exception as error:  # noqa: BLE001 - keep the other runs
+        record["error"] = str(error)[-3000:]
+    print(name, json.dumps({k: v for k, v in record.items() if k != "error"}), record.get("error", "")[-1500:],
+          flush=True)
+    save(args, results)
 
 
 if __name__ == "__main__":

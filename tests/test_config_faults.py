@@ -226,3 +226,20 @@ def test_every_problem_is_reported_together(data_root, tmp_path):
         assert needle in text, needle
     assert len(problems) == 6, problems
     assert str(len(problems)) + " configuration problem(s)" in str(ConfigError(problems))
+
+
+def test_fsdp_sharding_is_checked(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "trainer=fsdp", "trainer.fsdp_sharding=SHARD_ALL"))
+    assert "trainer.fsdp_sharding" in text and "SHARD_ALL" in text and "SHARD_GRAD_OP" in text
+
+
+@pytest.mark.parametrize("sharding", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_fsdp_sharding_reaches_the_strategy(data_root, sharding):
+    from torch.distributed.fsdp import ShardingStrategy
+
+    from animegamer.training.strategies import make_strategy
+
+    cfg = train_cfg(data_root, "b", "trainer=fsdp", f"trainer.fsdp_sharding={sharding}")
+    strategy = make_strategy(cfg)
+    assert strategy.sharding_strategy == ShardingStrategy[sharding]
+    assert strategy.kwargs["forward_prefetch"] is True

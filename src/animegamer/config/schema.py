@@ -380,6 +380,14 @@ class TrainerConfig:
     max_nonfinite_in_row: int = 3
     # Signals that save a checkpoint at the end of the current optimizer step, then exit (preemption).
     preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # strategy=fsdp only: FULL_SHARD (least memory: weights re-gathered for the backward) or
+    # SHARD_GRAD_OP (weights gathered once per step and kept through the backward: less traffic,
+    # ZeRO-2's trade); HYBRID_SHARD shards within a node and replicates across nodes.
+    fsdp_sharding: str = "FULL_SHARD"
+    # '' | simple | advanced | pytorch (training/profiling.py): a trace of where the step time goes.
+    profiler: str = ""
+    profile_skip_steps: int = 10
+    profile_active_steps: int = 3
 
 
 @dataclass

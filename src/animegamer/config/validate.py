@@ -251,7 +251,8 @@ SHARDED_STRATEGY_MARKERS = ("stage_3",)
 
 def check_trainer(cfg) -> list[str]:
     """Devices, strategy and precision, and the strategy against what the phase export needs."""
-    from animegamer.training.strategies import STRATEGIES
+    from animegamer.training.profiling import PROFILERS
+    from animegamer.training.strategies import FSDP_SHARDINGS, STRATEGIES
 
     t, phase = cfg.trainer, cfg.phase.name
     problems: list[str] = []
@@ -262,6 +263,10 @@ def check_trainer(cfg) -> list[str]:
     if t.accumulate_grad_batches < 1:
         problems.append(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} must be >= 1")
     problems += _choice("trainer.precision", str(t.precision), KNOWN_PRECISIONS)
+    problems += _choice("trainer.profiler", str(t.profiler), PROFILERS)
+    if t.profiler == "pytorch" and (t.profile_skip_steps < 0 or t.profile_active_steps < 1):
+        problems.append(f"trainer.profile_skip_steps={t.profile_skip_steps} must be >= 0 and "
+                        f"trainer.profile_active_steps={t.profile_active_steps} >= 1")
     strategy = str(t.strategy)
     if strategy not in STRATEGIES:
         problems.append(f"trainer.strategy={strategy!r} is not a known strategy; use one of {STRATEGIES}")
@@ -273,6 +278,8 @@ def check_trainer(cfg) -> list[str]:
         if str(t.precision) not in DEEPSPEED_PRECISIONS:
             problems.append(f"trainer.precision={t.precision!r} is not supported by trainer.strategy={strategy!r}; "
                             f"use one of {DEEPSPEED_PRECISIONS}")
+    if strategy == "fsdp":
+        problems += _choice("trainer.fsdp_sharding", str(t.fsdp_sharding), FSDP_SHARDINGS)
     if strategy == "fsdp" and t.accelerator == "cpu":
         problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
                         "use strategy=ddp on CPU)")

@@ -19,6 +19,7 @@ from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCh
                                                clean_partials, resume_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
+from animegamer.training.profiling import make_profiler
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, make_strategy
 from animegamer.training.throughput import Throughput
@@ -129,7 +130,7 @@ def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
         val_check_interval=cfg.phase.val_every_n_steps, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, deterministic=t.deterministic, benchmark=t.benchmark,
         logger=make_logger(cfg), callbacks=callbacks, default_root_dir=cfg.output_dir,
-        enable_progress_bar=True, num_sanity_val_steps=0,
+        enable_progress_bar=True, num_sanity_val_steps=0, profiler=make_profiler(cfg),
     )
 
 

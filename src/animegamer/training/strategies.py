@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 DDP_STRATEGIES = ("auto", "ddp", "ddp_spawn")
 FSDP = "fsdp"
+FSDP_SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")  # trainer.fsdp_sharding
 # name -> (ZeRO stage, optimizer offload to CPU)
 DEEPSPEED_STRATEGIES = {
     "deepspeed_stage_1": (1, False),
@@ -58,8 +59,11 @@ def make_strategy(cfg: RunConfig):
 
         # use_orig_params: frozen and trained weights share a block's flat parameter (LoRA, AdaLN).
         # Full state dict: the phases' on_save_checkpoint then keeps only what trains.
-        return FSDPStrategy(auto_wrap_policy=block_types(cfg), sharding_strategy="FULL_SHARD",
-                            state_dict_type="full", use_orig_params=True, limit_all_gathers=True)
+        # forward_prefetch: the next block's all-gather is issued before this block's forward runs,
+        # so the gathers overlap compute in the forward as backward_prefetch does in the backward.
+        return FSDPStrategy(auto_wrap_policy=block_types(cfg), sharding_strategy=cfg.trainer.fsdp_sharding,
+                            state_dict_type="full", use_orig_params=True, limit_all_gathers=True,
+                            forward_prefetch=True)
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     stage, offload = DEEPSPEED_STRATEGIES[name]
