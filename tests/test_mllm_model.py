@@ -368,3 +368,47 @@ def test_adapter_refuses_another_model(model_cfg, vocab, tmp_path):
     other = GameStateMLLM(model_cfg.mllm, width + 8, tokens, len(vocab[0]))
     with pytest.raises(ValueError, match="rep_width"):
         other.load_adapter(folder)
+
+
+# --------------------------------------------------------------------------- model.mllm.compile
+def _loss_and_grads(model, batch):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    out = model(**batch)
+    out["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out["loss"].detach(), out["pred"].detach(), grads
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_compiled_layers_match_eager(model_cfg, vocab, checkpointing):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = _model(model_cfg, vocab, gradient_checkpointing=checkpointing, lora_dropout=0.0)
+    compiled = _model(model_cfg, vocab, gradient_checkpointing=checkpointing, lora_dropout=0.0, compile=True)
+    _randomize(eager)
+    _randomize(compiled)
+    assert list(dict(eager.named_parameters())) == list(dict(compiled.named_parameters()))
+    for turn_counts in ((3, 1), (2, 2, 1)):  # two padded lengths: the dynamic graph is reused
+        batch = _batch(model_cfg, vocab, turn_counts)
+        loss_e, pred_e, grads_e = _loss_and_grads(eager, batch)
+        loss_c, pred_c, grads_c = _loss_and_grads(compiled, batch)
+        assert loss_c.item() == pytest.approx(loss_e.item(), rel=1e-4)
+        torch.testing.assert_close(pred_c, pred_e, rtol=1e-4, atol=1e-5)
+        assert grads_c.keys() == grads_e.keys() and grads_e
+        for name in grads_e:
+            torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=name)
+    # one graph for both layers and both padded lengths, and no layer fell back to eager in part
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
+def test_compile_switch_compiles_every_layer_in_place(model_cfg, vocab):
+    model = _model(model_cfg, vocab, compile=True)
+    layers = model.causal_lm.model.layers
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    plain = _model(model_cfg, vocab)
+    assert dataclasses.replace(plain.cfg, compile=True) == model.cfg
+    assert all(layer._compiled_call_impl is None for layer in plain.causal_lm.model.layers)

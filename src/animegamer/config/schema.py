@@ -173,6 +173,9 @@ class MLLMConfig:
     constrained_states: bool = False
     gradient_checkpointing: bool = False
     gradient_checkpointing_every: int = 1  # as model.decoder.gradient_checkpointing_every
+    # torch.compile each decoder layer (models/compiling.py: one graph for all 32 layers, dynamic
+    # sequence length); the first steps compile.
+    compile: bool = False
 
 
 @dataclass

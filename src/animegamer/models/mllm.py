@@ -219,6 +219,10 @@ class GameStateMLLM(nn.Module):
                 self.add_lora()
         self.apply_trainable()
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
+        if cfg.compile:
+            from animegamer.models.compiling import compile_blocks
+
+            compile_blocks(self.causal_lm.model.layers)
 
     @staticmethod
     def _build_llm(cfg: MLLMConfig, dtype: Optional[torch.dtype], vocab_size: int) -> "MistralForCausalLM":
