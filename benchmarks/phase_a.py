@@ -277,6 +277,7 @@ class Variant:
     tf32: bool = False
     diag: str = ""  # framework diagnostics: rep_bf16 (cast the representation to bf16 under autocast)
     note: str = ""
+    compile: bool = False  # framework: model.decoder.compile=true (the first warm-up step compiles)
 
 
 @dataclass
@@ -311,6 +312,10 @@ def build_framework(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Bu
     from animegamer.phases.common import SampleRandom, sample_positions
     from animegamer.phases.phase_a import PhaseA
 
+    if v.compile:
+        from dataclasses import replace
+
+        cfg = replace(cfg, model=replace(cfg.model, decoder=replace(cfg.model.decoder, compile=True)))
     module = _build_on(device, lambda: PhaseA(cfg))
     module.to(device)  # also sets LightningModule.device, which diffusion_loss reads
     if not v.mixed:
@@ -640,6 +645,10 @@ def variants(args, device: torch.device) -> list[Variant]:
                     note="framework-true + fp32 master weights/Adam for the trainable params"),
             Variant("diag-true+fp32-master+cuda-rng", "framework", False, g, diag="fp32_master,cuda_rng",
                     note="framework-true + fp32 masters + GPU generator"),
+            Variant("framework-true+compile", "framework", False, g, compile=True,
+                    note="framework-true, model.decoder.compile=true"),
+            Variant("framework-mixed+compile", "framework", True, g, compile=True,
+                    note="framework-mixed, model.decoder.compile=true"),
         ]
     # Config-only options (no src change): SDPA backend and TF32, on the framework's mode without GC.
     for backend in ("flash", "cudnn", "efficient"):
