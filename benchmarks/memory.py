@@ -11,14 +11,13 @@ memory or passes the largest budget; a budget's answer is the largest *measured*
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from strategies import PRESETS, make_data, perf, train  # noqa: E402  (benchmarks/ is not a package)
+from strategies import PRESETS, make_data, on_free_gpus, perf, save, train  # noqa: E402  (benchmarks/ is not a package)
 
 BUDGETS_GB = (24, 48, 80, 141)
 GIB_PER_GB = 1e9 / 2**30
@@ -30,14 +29,14 @@ def fits(points: dict[int, float], budget_gb: float) -> int | None:
     return max(ok) if ok else None
 
 
-def sweep(args, phase: str, strategy: str, data: Path) -> dict:
+def sweep(args, phase: str, strategy: str, data: Path, gpu: int | None = None) -> dict:
     points: dict[int, float | str | None] = {}  # GiB, "OOM" / "failed", or None (no CUDA peak logged)
     batch = 1
     while batch <= args.max_batch:
-        args.global_batch = {phase: batch}
+        run_args = argparse.Namespace(**{**vars(args), "global_batch": {phase: batch}})  # sweeps may run at once
         out = args.work / "memory" / f"{phase}_{strategy}_b{batch}"
         try:
-            train(args, phase, strategy, 1, data, out, args.steps)
+            train(run_args, phase, strategy, 1, data, out, args.steps, gpu=gpu)
             points[batch] = perf(out).get("peak_mem_gib")
         except RuntimeError as error:  # out of memory (or another failure: recorded, sweep stops)
             points[batch] = "OOM" if "OutOfMemoryError" in str(error) or "out of memory" in str(error) else "failed"
@@ -75,17 +74,21 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/memory"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "memory.json")
     parser.add_argument("--extra", nargs="*", default=[])
+    parser.add_argument("--parallel", type=int, default=0, help="GPUs to share the sweeps out over (0 = in turn)")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver)")
     args = parser.parse_args()
     # strategies.train() reads these: one throughput row per 2 steps, a checkpoint only at the end
     args.checkpoint_every, args.kill_delay, args.throughput_every = 10**6, 0.0, 2
     results = {"budgets_gb": list(BUDGETS_GB), "runs": {}}
-    for phase in args.phases:
-        data = make_data(phase, args.work / "data" / phase, args.samples, args.tiny)
-        for strategy in args.strategies:
-            results["runs"][f"{phase}:{strategy}"] = sweep(args, phase, strategy, data)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=2))
+    data = {phase: make_data(phase, args.work / "data" / phase, args.samples, args.tiny) for phase in args.phases}
+
+    def measure(job, gpu) -> None:
+        phase, strategy = job
+        found = sweep(args, phase, strategy, data[phase], gpu)
+        results["runs"][f"{phase}:{strategy}"] = found
+        save(args, results)
+
+    on_free_gpus([(p, s) for p in args.phases for s in args.strategies], args.parallel, measure)
     print(table(results))
 
 

@@ -24,6 +24,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,26 +187,7 @@ def main() -> None:
     for phase in args.phases:
         data = make_data(phase, args.work / "data" / phase, args.samples, args.tiny)
         single = [(phase, strategy, 1) for strategy in args.strategies] if 1 in args.gpus else []
-        if args.parallel and single:
-            from concurrent.futures import ThreadPoolExecutor
-            from queue import Queue
-
-            free: Queue = Queue()
-            for gpu in range(args.parallel):
-                free.put(gpu)
-
-            def on_a_free_gpu(job) -> None:
-                gpu = free.get()
-                try:
-                    run_one(args, results, data, *job, gpu=gpu)
-                finally:
-                    free.put(gpu)
-
-            with ThreadPoolExecutor(args.parallel) as pool:
-                list(pool.map(on_a_free_gpu, single))
-        else:
-            for job in single:
-                run_one(args, results, data, *job)
+        on_free_gpus(single, args.parallel, lambda job, gpu: run_one(args, results, data, *job, gpu=gpu))
         for strategy in args.strategies:
             for gpus in sorted(g for g in args.gpus if g > 1):
                 run_one(args, results, data, phase, strategy, gpus)
@@ -213,9 +195,38 @@ def main() -> None:
     save(args, results)
 
 
+def on_free_gpus(jobs: list, gpus: int, run) -> None:
+    """``run(job, gpu)`` for every job, one job per GPU at a time over ``gpus`` GPUs (each process sees
+    only its own: CUDA_VISIBLE_DEVICES); ``gpus`` = 0: in turn, on whatever the process sees."""
+    if not gpus:
+        for job in jobs:
+            run(job, None)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
+
+    free: Queue = Queue()
+    for gpu in range(gpus):
+        free.put(gpu)
+
+    def on_a_free_gpu(job) -> None:
+        gpu = free.get()
+        try:
+            run(job, gpu)
+        finally:
+            free.put(gpu)
+
+    with ThreadPoolExecutor(gpus) as pool:
+        list(pool.map(on_a_free_gpu, jobs))
+
+
+_SAVING = threading.Lock()  # runs on several GPUs record into one results dict
+
+
 def save(args, results: dict) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    with _SAVING:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
 
 
 def run_one(args, results: dict, data: Path, phase: str, strategy: str, gpus: int, gpu: int | None = None) -> None:
