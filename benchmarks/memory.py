@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from strategies import PRESETS, make_data, on_free_gpus, perf, save, train  # noqa: E402  (benchmarks/ is not a package)
+from strategies import PRESETS, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
 
 BUDGETS_GB = (24, 48, 80, 141)
 GIB_PER_GB = 1e9 / 2**30
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=0, help="GPUs to share the sweeps out over (0 = in turn)")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver)")
     args = parser.parse_args()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop_children)
     # strategies.train() reads these: one throughput row per 2 steps, a checkpoint only at the end
     args.checkpoint_every, args.kill_delay, args.throughput_every = 10**6, 0.0, 2
     results = {"budgets_gb": list(BUDGETS_GB), "runs": {}}

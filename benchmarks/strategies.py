@@ -82,17 +82,42 @@ def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path,
     return found + list(args.extra)
 
 
+_LIVE: set[subprocess.Popen] = set()  # training process groups this driver started and has not reaped
+_STOPPING = threading.Event()  # set by stop_children: no new launches
+
+
 def launch(cmd: list[str], log: Path, gpu: int | None = None) -> subprocess.Popen:
+    if _STOPPING.is_set():
+        raise RuntimeError("the driver is stopping")
     pinned = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
     env = {**os.environ, **pinned, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+    # Own process group, so a kill reaches every rank; stop_children() ends them if the driver is stopped.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+    _LIVE.add(proc)
+    return proc
+
+
+def stop_children(signum=None, frame=None) -> None:
+    """SIGKILL every training process group still running. Installed for SIGTERM/SIGINT: a driver
+    stopped by ``timeout`` must not leave a run on the GPUs that the next measurement then shares."""
+    _STOPPING.set()
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if signum is not None:
+        sys.exit(128 + signum)
 
 
 def wait(proc: subprocess.Popen, log: Path, limit: float) -> int:
     try:
-        return proc.wait(timeout=limit)
+        code = proc.wait(timeout=limit)
+        _LIVE.discard(proc)
+        return code
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         raise RuntimeError(f"timed out; log tail:\n{log.read_text()[-3000:]}")
@@ -104,6 +129,8 @@ def checkpoint_done(folder: Path, step: int) -> bool:
 
 
 def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None, gpu: int | None = None) -> dict:
+    if checkpoint_done(out, steps):  # finished by an earlier driver (stopped before it recorded the run)
+        return {"seconds": 0.0, "killed": False, "reused": True}
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides(args, phase, strategy, gpus, data, out, steps)]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +202,8 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every run")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver; ddp only)")
     args = parser.parse_args()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop_children)
     args.global_batch = {k: int(v) for k, v in (item.split("=") for item in args.batch)}
     if not args.peak and not args.tiny:
         from phase_b import measure_bf16_peak
