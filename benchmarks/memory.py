@@ -87,9 +87,7 @@ def main() -> None:
 
     def measure(job, gpu) -> None:
         phase, strategy = job
-        found = sweep(args, phase, strategy, data[phase], gpu)
-        results["runs"][f"{phase}:{strategy}"] = found
-        save(args, results)
+        save(args, results, f"{phase}:{strategy}", sweep(args, phase, strategy, data[phase], gpu))
 
     on_free_gpus([(p, s) for p in args.phases for s in args.strategies], args.parallel, measure)
     print(table(results))

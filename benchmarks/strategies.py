@@ -89,14 +89,27 @@ _STOPPING = threading.Event()  # set by stop_children: no new launches
 def launch(cmd: list[str], log: Path, gpu: int | None = None) -> subprocess.Popen:
     if _STOPPING.is_set():
         raise RuntimeError("the driver is stopping")
-    pinned = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+    pinned = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": visible_gpus()[gpu]}
     env = {**os.environ, **pinned, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}:{os.environ.get('PYTHONPATH', '')}",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     # Own process group, so a kill reaches every rank; stop_children() ends them if the driver is stopped.
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     _LIVE.add(proc)
+    if _STOPPING.is_set():  # stopped between the check above and the registration: end it here
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise RuntimeError("the driver is stopping")
     return proc
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this driver may hand out: its own CUDA_VISIBLE_DEVICES, else 0..N-1."""
+    found = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if found:
+        return [g.strip() for g in found.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] or ["0"]
 
 
 def stop_children(signum=None, frame=None) -> None:
@@ -129,8 +142,6 @@ def checkpoint_done(folder: Path, step: int) -> bool:
 
 
 def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None, gpu: int | None = None) -> dict:
-    if checkpoint_done(out, steps):  # finished by an earlier driver (stopped before it recorded the run)
-        return {"seconds": 0.0, "killed": False, "reused": True}
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides(args, phase, strategy, gpus, data, out, steps)]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -234,11 +245,15 @@ def on_free_gpus(jobs: list, gpus: int, run) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
 
+    if gpus > len(visible_gpus()):
+        raise ValueError(f"--parallel {gpus}: only {len(visible_gpus())} GPU(s) visible ({visible_gpus()})")
     free: Queue = Queue()
     for gpu in range(gpus):
         free.put(gpu)
 
     def on_a_free_gpu(job) -> None:
+        if _STOPPING.is_set():  # the driver was stopped: queued jobs do not start
+            return
         gpu = free.get()
         try:
             run(job, gpu)
@@ -252,25 +267,52 @@ def on_free_gpus(jobs: list, gpus: int, run) -> None:
 _SAVING = threading.Lock()  # runs on several GPUs record into one results dict
 
 
-def save(args, results: dict) -> None:
+def save(args, results: dict, name: str | None = None, record: dict | None = None) -> None:
+    """Record ``results["runs"][name] = record`` (when given) and write the file: under one lock, and
+    through a temporary file, so neither a concurrent run nor a stop leaves a torn file."""
     with _SAVING:
+        if name is not None:
+            results["runs"][name] = record
+        text = json.dumps(results, indent=2)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
+        partial = args.out.with_name(args.out.name + ".partial")
+        partial.write_text(text)
+        os.replace(partial, args.out)
+
+
+RECORD = "driver_record.json"  # in a run's folder: its overrides and result, for a restarted driver
 
 
 def run_one(args, results: dict, data: Path, phase: str, strategy: str, gpus: int, gpu: int | None = None) -> None:
-    """One run (1 GPU: stop and resume; k GPUs: killed and restarted), recorded into ``results``."""
+    """One run (1 GPU: stop and resume; k GPUs: killed and restarted), recorded into ``results``. A run
+    that an earlier driver finished with the same overrides is reused, not repeated."""
     name = f"{phase}:{strategy}:{gpus}gpu"
     out = args.work / "runs" / name.replace(":", "_")
-    record = results["runs"][name] = {"phase": phase, "strategy": strategy, "gpus": gpus,
-                                      "global_batch": args.global_batch[phase], "extra": list(args.extra)}
+    steps = (args.one_gpu_steps or args.steps) if gpus == 1 else args.steps
+    key = {"overrides": overrides(args, phase, strategy, gpus, data, out, steps),
+           "stop_at": steps // 2 if gpus == 1 else None, "kill_at": None if gpus == 1 else args.kill_after_checkpoint}
+    stored = json.loads((out / RECORD).read_text()) if (out / RECORD).is_file() else {}
+    if stored.get("key") == key:
+        record = {**stored["record"], "reused": True}
+    else:
+        record = measure(args, results, data, phase, strategy, gpus, gpu, out, steps)
+        if "error" not in record:
+            (out / RECORD).write_text(json.dumps({"key": key, "record": record}))
+    print(name, json.dumps({k: v for k, v in record.items() if k != "error"}), record.get("error", "")[-1500:],
+          flush=True)
+    save(args, results, name, record)
+
+
+def measure(args, results: dict, data: Path, phase: str, strategy: str, gpus: int, gpu: int | None, out: Path,
+            steps: int) -> dict:
+    record = {"phase": phase, "strategy": strategy, "gpus": gpus, "global_batch": args.global_batch[phase],
+              "extra": list(args.extra)}
     try:
         if gpus == 1:  # save, stop, resume, continue
-            steps = args.one_gpu_steps or args.steps
             record["first_half"] = train(args, phase, strategy, gpus, data, out, steps // 2, gpu=gpu)
             record["resumed"] = train(args, phase, strategy, gpus, data, out, steps, gpu=gpu)
         else:  # killed after a checkpoint, restarted
-            record["run"] = train(args, phase, strategy, gpus, data, out, args.steps, kill_at=args.kill_after_checkpoint)
+            record["run"] = train(args, phase, strategy, gpus, data, out, steps, kill_at=args.kill_after_checkpoint)
         record["perf"] = perf(out)
         curve = losses(out)
         record["loss_first_last"] = [round(curve[min(curve)], 4), round(curve[max(curve)], 4)]
@@ -280,15 +322,14 @@ def run_one(args, results: dict, data: Path, phase: str, strategy: str, gpus: in
             reference_dir = args.work / "runs" / f"{phase}_{strategy}_1gpu"
             if reference_dir.is_dir():
                 record["vs_1gpu"] = compare(losses(reference_dir), curve)
-            base = results["runs"].get(f"{phase}:{strategy}:1gpu", {}).get("perf", {})
+            with _SAVING:
+                base = dict(results["runs"].get(f"{phase}:{strategy}:1gpu", {}).get("perf", {}))
             # perf/* is rank 0's view, i.e. per GPU: efficiency = per-GPU throughput ratio.
             if base.get("samples_per_s") and record["perf"].get("samples_per_s"):
                 record["scaling_efficiency"] = round(record["perf"]["samples_per_s"] / base["samples_per_s"], 3)
     except Exception as error:  # noqa: BLE001 - keep the other runs
         record["error"] = str(error)[-3000:]
-    print(name, json.dumps({k: v for k, v in record.items() if k != "error"}), record.get("error", "")[-1500:],
-          flush=True)
-    save(args, results)
+    return record
 
 
 if __name__ == "__main__":

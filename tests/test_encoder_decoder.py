@@ -284,7 +284,10 @@ def test_paper_sizes_on_meta_device():
 def test_compiled_decoder_trains_like_eager(model_cfg, checkpointing):
     """``model.decoder.compile``: the compiled transformer (training and sampling share it) gives the
     eager output and gradients, with LoRA and the motion-scope embedder in the graph."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     results = []
     for compiled in (False, True):
         decoder = _decoder(model_cfg, gradient_checkpointing=checkpointing, compile=compiled)
@@ -299,6 +302,8 @@ def test_compiled_decoder_trains_like_eager(model_cfg, checkpointing):
         grads = {n: p.grad.clone() for n, p in decoder.named_parameters() if p.grad is not None}
         results.append((out.detach(), grads, [n for n, _ in decoder.named_parameters()]))
     (out_e, grads_e, names_e), (out_c, grads_c, names_c) = results
+    # the compiled run went through Dynamo as one graph (the eager run adds none)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     assert names_c == names_e  # compiled in place: checkpoints and exports keep their keys
     torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
     assert grads_c.keys() == grads_e.keys() and any("lora_B" in n for n in grads_e)

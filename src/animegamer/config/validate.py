@@ -251,7 +251,7 @@ SHARDED_STRATEGY_MARKERS = ("stage_3",)
 
 def check_trainer(cfg) -> list[str]:
     """Devices, strategy and precision, and the strategy against what the phase export needs."""
-    from animegamer.training.profiling import PROFILERS
+    from animegamer.training.profiling import PROFILERS, profiled_steps
     from animegamer.training.strategies import FSDP_SHARDINGS, STRATEGIES
 
     t, phase = cfg.trainer, cfg.phase.name
@@ -264,9 +264,15 @@ def check_trainer(cfg) -> list[str]:
         problems.append(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} must be >= 1")
     problems += _choice("trainer.precision", str(t.precision), KNOWN_PRECISIONS)
     problems += _choice("trainer.profiler", str(t.profiler), PROFILERS)
-    if t.profiler == "pytorch" and (t.profile_skip_steps < 0 or t.profile_active_steps < 1):
-        problems.append(f"trainer.profile_skip_steps={t.profile_skip_steps} must be >= 0 and "
-                        f"trainer.profile_active_steps={t.profile_active_steps} >= 1")
+    if t.profiler == "pytorch":
+        if t.profile_skip_steps < 0 or t.profile_active_steps < 1:
+            problems.append(f"trainer.profile_skip_steps={t.profile_skip_steps} must be >= 0 and "
+                            f"trainer.profile_active_steps={t.profile_active_steps} >= 1")
+        elif profiled_steps(t.profile_skip_steps, t.profile_active_steps)[-1] > cfg.phase.max_steps:
+            window = profiled_steps(t.profile_skip_steps, t.profile_active_steps)
+            problems.append(f"trainer.profiler=pytorch records steps {window[0]}..{window[-1]}, past "
+                            f"phase.max_steps={cfg.phase.max_steps}: no trace would be written (lower "
+                            f"trainer.profile_skip_steps)")
     strategy = str(t.strategy)
     if strategy not in STRATEGIES:
         problems.append(f"trainer.strategy={strategy!r} is not a known strategy; use one of {STRATEGIES}")

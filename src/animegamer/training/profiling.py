@@ -1,8 +1,8 @@
 """``trainer.profiler``: where a training step's time goes, through Lightning's profilers.
 
 ``simple`` / ``advanced`` time Lightning's hooks (advanced: cProfile per hook); ``pytorch`` records
-``trainer.profile_active_steps`` optimizer steps of kernels and operators after
-``trainer.profile_skip_steps`` warm-up steps, writes a Chrome trace per recorded window (open in
+kernels and operators of optimizer steps ``skip + 2 .. skip + 1 + active`` (``trainer.profile_skip_steps``,
+``trainer.profile_active_steps``; step ``skip + 1`` warms the profiler up), writes a Chrome trace per recorded window (open in
 Perfetto or chrome://tracing) and a table of the most expensive operators, all under
 ``<output_dir>/profile``.
 """
@@ -13,6 +13,11 @@ from pathlib import Path
 from animegamer.config.schema import RunConfig
 
 PROFILERS = ("", "simple", "advanced", "pytorch")
+
+
+def profiled_steps(skip: int, active: int) -> range:
+    """The optimizer steps (1-based) that ``trainer.profiler=pytorch`` records."""
+    return range(skip + 2, skip + 2 + active)
 PROFILE_DIR = "profile"
 
 
@@ -33,11 +38,12 @@ def make_profiler(cfg: RunConfig):
     import torch
 
     on_gpu = t.accelerator != "cpu"
-    # Lightning steps the schedule once per training batch: skip the warm-up (compilation, allocator
-    # growth, first all-gathers), then record a few steps.
-    schedule = torch.profiler.schedule(skip_first=t.profile_skip_steps * t.accumulate_grad_batches, wait=0,
-                                       warmup=1, active=t.profile_active_steps * t.accumulate_grad_batches,
-                                       repeat=1)
+    # Lightning steps the schedule once per micro-batch: skip the warm-up steps (compilation, allocator
+    # growth, first all-gathers), trace one more step without recording (the profiler's own start-up),
+    # then record whole optimizer steps.
+    accumulate = t.accumulate_grad_batches
+    schedule = torch.profiler.schedule(skip_first=t.profile_skip_steps * accumulate, wait=0, warmup=accumulate,
+                                       active=t.profile_active_steps * accumulate, repeat=1)
     return _windowed_profiler()(dirpath=dirpath, filename="ops", export_to_chrome=True, schedule=schedule,
                                 sort_by_key="cuda_time_total" if on_gpu else "cpu_time_total", row_limit=40)
 
