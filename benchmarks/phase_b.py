@@ -137,9 +137,10 @@ def time_steps(step, steps: int, warmup: int, device: str) -> tuple[float, float
 
 
 
-def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER):
+def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER, compiled: bool = False):
     overrides = ["experiment=paper_b", "model.mllm.path=''", f"model.mllm.attention={attention}",
-                 f"model.mllm.gradient_checkpointing={str(gc).lower()}", "model.mllm.lora_dropout=0"]
+                 f"model.mllm.gradient_checkpointing={str(gc).lower()}", "model.mllm.lora_dropout=0",
+                 f"model.mllm.compile={str(compiled).lower()}"]
     if tokenizer.exists():
         overrides.append(f"model.mllm.tokenizer={tokenizer}")
     if tiny:
@@ -147,10 +148,12 @@ def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER):
     return OmegaConf.to_object(compose_config("train", overrides))
 
 
-def run_framework(args, attention: str, batch_size: int, gc: bool, peak: float) -> dict:
+def run_framework(args, variant: str, batch_size: int, gc: bool, peak: float) -> dict:
+    """``variant``: the attention kind, ``+compile`` for ``model.mllm.compile`` (e.g. ``sdpa+compile``)."""
     from animegamer.phases.phase_b import PhaseB
 
-    cfg = compose(args.tiny, attention, gc, args.tokenizer)
+    attention, _, option = variant.partition("+")
+    cfg = compose(args.tiny, attention, gc, args.tokenizer, compiled=option == "compile")
     with building(args.device, torch.bfloat16):
         module = PhaseB(cfg)
     module.to(args.device)
@@ -218,7 +221,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--configs", nargs="+", default=["plain:4:0", "plain:8:1", "framework-sdpa:4:0",
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
-                        help="name:batch:gc triples")
+                        help="name:batch:gc triples; framework-<attention>[+compile]")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens)")
     args = parser.parse_args()
