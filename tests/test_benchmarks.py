@@ -1,0 +1,56 @@
+"""The GPU benchmark drivers in ``benchmarks/`` rehearsed on CPU with tiny models (``--tiny``), so
+the scripts a device session relies on do not rot between sessions."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+       "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_strategies_driver_stops_resumes_and_reuses(tmp_path):
+    args = ["benchmarks/strategies.py", "--tiny", "--phases", "b", "--strategies", "ddp", "--gpus", "1",
+            "--steps", "4", "--samples", "8", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "s.json")]
+    _run(*args)
+    record = json.loads((tmp_path / "s.json").read_text())["runs"]["b:ddp:1gpu"]
+    assert "error" not in record, record.get("error")
+    assert record["steps_logged"] == 4 and sorted(map(int, record["loss_curve"])) == [1, 2, 3, 4]
+    assert not record["first_half"]["killed"] and "reused" not in record
+    _run(*args)  # the same overrides again: the finished run is reused, not repeated
+    again = json.loads((tmp_path / "s.json").read_text())["runs"]["b:ddp:1gpu"]
+    assert again["reused"] is True and again["loss_curve"] == record["loss_curve"]
+
+
+def test_phase_b_benchmark_plain_and_compiled_framework(tmp_path):
+    out = tmp_path / "b.json"
+    _run("benchmarks/phase_b.py", "--tiny", "--configs", "plain:2:0", "framework-sdpa+compile:2:0", "--out", str(out))
+    runs = json.loads(out.read_text())["runs"]
+    assert set(runs) == {"plain:2:0", "framework-sdpa+compile:2:0"}
+    assert all(row["tokens_per_s"] > 0 for row in runs.values()), runs
+
+
+def test_phase_a_benchmark_framework_and_plain(tmp_path):
+    _run("benchmarks/phase_a.py", "--tiny", "--gc", "0", "--only", "framework-true", "plain-bf16", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "phase_a_benchmark.json").read_text())["results"]
+    assert [r["name"] for r in rows] == ["framework-true", "plain-bf16"]
+    assert all("error" not in r and r["median_s"] > 0 for r in rows), rows
+
+
+def test_memory_sweep_reports_no_peak_on_cpu(tmp_path):
+    out = tmp_path / "m.json"
+    _run("benchmarks/memory.py", "--tiny", "--phases", "b", "--strategies", "ddp", "--max-batch", "2", "--samples", "8",
+         "--work", str(tmp_path / "work"), "--out", str(out), "--extra", "trainer.accelerator=cpu")
+    row = json.loads(out.read_text())["runs"]["b:ddp"]
+    # no CUDA peak on CPU: the batch is recorded as not measured and no budget answer is invented
+    assert row["peak_gib"] == {"1": None} and set(row["largest_batch"].values()) == {None}
