@@ -387,6 +387,10 @@ class TrainerConfig:
     # SHARD_GRAD_OP (weights gathered once per step and kept through the backward: less traffic,
     # ZeRO-2's trade); HYBRID_SHARD shards within a node and replicates across nodes.
     fsdp_sharding: str = "FULL_SHARD"
+    # strategy=fsdp, precision=bf16-mixed only: "autocast" (Lightning's bf16-mixed: float32 weights,
+    # autocast) or "bf16" (FSDP MixedPrecision: bf16 weights and activations in compute as DeepSpeed's
+    # bf16 mode, float32 master weights and gradient reduction, no autocast and its float32 copies).
+    fsdp_compute: str = "autocast"
     # '' | simple | advanced | pytorch (training/profiling.py): a trace of where the step time goes.
     profiler: str = ""
     profile_skip_steps: int = 10

@@ -252,7 +252,7 @@ SHARDED_STRATEGY_MARKERS = ("stage_3",)
 def check_trainer(cfg) -> list[str]:
     """Devices, strategy and precision, and the strategy against what the phase export needs."""
     from animegamer.training.profiling import PROFILERS, profiled_steps
-    from animegamer.training.strategies import FSDP_SHARDINGS, STRATEGIES
+    from animegamer.training.strategies import FSDP_COMPUTE, FSDP_SHARDINGS, STRATEGIES
 
     t, phase = cfg.trainer, cfg.phase.name
     problems: list[str] = []
@@ -286,6 +286,13 @@ def check_trainer(cfg) -> list[str]:
                             f"use one of {DEEPSPEED_PRECISIONS}")
     if strategy == "fsdp":
         problems += _choice("trainer.fsdp_sharding", str(t.fsdp_sharding), FSDP_SHARDINGS)
+    problems += _choice("trainer.fsdp_compute", str(t.fsdp_compute), FSDP_COMPUTE)
+    if t.fsdp_compute == "bf16" and strategy != "fsdp":
+        problems.append(f"trainer.fsdp_compute=bf16 applies to trainer.strategy=fsdp only (got {strategy!r}); "
+                        f"DeepSpeed's bf16 mode is already bf16 compute with float32 master weights")
+    elif t.fsdp_compute == "bf16" and str(t.precision) != "bf16-mixed":
+        problems.append(f"trainer.fsdp_compute=bf16 is a bf16-mixed mode: set trainer.precision=bf16-mixed "
+                        f"(got {t.precision!r})")
     if strategy == "fsdp" and t.accelerator == "cpu":
         problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
                         "use strategy=ddp on CPU)")

@@ -21,7 +21,7 @@ from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preempt
 from animegamer.training.loggers import make_logger
 from animegamer.training.profiling import make_profiler
 from animegamer.training.safe_io import ensure_weights_only
-from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, make_strategy
+from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy
 from animegamer.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
     t = cfg.trainer
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=make_strategy(cfg),
-        plugins=plugins(cfg), precision=t.precision,
+        plugins=plugins(cfg), precision=lightning_precision(cfg),
         # The phases' StepSampler already deals each rank its share; Lightning's wrapper would re-split it.
         use_distributed_sampler=False, accumulate_grad_batches=t.accumulate_grad_batches,
         gradient_clip_val=cfg.phase.grad_clip or None, max_steps=cfg.phase.max_steps,

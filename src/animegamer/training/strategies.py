@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 DDP_STRATEGIES = ("auto", "ddp", "ddp_spawn")
 FSDP = "fsdp"
 FSDP_SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")  # trainer.fsdp_sharding
+FSDP_COMPUTE = ("autocast", "bf16")  # trainer.fsdp_compute
 # name -> (ZeRO stage, optimizer offload to CPU)
 DEEPSPEED_STRATEGIES = {
     "deepspeed_stage_1": (1, False),
@@ -63,12 +64,32 @@ def make_strategy(cfg: RunConfig):
         # so the gathers overlap compute in the forward as backward_prefetch does in the backward.
         return FSDPStrategy(auto_wrap_policy=block_types(cfg), sharding_strategy=cfg.trainer.fsdp_sharding,
                             state_dict_type="full", use_orig_params=True, limit_all_gathers=True,
-                            forward_prefetch=True)
+                            forward_prefetch=True, mixed_precision=fsdp_mixed_precision(cfg))
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     stage, offload = DEEPSPEED_STRATEGIES[name]
     return DeepSpeedStrategy(stage=stage, offload_optimizer=offload, offload_parameters=offload and stage == 3,
                              exclude_frozen_parameters=True, logging_level=logging.WARNING)
+
+
+def fsdp_mixed_precision(cfg: RunConfig):
+    """FSDP's MixedPrecision for ``trainer.fsdp_compute=bf16`` (None: Lightning's, from the precision).
+
+    Each unit's weights are gathered in bf16 and the root's floating inputs cast to bf16, so weights
+    and activations compute in bf16 as under DeepSpeed's bf16 mode; the sharded float32 parameters are
+    the optimizer's master weights, and gradients are reduced and kept in float32."""
+    if cfg.trainer.strategy != FSDP or cfg.trainer.fsdp_compute != "bf16":
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecision
+
+    return MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+
+
+def lightning_precision(cfg: RunConfig) -> str:
+    """The Trainer's precision: "32-true" when FSDP's own MixedPrecision does the casting (Lightning's
+    bf16-mixed would add autocast on top, with the float32 activation copies this mode avoids)."""
+    return "32-true" if fsdp_mixed_precision(cfg) is not None else cfg.trainer.precision
 
 
 def is_deepspeed(name: str) -> bool:
