@@ -240,9 +240,9 @@ def run_plain(args, cfg, record) -> dict:
     text_dim = cfg.model.encoders.t5.d_model  # CogVideoX's text stream: T5 width (4096 for 2B)
     device, dtype = args.device, args.dtype
     tokenizer, ids = game_tokenizer(cfg)
-    spatial = 2 ** (len(vcfg.block_out_channels) - 1)
-    latent_shape = (1, (clips.frames - 1) // vcfg.temporal_compression_ratio + 1, vcfg.latent_channels,
-                    clips.height // spatial, clips.width // spatial)
+    from animegamer.config.validate import vae_latent_shape
+
+    latent_shape = (1, *vae_latent_shape(cfg.model.encoders, clips.frames, clips.height, clips.width))
 
     t0 = time.perf_counter()
     with building(device, dtype):

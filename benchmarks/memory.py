@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from strategies import PRESETS, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
+from strategies import PRESETS, TOKENIZER, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
 
 BUDGETS_GB = (24, 48, 80, 141)
 GIB_PER_GB = 1e9 / 2**30
@@ -69,8 +69,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--peak", type=float, default=1.0, help="bf16 TFLOP/s for the logged MFU (not used here)")
-    parser.add_argument("--tokenizer", type=Path, default=Path(__file__).resolve().parents[1] / ".device_wheels" / "tokenizer")
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
     parser.add_argument("--run-timeout", type=float, default=300)
     parser.add_argument("--work", type=Path, default=Path("/tmp/memory"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "memory.json")
@@ -80,8 +79,9 @@ def main() -> None:
     args = parser.parse_args()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
-    # strategies.train() reads these: one throughput row per 2 steps, a checkpoint only at the end
-    args.checkpoint_every, args.kill_delay, args.throughput_every = 10**6, 0.0, 2
+    # strategies.train() reads these: one throughput row per 2 steps, a checkpoint only at the end,
+    # and a nominal bf16 peak (the MFU it yields is not used here)
+    args.checkpoint_every, args.kill_delay, args.throughput_every, args.peak = 10**6, 0.0, 2, 1.0
     results = {"budgets_gb": list(BUDGETS_GB), "runs": {}}
     data = {phase: make_data(phase, args.work / "data" / phase, args.samples, args.tiny) for phase in args.phases}
 

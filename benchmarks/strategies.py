@@ -60,9 +60,9 @@ def make_data(phase: str, root: Path, samples: int, tiny: bool) -> Path:
         return synthetic.feature_shards(root, enc, samples, clips.frames, clips.height, clips.width)
     if phase == "b":
         return synthetic.session_shards(root, samples, 5, n, d)
-    spatial = 2 ** (len(enc.vae.block_out_channels) - 1)
-    latents = ((clips.frames - 1) // enc.vae.temporal_compression_ratio + 1, enc.vae.latent_channels,
-               clips.height // spatial, clips.width // spatial)
+    from animegamer.config.validate import vae_latent_shape
+
+    latents = vae_latent_shape(enc, clips.frames, clips.height, clips.width)
     return synthetic.adaptation_shards(root, samples, latents, (n, d))
 
 
@@ -137,8 +137,9 @@ def wait(proc: subprocess.Popen, log: Path, limit: float) -> int:
 
 
 def checkpoint_done(folder: Path, step: int) -> bool:
-    path = folder / "checkpoints" / f"step-{step:07d}.ckpt"
-    return path.is_file() or (path / "latest").is_file()
+    from animegamer.training.checkpointing import CHECKPOINT_DIR, checkpoint_name, is_complete
+
+    return is_complete(folder / CHECKPOINT_DIR / checkpoint_name(step))
 
 
 def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None, gpu: int | None = None) -> dict:
@@ -232,7 +233,6 @@ def main() -> None:
             for gpus in sorted(g for g in args.gpus if g > 1):
                 run_one(args, results, data, phase, strategy, gpus)
         save(args, results)
-    save(args, results)
 
 
 def on_free_gpus(jobs: list, gpus: int, run) -> None:

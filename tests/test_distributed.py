@@ -102,6 +102,7 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert checkpoint.exists(), "no step-20 checkpoint before the kill (run ended or 300 s passed)"
     os.killpg(run.pid, getattr(signal, how))
     _, stderr = run.communicate(timeout=120)
     if how == "SIGTERM":  # preempted: a checkpoint at a step boundary past step 20, exit code 143
@@ -109,6 +110,8 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
 
         assert run.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
         assert "preempted at step" in stderr
+    else:
+        assert run.returncode == -signal.SIGKILL, stderr[-3000:]
     assert not (tmp_path / "killed" / "export" / "export.json").exists() or \
         json.loads((tmp_path / "killed" / "export" / "export.json").read_text()).get("step", 0) < 60
     _train(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)

@@ -60,6 +60,14 @@ def _decoder(model_cfg: ModelConfig, **changes) -> MotionScopeDecoder:
     return MotionScopeDecoder(cfg, model_cfg.encoder.width, rep_tokens=_rep_tokens(model_cfg))
 
 
+def randomize_lora_b(decoder: MotionScopeDecoder) -> None:
+    """LoRA B is zero at init: give the adapters an effect that comparisons can see."""
+    with torch.no_grad():
+        for name, param in decoder.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(SEED))
+
+
 def _rep_tokens(model_cfg: ModelConfig) -> int:
     return model_cfg.encoder.text_tokens + model_cfg.encoder.image_tokens
 
@@ -292,10 +300,7 @@ def test_compiled_decoder_trains_like_eager(model_cfg, checkpointing):
     for compiled in (False, True):
         decoder = _decoder(model_cfg, gradient_checkpointing=checkpointing, compile=compiled)
         decoder.add_lora()
-        with torch.no_grad():  # LoRA B is zero at init: give the adapters an effect to compare
-            for name, param in decoder.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(0, 0.05, generator=torch.Generator().manual_seed(SEED))
+        randomize_lora_b(decoder)
         inputs = _decoder_inputs(model_cfg.decoder, decoder.rep_tokens, decoder.hidden)
         out = decoder(**inputs)
         out.square().mean().backward()

@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fault_driver import HOOKS as KILL_HOOKS
 from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
@@ -40,7 +41,6 @@ PHASES = {  # overrides, data writer, seed of the random fault schedule
     "b": (["phase=b", "phase.lr=3e-3", "model.mllm.lora_dropout=0.05"], "sessions", 2),
     "c": (["phase=c", "phase.lr=1e-3"], "adaptation", 3),
 }
-KILL_HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
 
 
 # ------------------------------------------------------------------------------------------ driver

@@ -61,6 +61,13 @@ def vae_spatial_factor(enc: EncodersConfig) -> int:
     return 2 ** (len(enc.vae.block_out_channels) - 1)
 
 
+def vae_latent_shape(enc: EncodersConfig, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """(T', C, H', W') of a clip under the VAE config (the built VAE's ``latent_shape``, unbuilt)."""
+    spatial = vae_spatial_factor(enc)
+    return ((frames - 1) // enc.vae.temporal_compression_ratio + 1, enc.vae.latent_channels,
+            height // spatial, width // spatial)
+
+
 def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list[str]:
     problems: list[str] = []
     problems += _positive("pipeline.clips", p.clips, ("fps", "frames", "height", "width", "stride_seconds"))
@@ -243,16 +250,12 @@ def check_mllm(model) -> list[str]:
 KNOWN_PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
                     "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16")
 DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")  # Lightning's DeepSpeed plugin
-# ZeRO-3 partitions every parameter; exports gather them (strategies.full_weights), but the peft adapter
-# folders of a_joint / b / c have not been verified against ZeRO-3's partitioned LoRA tensors, so those
-# phases take ZeRO-2 or FSDP (FSDP's gather is exercised on GPU).
-SHARDED_STRATEGY_MARKERS = ("stage_3",)
-
 
 def check_trainer(cfg) -> list[str]:
     """Devices, strategy and precision, and the strategy against what the phase export needs."""
     from animegamer.training.profiling import PROFILERS, profiled_steps
-    from animegamer.training.strategies import FSDP_COMPUTE, FSDP_SHARDINGS, STRATEGIES
+    from animegamer.training.strategies import (DEEPSPEED_STRATEGIES, FSDP_COMPUTE, FSDP_SHARDINGS, STRATEGIES,
+                                                is_deepspeed)
 
     t, phase = cfg.trainer, cfg.phase.name
     problems: list[str] = []
@@ -277,7 +280,7 @@ def check_trainer(cfg) -> list[str]:
     if strategy not in STRATEGIES:
         problems.append(f"trainer.strategy={strategy!r} is not a known strategy; use one of {STRATEGIES}")
         return problems
-    if strategy.startswith("deepspeed"):
+    if is_deepspeed(strategy):
         if t.accelerator == "cpu":
             problems.append(f"trainer.strategy={strategy!r} needs trainer.accelerator=gpu: DeepSpeed has no CPU "
                             f"path here (use strategy=ddp or auto on CPU)")
@@ -296,7 +299,9 @@ def check_trainer(cfg) -> list[str]:
     if strategy == "fsdp" and t.accelerator == "cpu":
         problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
                         "use strategy=ddp on CPU)")
-    if any(marker in strategy for marker in SHARDED_STRATEGY_MARKERS) and phase in LORA_EXPORT_PHASES:
+    # ZeRO-3 partitions every parameter; exports gather them (strategies.full_weights), but the peft
+    # adapter folders of a_joint / b / c are not verified against ZeRO-3's partitioned LoRA tensors.
+    if is_deepspeed(strategy) and DEEPSPEED_STRATEGIES[strategy][0] == 3 and phase in LORA_EXPORT_PHASES:
         problems.append(f"trainer.strategy={strategy!r} partitions the LoRA weights, and phase {phase!r} writes a "
                         f"peft LoRA adapter folder from them: use deepspeed_stage_2 (or deepspeed_stage_2_offload), "
                         f"fsdp or ddp")

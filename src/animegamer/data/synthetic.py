@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import webdataset as wds
 
+from animegamer.config.validate import vae_latent_shape
 from animegamer.utils.io import npy_bytes
 
 ADVERBS, MOTIONS = ("slowly", "quickly", "gently"), ("walk", "run", "talk", "sit")
@@ -24,9 +25,7 @@ def feature_shards(root: Path, enc, clips: int, frames: int, height: int, width:
     rng = np.random.default_rng(seed)
     folder = Path(root) / "features"
     folder.mkdir(parents=True, exist_ok=True)
-    spatial = 2 ** (len(enc.vae.block_out_channels) - 1)
-    latent_shape = ((frames - 1) // enc.vae.temporal_compression_ratio + 1, enc.vae.latent_channels,
-                    height // spatial, width // spatial)
+    latents = vae_latent_shape(enc, frames, height, width)
     patches = (enc.clip.image_size // enc.clip.patch_size) ** 2
     shards = []
     for shard in range(num_shards):
@@ -37,7 +36,7 @@ def feature_shards(root: Path, enc, clips: int, frames: int, height: int, width:
                 meta = {"key": f"syn-{i:06d}", "motion": {"flow": float(rng.uniform(0, 10)), "level": 1 + i % 5},
                         "captioner": {"status": "ok"}, "motion_text": "softly talk", "frames": frames}
                 tar.write({"__key__": meta["key"], "json": json.dumps(meta).encode(),
-                           "latents.npy": npy_bytes(rng.standard_normal(latent_shape).astype(np.float32)),
+                           "latents.npy": npy_bytes(rng.standard_normal(latents).astype(np.float32)),
                            "text.npy": npy_bytes(rng.standard_normal((enc.t5.max_tokens, enc.t5.d_model)).astype(np.float32)),
                            "image.npy": npy_bytes(rng.standard_normal((patches, enc.clip.hidden_size)).astype(np.float32))})
                 count += 1

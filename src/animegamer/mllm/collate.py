@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from animegamer.data.indexed import SKIPPED
 from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, PromptSequence, Turn, build_sequence
 from animegamer.mllm.tokens import TokenIds
 
@@ -221,7 +222,7 @@ def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
             out["target_rep"] = torch.stack([_as_tensor(e.target_rep, rep_dtype) for e in examples])
     skipped = [record for e in examples if e is not None for record in e.skipped]
     if skipped:
-        out["__skipped__"] = skipped
+        out[SKIPPED] = skipped
     return out
 
 

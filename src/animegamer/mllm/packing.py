@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from animegamer.data.indexed import SKIPPED
 from animegamer.mllm.collate import Example, _as_tensor
 from animegamer.mllm.sequence import IGNORE_INDEX
 
@@ -98,5 +99,5 @@ def pack_sequences(items: Sequence[Example], pad_id: int, capacity: int,
     }
     skipped = [record for e in items for record in e.skipped]
     if skipped:
-        out["__skipped__"] = skipped
+        out[SKIPPED] = skipped
     return out

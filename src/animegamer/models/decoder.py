@@ -203,7 +203,8 @@ class MotionScopeDecoder(nn.Module):
         else:
             self.transformer.ofs_proj, self.transformer.ofs_embedding = None, None
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
-        self._compiled = False
+        if cfg.compile:  # in place: parameter names stay the same; the first call compiles
+            self.transformer.compile(dynamic=False)
 
     # ----------------------------------------------------------------------- forward
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, rep: torch.Tensor,
@@ -219,9 +220,6 @@ class MotionScopeDecoder(nn.Module):
             flow = flow.to(device=latents.device, dtype=torch.float32)
         else:
             flow = None
-        if self.cfg.compile and not self._compiled:
-            self.transformer.compile(dynamic=False)  # in place: parameter names stay the same
-            self._compiled = True
         with attention_kernels(self.cfg.attention_backends, latents.is_cuda):
             (velocity,) = self.transformer(hidden_states=latents, encoder_hidden_states=rep, timestep=timestep,
                                            ofs=flow, return_dict=False)

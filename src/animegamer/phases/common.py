@@ -41,6 +41,13 @@ def compute_dtype(module: nn.Module) -> torch.dtype:
     return torch.float32
 
 
+def micro_step(module, batch_idx: int) -> int:
+    """The micro-batch's index in the run (optimizer steps x accumulation + position in the step):
+    what a resumed run recomputes from its step alone."""
+    accumulate = module.trainer.accumulate_grad_batches
+    return module.global_step * accumulate + batch_idx % accumulate
+
+
 def sample_positions(micro_step: int, batch_size: int, rank: int, world_size: int) -> list[int]:
     """Global stream positions of this rank's samples in one micro-step.
 

@@ -20,8 +20,8 @@ from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
-from animegamer.phases.common import (SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer, sample_positions,
-                                      set_trainable, trainable_names)
+from animegamer.phases.common import (SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer,
+                                      micro_step, sample_positions, set_trainable, trainable_names)
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +205,7 @@ class PhaseA(L.LightningModule):
 def train_draw(module: L.LightningModule, batch_idx: int, batch_size: int) -> SampleRandom:
     """The step's per-sample randomness, keyed by each sample's global stream position."""
     trainer = module.trainer
-    accumulate = trainer.accumulate_grad_batches
-    micro_step = module.global_step * accumulate + batch_idx % accumulate
-    positions = sample_positions(micro_step, batch_size, trainer.global_rank, trainer.world_size)
+    positions = sample_positions(micro_step(module, batch_idx), batch_size, trainer.global_rank, trainer.world_size)
     return SampleRandom(module.cfg.seed, positions, module.device)
 
 
@@ -215,10 +213,9 @@ def decoder_tokens(cfg: RunConfig, rep_tokens: int, batch: dict) -> int:
     """N + T' x (H'/p) x (W'/p): the decoder's joint sequence for this batch's latents."""
     latents = batch["latents"] if "latents" in batch else None
     if latents is None:  # raw clips: the VAE's geometry
-        frames, height, width = batch["video"].shape[1:4]
-        latents_t = (frames - 1) // cfg.model.encoders.vae.temporal_compression_ratio + 1
-        spatial = 2 ** (len(cfg.model.encoders.vae.block_out_channels) - 1)
-        t, h, w = latents_t, height // spatial, width // spatial
+        from animegamer.config.validate import vae_latent_shape
+
+        t, _, h, w = vae_latent_shape(cfg.model.encoders, *batch["video"].shape[1:4])
     else:
         t, _, h, w = latents.shape[1:]
     p = cfg.model.decoder.patch_size

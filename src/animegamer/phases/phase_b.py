@@ -19,7 +19,7 @@ from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
-from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, step_seed
+from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, micro_step, step_seed
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,7 @@ class PhaseB(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # LoRA dropout draws from the global RNG: seed it from the step so a resumed run redraws it.
-        accumulate = self.trainer.accumulate_grad_batches
-        torch.manual_seed(step_seed(self.cfg.seed, self.global_step * accumulate + batch_idx % accumulate,
-                                    self.global_rank))
+        torch.manual_seed(step_seed(self.cfg.seed, micro_step(self, batch_idx), self.global_rank))
         out = self.run_model(batch)
         size = self.batch_size_of(batch)
         for name in ("lm_loss", "rec_loss", "cos_loss"):

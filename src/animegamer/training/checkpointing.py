@@ -27,7 +27,7 @@ DEEPSPEED_COMPLETE = "latest"
 
 
 def checkpoint_name(step: int) -> str:
-    return f"step-{step:07d}.ckpt"
+    return PATTERN.format(step=step) + ".ckpt"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -2,9 +2,9 @@
 
 ``simple`` / ``advanced`` time Lightning's hooks (advanced: cProfile per hook); ``pytorch`` records
 kernels and operators of optimizer steps ``skip + 2 .. skip + 1 + active`` (``trainer.profile_skip_steps``,
-``trainer.profile_active_steps``; step ``skip + 1`` warms the profiler up), writes a Chrome trace per recorded window (open in
-Perfetto or chrome://tracing) and a table of the most expensive operators, all under
-``<output_dir>/profile``.
+``trainer.profile_active_steps``; step ``skip + 1`` warms the profiler up), writes a Chrome trace of
+the window (open in Perfetto or chrome://tracing) and a table of the most expensive operators, all
+under ``<output_dir>/profile``.
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 from animegamer.config.schema import RunConfig
 
 PROFILERS = ("", "simple", "advanced", "pytorch")
+PROFILE_DIR = "profile"
 
 
 def profiled_steps(skip: int, active: int) -> range:
     """The optimizer steps (1-based) that ``trainer.profiler=pytorch`` records."""
     return range(skip + 2, skip + 2 + active)
-PROFILE_DIR = "profile"
 
 
 def make_profiler(cfg: RunConfig):
