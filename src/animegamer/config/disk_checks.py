@@ -3,7 +3,6 @@ was trained with, and the first sample of the shards a run will read. Each retur
 config key; :mod:`animegamer.config.validate` collects them with the rest."""
 from __future__ import annotations
 
-import json
 import tarfile
 from pathlib import Path
 from typing import Iterable
@@ -75,8 +74,11 @@ def check_tokenizer(model, mllm_exports: Iterable[tuple[str, str]] = ()) -> list
 
 # --------------------------------------------------------------------------- sizes recorded on disk
 def _read_json(path: Path) -> dict | None:
+    """The JSON object at ``path``, or None where there is none (missing, unreadable, not an object)."""
+    from animegamer.utils.io import read_json
+
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -194,13 +196,15 @@ def _first_sample_shapes(folder: Path) -> dict[str, tuple] | None:
     """``.npy`` member shapes of the first sample of the first shard: tar and npy headers only."""
     import numpy as np
 
+    from animegamer.data.shards import shard_urls
+
     try:
-        shards = json.loads((folder / "manifest.json").read_text()).get("shards") or []
+        shards = shard_urls(folder)
         if not shards:
             return None
         shapes: dict[str, tuple] = {}
         first = None
-        with tarfile.open(folder / shards[0]["name"], "r:") as tar:
+        with tarfile.open(shards[0], "r:") as tar:
             for info in tar:
                 if not info.isfile():
                     continue
