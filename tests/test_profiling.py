@@ -6,6 +6,7 @@ import json
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
 from animegamer.training.runner import train
+from animegamer.training.trace_summary import render, summarise, summarise_file
 
 
 def test_pytorch_profiler_writes_a_trace_of_the_requested_steps(tmp_path):
@@ -23,6 +24,34 @@ def test_pytorch_profiler_writes_a_trace_of_the_requested_steps(tmp_path):
     assert any(e.get("name", "").startswith("aten::mm") or e.get("name", "") == "aten::addmm" for e in events)
     table = (folder / "fit-ops.txt").read_text()
     assert "CPU total" in table and "Optimizer.step" in table
+    summary = summarise_file(traces[0])  # written beside the trace too, checked on known data below
+    assert [row["step"] for row in summary["steps"]] == sorted(steps) and summary["median_wall_ms"] > 0
+    assert summary["median_gpu_busy_ms"] == 0 and summary["median_kernels"] == 0  # a CPU run launches none
+    assert any("optimizer_step" in hook for hook in summary["hooks_ms"])
+    assert (folder / traces[0].name.replace(".pt.trace.json", ".summary.txt")).exists()
+
+
+def test_trace_summary_on_a_trace_with_known_answers():
+    """Two steps of 10 ms; the first overlaps two kernels (1..4 and 3..6 ms: busy 5 ms), the second
+    has one 2 ms kernel and a 1.5 ms synchronising copy; launches and hooks counted per step."""
+    def x(name, cat, ts_ms, dur_ms):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts_ms * 1e3, "dur": dur_ms * 1e3}
+
+    trace = {"traceEvents": [
+        x("ProfilerStep#5", "user_annotation", 0, 10), x("ProfilerStep#6", "user_annotation", 10, 10),
+        x("k1", "kernel", 1, 3), x("k2", "kernel", 3, 3), x("cudaLaunchKernel", "cuda_runtime", 0.5, 0.01),
+        x("cudaLaunchKernel", "cuda_runtime", 1, 0.01), x("k3", "kernel", 12, 2),
+        x("cudaLaunchKernel", "cuda_runtime", 11, 0.01), x("cudaMemcpyAsync", "cuda_runtime", 15, 1.5),
+        x("[LightningModule]PhaseB.optimizer_step", "user_annotation", 0.2, 9),
+        x("[LightningModule]PhaseB.optimizer_step", "user_annotation", 10.2, 7),
+        {"ph": "i", "name": "instant", "ts": 3}]}
+    summary = summarise(trace)
+    first, second = summary["steps"]
+    assert (first["gpu_busy_ms"], first["kernels"], first["launches"], first["sync_ms"]) == (5.0, 2, 2, 0.0)
+    assert (second["gpu_busy_ms"], second["kernels"], second["launches"], second["sync_ms"]) == (2.0, 1, 1, 1.5)
+    assert summary["median_wall_ms"] == 10.0 and summary["gpu_busy_fraction"] == 0.35
+    assert summary["hooks_ms"] == {"[LightningModule]PhaseB.optimizer_step": 8.0}
+    assert "35 %" in render(summary)
 
 
 def test_simple_profiler_times_the_hooks(tmp_path):

@@ -8,12 +8,15 @@ under ``<output_dir>/profile``.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from animegamer.config.schema import RunConfig
 
 PROFILERS = ("", "simple", "advanced", "pytorch")
 PROFILE_DIR = "profile"
+
+log = logging.getLogger(__name__)
 
 
 def profiled_steps(skip: int, active: int) -> range:
@@ -63,3 +66,13 @@ def _windowed_profiler():
                 self.function_events = None
 
     return WindowedPyTorchProfiler
+
+
+def summarise_traces(cfg: RunConfig, is_global_zero: bool) -> None:
+    """After a ``pytorch``-profiled fit: write and log the step breakdown of each trace (rank 0)."""
+    if cfg.trainer.profiler != "pytorch" or not is_global_zero:
+        return
+    from animegamer.training.trace_summary import write_summaries
+
+    for path in write_summaries(Path(cfg.output_dir) / PROFILE_DIR):
+        log.info("profiled steps (%s):\n%s", path, path.read_text())

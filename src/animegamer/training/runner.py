@@ -19,7 +19,7 @@ from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCh
                                                clean_partials, resume_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
-from animegamer.training.profiling import make_profiler
+from animegamer.training.profiling import make_profiler, summarise_traces
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy
 from animegamer.training.throughput import Throughput
@@ -164,6 +164,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     except SIGTERMException as stop:
         raise SystemExit(PREEMPTED_EXIT_CODE) from stop
+    summarise_traces(cfg, trainer.is_global_zero)
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
     if not final.exists():

@@ -1,0 +1,124 @@
+"""Where a profiled step's time goes, from the Chrome trace ``trainer.profiler=pytorch`` writes.
+
+    python -m animegamer.training.trace_summary outputs/run/profile/*.pt.trace.json
+
+Per recorded optimizer step (``ProfilerStep#N``): the step's wall time on the host, how long the GPU
+was busy inside it (the union of kernel, copy and memset intervals), how many kernels ran and were
+launched, the host time spent waiting on the device (synchronising calls), and the host time of
+Lightning's hooks. A GPU busy for a small fraction of the step while launching thousands of short
+kernels is bound by launch overhead (``torch.compile``, larger batches); long synchronising calls
+point at a ``.item()``-style read in the step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, Iterable, List, Tuple
+
+STEP_PREFIX = "ProfilerStep#"
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+SYNC_MARKERS = ("Synchronize", "cudaMemcpy", "cudaStreamWaitEvent")
+HOOK_PREFIX = "["  # Lightning's record_function names: "[LightningModule]PhaseB.optimizer_step"
+TOP_HOOKS = 12
+
+
+def _busy(intervals: Iterable[Tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def _inside(events: List[dict], start: float, stop: float) -> List[dict]:
+    return [e for e in events if start <= e["ts"] < stop]
+
+
+def summarise(trace: Dict) -> Dict:
+    """The per-step breakdown of one trace (times in ms)."""
+    complete = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    steps = sorted((e for e in complete if str(e.get("name", "")).startswith(STEP_PREFIX)), key=lambda e: e["ts"])
+    if not steps:
+        raise ValueError("the trace has no ProfilerStep# ranges: was it written by trainer.profiler=pytorch?")
+    device = [e for e in complete if e.get("cat") in DEVICE_CATEGORIES]
+    runtime = [e for e in complete if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    hooks = [e for e in complete if e.get("cat") == "user_annotation" and str(e["name"]).startswith(HOOK_PREFIX)]
+    rows, hook_ms = [], defaultdict(float)
+    for step in steps:
+        start, stop = step["ts"], step["ts"] + step["dur"]
+        # Device work trails its launch: count what starts before the next step's first launch.
+        kernels = _inside(device, start, stop)
+        calls = _inside(runtime, start, stop)
+        rows.append({
+            "step": step["name"],
+            "wall_ms": step["dur"] / 1e3,
+            "gpu_busy_ms": _busy((e["ts"], e["ts"] + e["dur"]) for e in kernels) / 1e3,
+            "kernels": sum(e.get("cat") == "kernel" for e in kernels),
+            "launches": sum(e["name"] in LAUNCH_NAMES for e in calls),
+            "sync_ms": sum(e["dur"] for e in calls if any(m in e["name"] for m in SYNC_MARKERS)) / 1e3,
+        })
+        for hook in _inside(hooks, start, stop):
+            hook_ms[hook["name"]] += hook["dur"] / 1e3 / len(steps)
+
+    def median(key: str) -> float:
+        return statistics.median(row[key] for row in rows)
+
+    wall = median("wall_ms")
+    return {
+        "steps": rows,
+        "median_wall_ms": wall,
+        "median_gpu_busy_ms": median("gpu_busy_ms"),
+        "gpu_busy_fraction": median("gpu_busy_ms") / wall if wall else 0.0,
+        "median_kernels": median("kernels"),
+        "median_sync_ms": median("sync_ms"),
+        "hooks_ms": dict(sorted(hook_ms.items(), key=lambda kv: -kv[1])[:TOP_HOOKS]),
+    }
+
+
+def render(summary: Dict) -> str:
+    lines = [f"{'step':<18}{'wall ms':>10}{'GPU busy ms':>13}{'kernels':>9}{'launches':>10}{'sync ms':>9}"]
+    for row in summary["steps"]:
+        lines.append(f"{row['step']:<18}{row['wall_ms']:>10.1f}{row['gpu_busy_ms']:>13.1f}{row['kernels']:>9d}"
+                     f"{row['launches']:>10d}{row['sync_ms']:>9.1f}")
+    lines.append(f"median: wall {summary['median_wall_ms']:.1f} ms, GPU busy {summary['median_gpu_busy_ms']:.1f} ms "
+                 f"({100 * summary['gpu_busy_fraction']:.0f} %), {summary['median_kernels']:.0f} kernels, "
+                 f"{summary['median_sync_ms']:.1f} ms waiting on the device")
+    lines.append("host time per step of Lightning's hooks (ms, nested hooks overlap):")
+    lines += [f"  {ms:9.1f}  {name}" for name, ms in summary["hooks_ms"].items()]
+    return "\n".join(lines)
+
+
+def summarise_file(path: str | Path) -> Dict:
+    with open(path) as f:
+        return summarise(json.load(f))
+
+
+def write_summaries(folder: str | Path) -> List[Path]:
+    """``<trace>.summary.txt`` beside each trace of ``folder``; returns the files written."""
+    written = []
+    for trace in sorted(Path(folder).glob("*.pt.trace.json")):
+        out = trace.with_name(trace.name.replace(".pt.trace.json", ".summary.txt"))
+        out.write_text(render(summarise_file(trace)) + "\n")
+        written.append(out)
+    return written
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="+", type=Path)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    for path in args.traces:
+        summary = summarise_file(path)
+        print(json.dumps(summary, indent=1) if args.json else f"== {path}\n{render(summary)}")
+
+
+if __name__ == "__main__":
+    main()
