@@ -215,6 +215,14 @@ def test_devices_and_nodes_must_be_positive(data_root):
                         "trainer.num_nodes=0 must be >= 1"]
 
 
+def test_padding_multiple_and_mllm_attention_kernels_are_checked(data_root):
+    problems = problems_of(validate_train_run, train_cfg(data_root, "b", "phase.pad_to_multiple=-8",
+                                                         "model.mllm.attention_backends=[cudnn,fast]"))
+    assert len(problems) == 2, problems
+    assert any("phase.pad_to_multiple=-8: must be >= 0" in p for p in problems), problems
+    assert any("model.mllm.attention_backends[]='fast'" in p and "'efficient'" in p for p in problems), problems
+
+
 # --------------------------------------------------------------------------- all at once
 def test_every_problem_is_reported_together(data_root, tmp_path):
     cfg = train_cfg(data_root, "b", "model.encoder.fusion=add", f"model.mllm.path={tmp_path / 'missing'}",

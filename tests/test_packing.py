@@ -62,6 +62,35 @@ def test_packed_batch_equals_padded_batch(data_root, tmp_path, attention):
     order = [padded["keys"].index(k) for k in packed["keys"]]
     torch.testing.assert_close(got["pred"], want["pred"][order], rtol=1e-5, atol=1e-5)
 
+    # Lengths rounded up to a multiple (phase.pad_to_multiple: few shapes for cuDNN's graphs) change nothing.
+    rounded = {"padded": collate_sequences(items, module.ids.pad, pad_to_multiple_of=64),
+               "packed": pack_sequences(items, module.ids.pad, capacity=lengths[-1] + lengths[0], pad_to_multiple_of=64)}
+    for kind, batch in rounded.items():
+        width, unrounded = batch["input_ids"].shape[1], (padded if kind == "padded" else packed)["input_ids"].shape[1]
+        assert width % 64 == 0 and unrounded <= width < unrounded + 64
+        assert batch["padding_mask"].sum() == padded["padding_mask"].sum()
+        with torch.no_grad():
+            out = run(batch)
+        for name in ("lm_loss", "rec_loss", "loss"):
+            torch.testing.assert_close(out[name], want[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out["pred"], want["pred"][order] if kind == "packed" else want["pred"],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_training_batches_are_rounded_to_the_configured_multiple(data_root, tmp_path):
+    from animegamer.data.phase_b import train_loader
+
+    for multiple in (0, 64):
+        _, cfg = tiny_b_cfg(data_root, tmp_path, "phase.batch_size=3", f"phase.pad_to_multiple={multiple}")
+        module = PhaseB(cfg)
+        windows = SessionWindows(session_shards(cfg, "train"), module.tokenizer, module.ids, [1.0] * 5, seed=3)
+        widths = [batch["input_ids"].shape[1] - int(batch["lengths"].max())
+                  for batch, _ in zip(train_loader(cfg, windows, module.ids.pad, 0, 0, 1), range(4))]
+        if multiple:
+            assert all(0 <= w < multiple for w in widths) and any(w > 0 for w in widths), widths
+        else:
+            assert widths == [0, 0, 0, 0]
+
 
 def test_training_with_packing_follows_the_padded_curve(data_root, tmp_path):
     for name, extra in (("padded", []), ("packed", ["phase.pack_tokens=600"])):

@@ -168,6 +168,9 @@ class MLLMConfig:
     rec_weight: float = 1.0  # MSE on the representation
     cos_weight: float = 0.0  # Table 3 ablation: cosine term on the representation
     attention: str = "sdpa"  # sdpa | flex | eager
+    # SDPA kernels in order of preference, as model.decoder.attention_backends ([] = PyTorch's order,
+    # cuDNN first on Hopper; phase.pad_to_multiple keeps its per-shape graphs few).
+    attention_backends: List[str] = field(default_factory=list)
     # Inference: greedy over the state layout's allowed tokens only (never malformed). Off = the
     # official free greedy decoding, where a broken layout is an error with the generated text.
     constrained_states: bool = False
@@ -334,6 +337,11 @@ class PhaseConfig:
     # Phase (b): pack the batch's sequences into rows of at most this many tokens instead of padding
     # each to the longest (0 = pad). Same losses; fewer padded tokens (mllm.packing).
     pack_tokens: int = 0
+    # Phase (b): round each batch's length up to a multiple of this (0 = the longest sequence). cuDNN's
+    # attention builds (compiles) a graph per new shape, ~0.4 s each; windows of 1..5 turns give a new
+    # length nearly every step, so unrounded lengths cost a rebuild per step. 64 bounds the shapes to
+    # ~25 and pads ~4 % of the tokens.
+    pad_to_multiple: int = 64
     text_dropout: float = 0.05  # CFG dropout of the text branch
     image_dropout: float = 0.05  # CFG dropout of the image branch
     random_frame: bool = False  # Table 3 ablation: condition on a random frame, not the first

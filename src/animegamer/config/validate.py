@@ -165,6 +165,8 @@ def check_training(cfg) -> list[str]:
             problems.append(f"phase.{name}={getattr(phase, name)} must be in [0, 1)")
     if phase.pack_tokens < 0 or (phase.pack_tokens and phase.name != "b"):
         problems.append(f"phase.pack_tokens={phase.pack_tokens}: must be >= 0, and only phase b packs sequences")
+    if phase.pad_to_multiple < 0:
+        problems.append(f"phase.pad_to_multiple={phase.pad_to_multiple}: must be >= 0")
     if phase.random_frame and phase.input != "clips":
         problems.append("phase.random_frame needs phase.input=clips: precomputed features hold the first frame only")
     enc, dec, frozen = model.encoder, model.decoder, model.encoders
@@ -185,15 +187,16 @@ def check_training(cfg) -> list[str]:
     if dec.in_channels != frozen.vae.latent_channels:
         problems.append(f"model.decoder.in_channels={dec.in_channels} != model.encoders.vae.latent_channels="
                         f"{frozen.vae.latent_channels}")
-    from animegamer.models.decoder import ATTENTION_BACKENDS
+    from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 
     for key, every in (("model.decoder", dec.gradient_checkpointing_every),
                        ("model.mllm", model.mllm.gradient_checkpointing_every)):
         if every < 1:
             problems.append(f"{key}.gradient_checkpointing_every={every} must be >= 1")
 
-    for backend in dec.attention_backends:
-        problems += _choice("model.decoder.attention_backends[]", str(backend), ATTENTION_BACKENDS)
+    for key, backends in (("model.decoder", dec.attention_backends), ("model.mllm", model.mllm.attention_backends)):
+        for backend in backends:
+            problems += _choice(f"{key}.attention_backends[]", str(backend), ATTENTION_BACKENDS)
     if phase.name == "b":
         problems += check_mllm(model)
         problems += check_tokenizer(model, [("phase.init_from", phase.init_from)] if phase.init_from else [])

@@ -90,9 +90,10 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
     if cfg.phase.pack_tokens:
         from animegamer.mllm.packing import pack_sequences
 
-        collate = partial(pack_sequences, pad_id=pad_id, capacity=cfg.phase.pack_tokens)
+        collate = partial(pack_sequences, pad_id=pad_id, capacity=cfg.phase.pack_tokens,
+                          pad_to_multiple_of=cfg.phase.pad_to_multiple)
     else:
-        collate = partial(collate_sequences, pad_id=pad_id)
+        collate = partial(collate_sequences, pad_id=pad_id, pad_to_multiple_of=cfg.phase.pad_to_multiple)
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, drop_last=True,
                       num_workers=cfg.data.num_workers, collate_fn=collate,
                       persistent_workers=cfg.data.num_workers > 0)
@@ -100,4 +101,4 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
 
 def val_loader(cfg: RunConfig, dataset: FullSessions, pad_id: int) -> DataLoader:
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, shuffle=False,
-                      collate_fn=partial(collate_sequences, pad_id=pad_id))
+                      collate_fn=partial(collate_sequences, pad_id=pad_id, pad_to_multiple_of=cfg.phase.pad_to_multiple))

@@ -159,6 +159,11 @@ def make_example(ids: TokenIds, tokenizer, session: Session) -> Example:
     return Example(sequence, session.reps[:-1], session.reps[-1], session.key)
 
 
+def round_up(length: int, multiple: int | None) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (unchanged for 0 / None)."""
+    return -(-length // multiple) * multiple if multiple else length
+
+
 def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
                       pad_to_multiple_of: int | None = None, padding_side: str = "right",
                       rep_dtype: torch.dtype | None = torch.float32) -> dict[str, Any]:
@@ -178,9 +183,7 @@ def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
     if any(s.num_query_tokens != n for s in sequences):
         raise ValueError(f"sequences disagree on num_query_tokens: {sorted({s.num_query_tokens for s in sequences})}")
     lengths = [len(s) for s in sequences]
-    width = max(lengths)
-    if pad_to_multiple_of:
-        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    width = round_up(max(lengths), pad_to_multiple_of)
     batch = len(items)
     training = all(isinstance(s, GameSequence) for s in sequences)
 

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from animegamer.data.indexed import SKIPPED
-from animegamer.mllm.collate import Example, _as_tensor
+from animegamer.mllm.collate import Example, _as_tensor, round_up
 from animegamer.mllm.sequence import IGNORE_INDEX
 
 
@@ -49,14 +49,15 @@ def assign_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 
 
 def pack_sequences(items: Sequence[Example], pad_id: int, capacity: int,
-                   rep_dtype: torch.dtype | None = torch.float32) -> dict[str, Any]:
-    """Training examples (with target reps) -> a packed batch (see the module docstring)."""
+                   rep_dtype: torch.dtype | None = torch.float32, pad_to_multiple_of: int = 0) -> dict[str, Any]:
+    """Training examples (with target reps) -> a packed batch (see the module docstring); the row
+    width is rounded up to a multiple of ``pad_to_multiple_of`` when set."""
     if not items:
         raise ValueError("cannot pack an empty list")
     n = items[0].sequence.num_query_tokens
     rows = assign_rows([len(e.sequence) for e in items], capacity)
     order = [index for row in rows for index in row]  # packed order: row by row
-    width = max(sum(len(items[i].sequence) for i in row) for row in rows)
+    width = round_up(max(sum(len(items[i].sequence) for i in row) for row in rows), pad_to_multiple_of)
     shape = (len(rows), width)
     input_ids = torch.full(shape, int(pad_id), dtype=torch.long)
     padding_mask = torch.zeros(shape, dtype=torch.bool)

@@ -20,7 +20,6 @@ Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward 
 """
 from __future__ import annotations
 
-import contextlib
 
 import json
 import logging
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
+from animegamer.models.attention_kernels import attention_kernels
 
 if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
     from diffusers import CogVideoXTransformer3DModel
@@ -159,20 +159,6 @@ def _motion_scope_modules(hidden: int, time_embed_dim: int) -> tuple[nn.Module, 
     nn.init.zeros_(embedding.linear_2.weight)
     nn.init.zeros_(embedding.linear_2.bias)
     return proj, embedding
-
-
-ATTENTION_BACKENDS = ("cudnn", "flash", "efficient", "math")  # model.decoder.attention_backends names
-
-
-def attention_kernels(names: List[str], on_cuda: bool):
-    """SDPA's kernels in the configured order of preference (CUDA only; CPU keeps PyTorch's choice)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if not on_cuda or not names:
-        return contextlib.nullcontext()
-    kernels = dict(zip(ATTENTION_BACKENDS, (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))
-    return sdpa_kernel([kernels[n] for n in names], set_priority=True)
 
 
 # --------------------------------------------------------------------------- the module

@@ -69,6 +69,7 @@ from animegamer.mllm.collate import gather_queries, scatter_history
 from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import resize_embeddings
+from animegamer.models.attention_kernels import attention_kernels
 
 if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
     from peft import LoraConfig
@@ -441,8 +442,9 @@ class GameStateMLLM(nn.Module):
         """Last hidden states (after the final norm), (B, L, H)."""
         embeds = self.embed_inputs(input_ids, history_reps, history_index)
         allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids, document_ids)
-        out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
-                                   position_ids=_positions(position_ids, padding_mask, input_ids), use_cache=False)
+        with attention_kernels(self.cfg.attention_backends, embeds.is_cuda):
+            out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
+                                       position_ids=_positions(position_ids, padding_mask, input_ids), use_cache=False)
         return out.last_hidden_state
 
     # ----------------------------------------------------------------------- forward
@@ -539,6 +541,15 @@ class GameStateMLLM(nn.Module):
         if not isinstance(allowed, torch.Tensor):
             raise ValueError("generate_states needs a tensor mask, not a BlockMask")
         position_ids = _positions(position_ids, padding_mask, prompt_ids)
+        with attention_kernels(self.cfg.attention_backends, embeds.is_cuda):
+            return self._greedy_states(embeds, allowed, position_ids, query_mask, max_new_tokens, stop_token_id,
+                                       allowed_tokens)
+
+    def _greedy_states(self, embeds, allowed, position_ids, query_mask, max_new_tokens, stop_token_id,
+                       allowed_tokens) -> Dict[str, Optional[torch.Tensor]]:
+        """The prefill and the greedy loop of :meth:`generate_states`."""
+        lm = self.causal_lm
+        batch = embeds.shape[0]
         cache = {_cache_keyword(lm.model): _new_cache(lm.config)}
         hidden = lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
                           position_ids=position_ids, use_cache=True, **cache).last_hidden_state
@@ -548,7 +559,7 @@ class GameStateMLLM(nn.Module):
         position = position_ids[:, -1:].clone()
         pick = lambda h, step: _greedy(lm.get_output_embeddings()(h), allowed_tokens, step)
         token = pick(hidden[:, -1], 0)
-        done = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=embeds.device)
         tokens = []
         for step in range(max_new_tokens):
             if stop_token_id is not None:
@@ -564,7 +575,7 @@ class GameStateMLLM(nn.Module):
             hidden = lm.model(inputs_embeds=step_embeds, attention_mask=step_mask, position_ids=position,
                               use_cache=True, **cache).last_hidden_state
             token = pick(hidden[:, -1], step + 1)
-        stacked = torch.stack(tokens, dim=1) if tokens else prompt_ids.new_zeros(batch, 0)
+        stacked = torch.stack(tokens, dim=1) if tokens else position_ids.new_zeros(batch, 0)
         return dict(tokens=stacked, pred=pred)
 
     # ----------------------------------------------------------------------- adapter folders
