@@ -147,6 +147,9 @@ def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = N
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    # Progress as it happens: a driver stopped by an outer time limit still shows how far each run got.
+    note = lambda what: print(f"[{time.perf_counter() - started:6.0f} s] {out.name} to step {steps}: {what}", flush=True)
+    note("launched")
     proc = launch(cmd, log, gpu)
     killed = False
     if kill_at is not None:
@@ -157,8 +160,10 @@ def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = N
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             killed = True
+            note(f"killed after the step-{kill_at} checkpoint; relaunched")
             proc = launch(cmd, log, gpu)
     code = wait(proc, log, args.run_timeout)
+    note(f"exit {code}")
     if code != 0:
         raise RuntimeError(f"exit {code}; log tail:\n{log.read_text()[-4000:]}")
     return {"seconds": round(time.perf_counter() - started, 1), "killed": killed}

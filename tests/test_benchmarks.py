@@ -22,7 +22,9 @@ def _run(*args: str) -> str:
 def test_strategies_driver_stops_resumes_and_reuses(tmp_path):
     args = ["benchmarks/strategies.py", "--tiny", "--phases", "b", "--strategies", "ddp", "--gpus", "1",
             "--steps", "4", "--samples", "8", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "s.json")]
-    _run(*args)
+    printed = _run(*args)
+    # progress is printed as it happens (a driver stopped by an outer limit still shows how far it got)
+    assert printed.count("b_ddp_1gpu to step 2: launched") == 1 and "b_ddp_1gpu to step 4: exit 0" in printed
     record = json.loads((tmp_path / "s.json").read_text())["runs"]["b:ddp:1gpu"]
     assert "error" not in record, record.get("error")
     assert record["steps_logged"] == 4 and sorted(map(int, record["loss_curve"])) == [1, 2, 3, 4]
