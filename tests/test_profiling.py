@@ -22,6 +22,7 @@ def test_pytorch_profiler_writes_a_trace_of_the_requested_steps(tmp_path):
     steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
     assert len(steps) == 2  # the active window only (steps 3 and 4), after the skipped and warm-up steps
     assert any(e.get("name", "").startswith("aten::mm") or e.get("name", "") == "aten::addmm" for e in events)
+    assert not any(str(e.get("name", "")).startswith("[pl][module]") for e in events)  # no per-module hooks
     table = (folder / "fit-ops.txt").read_text()
     assert "CPU total" in table and "Optimizer.step" in table
     summary = summarise_file(traces[0])  # written beside the trace too, checked on known data below

@@ -47,8 +47,13 @@ def make_profiler(cfg: RunConfig):
     accumulate = t.accumulate_grad_batches
     schedule = torch.profiler.schedule(skip_first=t.profile_skip_steps * accumulate, wait=0, warmup=accumulate,
                                        active=t.profile_active_steps * accumulate, repeat=1)
+    # No per-module ranges: Lightning's default adds a record_function hook to every module, which adds
+    # host work to each of phase (b)'s ~2,000 module calls per step (the cost one profiles for when the
+    # step is host-bound), and hooks added to compiled layers when the window opens recompile them
+    # (a compiled phase (b) run on an H200 spent 17.8 s in its first profiled step).
     return _windowed_profiler()(dirpath=dirpath, filename="ops", export_to_chrome=True, schedule=schedule,
-                                sort_by_key="cuda_time_total" if on_gpu else "cpu_time_total", row_limit=40)
+                                sort_by_key="cuda_time_total" if on_gpu else "cpu_time_total", row_limit=40,
+                                record_module_names=False)
 
 
 def _windowed_profiler():
