@@ -164,6 +164,43 @@ def round_up(length: int, multiple: int | None) -> int:
     return -(-length // multiple) * multiple if multiple else length
 
 
+def padded_token_fields(rows: int, width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """The (rows, width) per-token tensors of a batch, every position holding its padding value."""
+    shape = (rows, width)
+    return {"input_ids": torch.full(shape, int(pad_id), dtype=torch.long),
+            "padding_mask": torch.zeros(shape, dtype=torch.bool),
+            "position_ids": torch.zeros(shape, dtype=torch.long),
+            "query_mask": torch.zeros(shape, dtype=torch.bool),
+            "history_index": torch.full(shape, -1, dtype=torch.long),
+            "labels": torch.full(shape, IGNORE_INDEX, dtype=torch.long)}
+
+
+def place_sequence(fields: dict[str, torch.Tensor], row: int, span: slice, seq, history_offset: int = 0,
+                   with_labels: bool = True) -> None:
+    """Write one sequence's tokens into ``fields[key][row, span]``: positions restart at 0, and its
+    history indices (``k * N + i`` within the sequence) are shifted by ``history_offset`` rows."""
+    fields["input_ids"][row, span] = torch.tensor(seq.input_ids, dtype=torch.long)
+    fields["padding_mask"][row, span] = True
+    fields["position_ids"][row, span] = torch.arange(len(seq))
+    fields["query_mask"][row, span] = torch.tensor(seq.query_mask, dtype=torch.bool)
+    local = torch.tensor(seq.history_index, dtype=torch.long)
+    fields["history_index"][row, span] = torch.where(local >= 0, local + history_offset, local)
+    if with_labels:
+        fields["labels"][row, span] = torch.tensor(seq.labels, dtype=torch.long)
+
+
+def stack_histories(histories: Sequence[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row history reps (H_r, N, D) -> zero-padded (R, H_max, N, D) and the counts H_r (R,)."""
+    dim = histories[0].shape[-1]
+    if any(h.shape[-1] != dim for h in histories):
+        raise ValueError("examples disagree on the rep width D")
+    counts = [h.shape[0] for h in histories]
+    reps = torch.zeros((len(histories), max(counts), n, dim), dtype=histories[0].dtype)
+    for row, history in enumerate(histories):
+        reps[row, : history.shape[0]] = history
+    return reps, torch.tensor(counts, dtype=torch.long)
+
+
 def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
                       pad_to_multiple_of: int | None = None, padding_side: str = "right",
                       rep_dtype: torch.dtype | None = torch.float32) -> dict[str, Any]:
@@ -186,41 +223,16 @@ def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
     width = round_up(max(lengths), pad_to_multiple_of)
     batch = len(items)
     training = all(isinstance(s, GameSequence) for s in sequences)
-
-    input_ids = torch.full((batch, width), int(pad_id), dtype=torch.long)
-    padding_mask = torch.zeros((batch, width), dtype=torch.bool)
-    position_ids = torch.zeros((batch, width), dtype=torch.long)
-    query_mask = torch.zeros((batch, width), dtype=torch.bool)
-    history_index = torch.full((batch, width), -1, dtype=torch.long)
-    labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
+    out: dict[str, Any] = padded_token_fields(batch, width, pad_id)
     for row, (seq, length) in enumerate(zip(sequences, lengths)):
         span = slice(0, length) if padding_side == "right" else slice(width - length, width)
-        input_ids[row, span] = torch.tensor(seq.input_ids, dtype=torch.long)
-        padding_mask[row, span] = True
-        position_ids[row, span] = torch.arange(length)
-        query_mask[row, span] = torch.tensor(seq.query_mask, dtype=torch.bool)
-        history_index[row, span] = torch.tensor(seq.history_index, dtype=torch.long)
-        if training:
-            labels[row, span] = torch.tensor(seq.labels, dtype=torch.long)
-
-    out: dict[str, Any] = {
-        "input_ids": input_ids, "padding_mask": padding_mask, "position_ids": position_ids,
-        "lengths": torch.tensor(lengths, dtype=torch.long), "query_mask": query_mask,
-        "history_index": history_index, "history_mask": history_index >= 0,
-    }
-    if training:
-        out["labels"] = labels
+        place_sequence(out, row, span, seq, with_labels=training)
+    if not training:
+        del out["labels"]
+    out.update(lengths=torch.tensor(lengths, dtype=torch.long), history_mask=out["history_index"] >= 0)
     if all(e is not None for e in examples):
-        history = [_as_tensor(e.history_reps, rep_dtype) for e in examples]
-        dim = history[0].shape[-1]
-        if any(h.shape[-1] != dim for h in history):
-            raise ValueError("examples disagree on the rep width D")
-        counts = [h.shape[0] for h in history]
-        reps = torch.zeros((batch, max(counts), n, dim), dtype=history[0].dtype)
-        for row, h in enumerate(history):
-            reps[row, : h.shape[0]] = h
-        out.update(history_reps=reps, history_counts=torch.tensor(counts, dtype=torch.long),
-                   keys=[e.key for e in examples])
+        reps, counts = stack_histories([_as_tensor(e.history_reps, rep_dtype) for e in examples], n)
+        out.update(history_reps=reps, history_counts=counts, keys=[e.key for e in examples])
         if all(e.target_rep is not None for e in examples):
             out["target_rep"] = torch.stack([_as_tensor(e.target_rep, rep_dtype) for e in examples])
     skipped = [record for e in examples if e is not None for record in e.skipped]

@@ -27,8 +27,8 @@ from typing import Any, Sequence
 import torch
 
 from animegamer.data.indexed import SKIPPED
-from animegamer.mllm.collate import Example, _as_tensor, round_up
-from animegamer.mllm.sequence import IGNORE_INDEX
+from animegamer.mllm.collate import (Example, _as_tensor, padded_token_fields, place_sequence, round_up,
+                                     stack_histories)
 
 
 def assign_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -58,14 +58,8 @@ def pack_sequences(items: Sequence[Example], pad_id: int, capacity: int,
     rows = assign_rows([len(e.sequence) for e in items], capacity)
     order = [index for row in rows for index in row]  # packed order: row by row
     width = round_up(max(sum(len(items[i].sequence) for i in row) for row in rows), pad_to_multiple_of)
-    shape = (len(rows), width)
-    input_ids = torch.full(shape, int(pad_id), dtype=torch.long)
-    padding_mask = torch.zeros(shape, dtype=torch.bool)
-    position_ids = torch.zeros(shape, dtype=torch.long)
-    query_mask = torch.zeros(shape, dtype=torch.bool)
-    history_index = torch.full(shape, -1, dtype=torch.long)
-    labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
-    document_ids = torch.full(shape, -1, dtype=torch.long)
+    fields = padded_token_fields(len(rows), width, pad_id)
+    document_ids = torch.full((len(rows), width), -1, dtype=torch.long)
     histories = []
     document = 0
     for r, row in enumerate(rows):
@@ -73,28 +67,17 @@ def pack_sequences(items: Sequence[Example], pad_id: int, capacity: int,
         for index in row:
             seq = items[index].sequence
             span = slice(offset, offset + len(seq))
-            input_ids[r, span] = torch.tensor(seq.input_ids, dtype=torch.long)
-            padding_mask[r, span] = True
-            position_ids[r, span] = torch.arange(len(seq))  # each sequence starts at position 0
-            query_mask[r, span] = torch.tensor(seq.query_mask, dtype=torch.bool)
-            local = torch.tensor(seq.history_index, dtype=torch.long)
-            # k * N + i within the sequence -> within the row's concatenated histories
-            history_index[r, span] = torch.where(local >= 0, local + turns * n, local)
-            labels[r, span] = torch.tensor(seq.labels, dtype=torch.long)
+            # history indices point into the row's histories, concatenated in row order
+            place_sequence(fields, r, span, seq, history_offset=turns * n)
             document_ids[r, span] = document
             row_history.append(_as_tensor(items[index].history_reps, rep_dtype))
             offset, turns, document = offset + len(seq), turns + seq.num_history, document + 1
         histories.append(torch.cat(row_history))
-    dim = histories[0].shape[-1]
-    reps = torch.zeros((len(rows), max(h.shape[0] for h in histories), n, dim), dtype=histories[0].dtype)
-    for r, history in enumerate(histories):
-        reps[r, : history.shape[0]] = history
+    reps, counts = stack_histories(histories, n)
     out: dict[str, Any] = {
-        "input_ids": input_ids, "padding_mask": padding_mask, "position_ids": position_ids,
-        "lengths": torch.tensor([len(items[i].sequence) for i in order], dtype=torch.long),
-        "query_mask": query_mask, "history_index": history_index, "history_mask": history_index >= 0,
-        "labels": labels, "document_ids": document_ids, "history_reps": reps,
-        "history_counts": torch.tensor([h.shape[0] for h in histories], dtype=torch.long),
+        **fields, "lengths": torch.tensor([len(items[i].sequence) for i in order], dtype=torch.long),
+        "history_mask": fields["history_index"] >= 0, "document_ids": document_ids, "history_reps": reps,
+        "history_counts": counts,
         "target_rep": torch.stack([_as_tensor(items[i].target_rep, rep_dtype) for i in order]),
         "keys": [items[i].key for i in order],
     }
