@@ -7,13 +7,21 @@ Each point is a short ``train.py`` run on one GPU (random weights, synthetic sha
 memory or passes the largest budget; a budget's answer is the largest *measured* batch under it.
 
     python benchmarks/memory.py --phases a_joint b --strategies gpu deepspeed_stage_2 fsdp
+
+``--batches b=8,16,32`` measures exactly those batches instead, each point its own job (so ``--parallel``
+spreads points, not whole sweeps, over the GPUs); ``--merge earlier.json`` adds the points that an
+earlier ``memory.py`` or ``strategies.py`` run measured on one GPU (``strategies.py`` 1-GPU runs use the
+same overrides), each marked with the file it came from. Launches dominate a sweep's time (about a
+minute each at paper scale), so a table is cheapest built from known points plus the missing ones.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,24 +38,68 @@ def fits(points: dict[int, float], budget_gb: float) -> int | None:
     return max(ok) if ok else None
 
 
+def measure_point(args, phase: str, strategy: str, batch: int, data: Path, gpu: int | None = None) -> float | str | None:
+    """Peak GiB of one short run at ``batch`` (None: no CUDA peak logged; "OOM" / "failed")."""
+    run_args = argparse.Namespace(**{**vars(args), "global_batch": {phase: batch}})  # points may run at once
+    out = args.work / "memory" / f"{phase}_{strategy}_b{batch}"
+    try:
+        train(run_args, phase, strategy, 1, data, out, args.steps, gpu=gpu)
+    except RuntimeError as error:  # out of memory (or another failure: recorded)
+        print(f"{phase} {strategy} batch {batch}: {str(error)[-300:]}", flush=True)
+        return "OOM" if "OutOfMemoryError" in str(error) or "out of memory" in str(error) else "failed"
+    peak = perf(out).get("peak_mem_gib")
+    print(f"{phase} {strategy} batch {batch}: {peak} GiB", flush=True)
+    return peak
+
+
+def summary(points: dict[int, float | str | None], sources: dict[int, str] | None = None) -> dict:
+    """A (phase, strategy) row: peaks by batch (sorted) and the largest measured batch under each budget."""
+    points = dict(sorted(points.items()))
+    row = {"peak_gib": points, "largest_batch": {f"{gb}GB": fits(points, gb) for gb in BUDGETS_GB}}
+    if sources:
+        row["merged_from"] = {batch: sources[batch] for batch in sorted(sources)}
+    return row
+
+
 def sweep(args, phase: str, strategy: str, data: Path, gpu: int | None = None) -> dict:
-    points: dict[int, float | str | None] = {}  # GiB, "OOM" / "failed", or None (no CUDA peak logged)
+    """Batches 1, 2, 4, ... up to ``--max-batch``, until a run fails or passes the largest budget."""
+    points: dict[int, float | str | None] = {}
     batch = 1
     while batch <= args.max_batch:
-        run_args = argparse.Namespace(**{**vars(args), "global_batch": {phase: batch}})  # sweeps may run at once
-        out = args.work / "memory" / f"{phase}_{strategy}_b{batch}"
-        try:
-            train(run_args, phase, strategy, 1, data, out, args.steps, gpu=gpu)
-            points[batch] = perf(out).get("peak_mem_gib")
-        except RuntimeError as error:  # out of memory (or another failure: recorded, sweep stops)
-            points[batch] = "OOM" if "OutOfMemoryError" in str(error) or "out of memory" in str(error) else "failed"
-            print(f"{phase} {strategy} batch {batch}: {str(error)[-300:]}", flush=True)
-            break
-        print(f"{phase} {strategy} batch {batch}: {points[batch]} GiB", flush=True)
-        if points[batch] is None or points[batch] > BUDGETS_GB[-1] * GIB_PER_GB:  # nothing measured / beyond
-            break
+        points[batch] = measure_point(args, phase, strategy, batch, data, gpu)
+        if not isinstance(points[batch], float) or points[batch] > BUDGETS_GB[-1] * GIB_PER_GB:
+            break  # failed, nothing measured, or beyond every budget
         batch *= 2
-    return {"peak_gib": points, "largest_batch": {f"{gb}GB": fits(points, gb) for gb in BUDGETS_GB}}
+    return summary(points)
+
+
+def merged_points(paths: list[Path]) -> dict[tuple[str, str], dict[int, tuple[float | str, str]]]:
+    """(phase, strategy) -> batch -> (peak GiB or "OOM", source file) from earlier results files."""
+    found: dict[tuple[str, str], dict[int, tuple[float | str, str]]] = {}
+    for path in paths:
+        runs = json.loads(path.read_text()).get("runs", {})
+        for key, row in runs.items():
+            parts = key.split(":")
+            if len(parts) == 2 and isinstance(row, dict):  # memory.py: "phase:strategy"
+                for batch, gib in row.get("peak_gib", {}).items():
+                    if isinstance(gib, float) or gib == "OOM":
+                        found.setdefault((parts[0], parts[1]), {})[int(batch)] = (gib, path.name)
+            elif len(parts) == 3 and parts[2] == "1gpu" and isinstance(row, dict):  # strategies.py
+                gib = row.get("perf", {}).get("peak_mem_gib")
+                if isinstance(gib, float) and row.get("global_batch"):
+                    found.setdefault((parts[0], parts[1]), {})[int(row["global_batch"])] = (gib, path.name)
+    return found
+
+
+def batch_lists(specs: list[str]) -> dict[str, list[int]]:
+    """``["b=8,16", "c=1"]`` -> {"b": [8, 16], "c": [1]}."""
+    lists = {}
+    for spec in specs:
+        phase, _, values = spec.partition("=")
+        if not values:
+            raise ValueError(f"--batches {spec!r}: expected PHASE=B1,B2,...")
+        lists[phase] = [int(v) for v in values.split(",")]
+    return lists
 
 
 def table(results: dict) -> str:
@@ -76,6 +128,8 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[])
     parser.add_argument("--parallel", type=int, default=0, help="GPUs to share the sweeps out over (0 = in turn)")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver)")
+    parser.add_argument("--batches", nargs="*", default=[], help="PHASE=B1,B2,...: measure exactly these batches")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], help="earlier results files to merge points from")
     args = parser.parse_args()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
@@ -84,13 +138,38 @@ def main() -> None:
     args.checkpoint_every, args.kill_delay, args.throughput_every, args.peak = 10**6, 0.0, 2, 1.0
     results = {"budgets_gb": list(BUDGETS_GB), "runs": {}}
     data = {phase: make_data(phase, args.work / "data" / phase, args.samples, args.tiny) for phase in args.phases}
+    pairs = [(p, s) for p in args.phases for s in args.strategies]
+    known = merged_points(args.merge)
+    lists = batch_lists(args.batches)
+    if lists:
+        points = {pair: {b: gib for b, (gib, _) in known.get(pair, {}).items()} for pair in pairs}
 
-    def measure(job, gpu) -> None:
-        phase, strategy = job
-        save(args, results, f"{phase}:{strategy}", sweep(args, phase, strategy, data[phase], gpu))
+        def record(pair) -> None:
+            sources = {b: src for b, (_, src) in known.get(pair, {}).items() if b not in lists.get(pair[0], [])}
+            save(args, results, ":".join(pair), summary(points[pair], sources))
 
-    on_free_gpus([(p, s) for p in args.phases for s in args.strategies], args.parallel, measure)
+        def measure(job, gpu) -> None:
+            phase, strategy, batch = job
+            peak = measure_point(args, phase, strategy, batch, data[phase], gpu)
+            with _POINTS:
+                points[(phase, strategy)][batch] = peak
+                record((phase, strategy))
+
+        for pair in pairs:  # merged points first: a row appears even before (or without) new points
+            if points[pair]:
+                record(pair)
+        jobs = [(p, s, b) for p, s in pairs for b in lists.get(p, [])]
+        on_free_gpus(jobs, args.parallel, measure)
+    else:
+        def measure(job, gpu) -> None:
+            phase, strategy = job
+            save(args, results, f"{phase}:{strategy}", sweep(args, phase, strategy, data[phase], gpu))
+
+        on_free_gpus(pairs, args.parallel, measure)
     print(table(results))
+
+
+_POINTS = threading.Lock()  # points of one (phase, strategy) may finish on several GPUs at once
 
 
 if __name__ == "__main__":

@@ -58,3 +58,19 @@ def test_memory_sweep_reports_no_peak_on_cpu(tmp_path):
     row = json.loads(out.read_text())["runs"]["b:ddp"]
     # no CUDA peak on CPU: the batch is recorded as not measured and no budget answer is invented
     assert row["peak_gib"] == {"1": None} and set(row["largest_batch"].values()) == {None}
+
+
+def test_memory_points_by_list_merge_earlier_results(tmp_path):
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": {
+        "b:ddp:1gpu": {"global_batch": 4, "perf": {"peak_mem_gib": 22.05}},  # strategies.py, 1 GPU: merged
+        "b:ddp:2gpu": {"global_batch": 4, "perf": {"peak_mem_gib": 18.3}},  # per GPU of 2: not a 1-GPU point
+        "b:ddp": {"peak_gib": {"8": 40.5, "16": "OOM"}}}}))  # memory.py
+    out = tmp_path / "m.json"
+    printed = _run("benchmarks/memory.py", "--tiny", "--phases", "b", "--strategies", "ddp", "--batches", "b=1",
+                   "--merge", str(earlier), "--samples", "8", "--work", str(tmp_path / "work"), "--out", str(out))
+    assert printed.count("launched") == 1  # only the listed batch ran
+    row = json.loads(out.read_text())["runs"]["b:ddp"]
+    assert row["peak_gib"] == {"1": None, "4": 22.05, "8": 40.5, "16": "OOM"}
+    assert row["merged_from"] == {"4": "earlier.json", "8": "earlier.json", "16": "earlier.json"}
+    assert row["largest_batch"] == {"24GB": 4, "48GB": 8, "80GB": 8, "141GB": 8}
