@@ -74,3 +74,14 @@ def test_memory_points_by_list_merge_earlier_results(tmp_path):
     assert row["peak_gib"] == {"1": None, "4": 22.05, "8": 40.5, "16": "OOM"}
     assert row["merged_from"] == {"4": "earlier.json", "8": "earlier.json", "16": "earlier.json"}
     assert row["largest_batch"] == {"24GB": 4, "48GB": 8, "80GB": 8, "141GB": 8}
+
+
+def test_game_turn_benchmark_framework_variant_and_plain(tmp_path):
+    out = tmp_path / "g.json"
+    _run("benchmarks/game_turn.py", "--tiny", "--sides", "framework", "plain", "--turns", "1", "--compile",
+         "--vae-cudnn-benchmark", "--out", str(out))
+    runs = json.loads(out.read_text())["runs"]
+    assert set(runs) == {"framework[config+compile+vae-cudnn-benchmark]", "plain"}
+    for name, run in runs.items():
+        assert "error" not in run, (name, run.get("error"))
+        assert run["median"]["total"] > 0 and len(run["turns"]) == 2  # one warm-up turn, one measured

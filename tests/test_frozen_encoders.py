@@ -215,6 +215,17 @@ def test_vae_tiling_follows_the_config(tiny_cfg: EncodersConfig) -> None:
     assert FrozenVAE(dataclasses.replace(tiny_cfg.vae, tiling=True)).model.use_tiling
 
 
+def test_vae_cudnn_benchmark_is_on_during_decode_only_when_configured(tiny_cfg: EncodersConfig) -> None:
+    for enabled in (False, True):
+        vae = FrozenVAE(dataclasses.replace(tiny_cfg.vae, cudnn_benchmark=enabled))
+        seen, decode = [], vae.model.decode
+        vae.model.decode = lambda z: (seen.append(torch.backends.cudnn.benchmark), decode(z))[1]
+        before = torch.backends.cudnn.benchmark
+        video = vae.decode(torch.zeros(1, 2, vae.latent_channels, 4, 4))
+        assert seen == [enabled or before] and torch.backends.cudnn.benchmark == before  # restored
+        assert video.shape[0] == 1 and video.shape[-1] == 3
+
+
 # --------------------------------------------------------------------------- building
 def test_random_builds_are_deterministic(tiny_cfg: EncodersConfig, tiny: FrozenEncoders) -> None:
     rng_before = torch.random.get_rng_state()

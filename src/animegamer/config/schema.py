@@ -63,6 +63,9 @@ class VAEConfig:
     scaling_factor: float = 1.15258426
     # Tiled decoding/encoding keeps 480x720 clips inside a 24 GB card; irrelevant for tiny sizes.
     tiling: bool = False
+    # Let cuDNN time its 3-D convolution algorithms on the first decode of a shape and reuse the fastest
+    # (the game decodes one fixed shape every turn). Not yet measured on a GPU: off by default.
+    cudnn_benchmark: bool = False
 
 
 @dataclass

@@ -400,6 +400,7 @@ class FrozenVAE(_FrozenModule):
         self.to(dtype)  # random builds are made in float32 first, so every dtype rounds the same weights
         if cfg.tiling:
             self.model.enable_tiling()
+        self.cudnn_benchmark = cfg.cudnn_benchmark
         configured = int(self.model.config.temporal_compression_ratio)
         if self.temporal_compression != configured:
             logger.warning(
@@ -479,11 +480,23 @@ class FrozenVAE(_FrozenModule):
             raise ValueError(f"expected latents (B, T', C, H', W'), got shape {tuple(latents.shape)}")
         z = latents.to(device=self.device, dtype=self.dtype).permute(0, 2, 1, 3, 4)  # (B, C, T', H', W')
         z = z / self.scaling_factor + self._shift_factor
-        x = self.model.decode(z).sample  # (B, 3, T, H, W) in about [-1, 1]
+        with _cudnn_benchmark(self.cudnn_benchmark):
+            x = self.model.decode(z).sample  # (B, 3, T, H, W) in about [-1, 1]
         x = ((x.float() + 1.0) / 2.0).clamp(0.0, 1.0)
         return x.permute(0, 2, 3, 4, 1)  # (B, T, H, W, 3)
 
     forward = encode
+
+
+@contextmanager
+def _cudnn_benchmark(enabled: bool) -> Iterator[None]:
+    """cuDNN's algorithm search switched on inside the block when ``enabled`` (restored after)."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = previous or enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
 
 
 def _random_vae(cfg: VAEConfig) -> nn.Module:
