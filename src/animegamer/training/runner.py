@@ -168,7 +168,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
     if not final.exists():
-        trainer.save_checkpoint(str(final))
+        trainer.save_checkpoint(str(final), weights_only=False)  # the full state: a longer run resumes from it
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}
