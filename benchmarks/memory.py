@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -30,6 +31,7 @@ from strategies import PRESETS, TOKENIZER, make_data, on_free_gpus, perf, save, 
 
 BUDGETS_GB = (24, 48, 80, 141)
 GIB_PER_GB = 1e9 / 2**30
+_POINTS = threading.Lock()  # points of one (phase, strategy) may finish on several GPUs at once
 
 
 def fits(points: dict[int, float], budget_gb: float) -> int | None:
@@ -42,6 +44,8 @@ def measure_point(args, phase: str, strategy: str, batch: int, data: Path, gpu: 
     """Peak GiB of one short run at ``batch`` (None: no CUDA peak logged; "OOM" / "failed")."""
     run_args = argparse.Namespace(**{**vars(args), "global_batch": {phase: batch}})  # points may run at once
     out = args.work / "memory" / f"{phase}_{strategy}_b{batch}"
+    shutil.rmtree(out, ignore_errors=True)  # a re-run measures afresh, not resumes an earlier run's metrics
+    out.with_suffix(".log").unlink(missing_ok=True)
     try:
         train(run_args, phase, strategy, 1, data, out, args.steps, gpu=gpu)
     except RuntimeError as error:  # out of memory (or another failure: recorded)
@@ -91,14 +95,14 @@ def merged_points(paths: list[Path]) -> dict[tuple[str, str], dict[int, tuple[fl
     return found
 
 
-def batch_lists(specs: list[str]) -> dict[str, list[int]]:
-    """``["b=8,16", "c=1"]`` -> {"b": [8, 16], "c": [1]}."""
+def batch_lists(specs: list[str], phases: list[str]) -> dict[str, list[int]]:
+    """``["b=8,16", "c=1"]`` -> {"b": [8, 16], "c": [1]} (each list sorted, without repeats)."""
     lists = {}
     for spec in specs:
         phase, _, values = spec.partition("=")
-        if not values:
-            raise ValueError(f"--batches {spec!r}: expected PHASE=B1,B2,...")
-        lists[phase] = [int(v) for v in values.split(",")]
+        if not values or phase not in phases:
+            raise ValueError(f"--batches {spec!r}: expected PHASE=B1,B2,... with PHASE one of --phases {phases}")
+        lists[phase] = sorted({int(v) for v in values.split(",")})
     return lists
 
 
@@ -140,7 +144,7 @@ def main() -> None:
     data = {phase: make_data(phase, args.work / "data" / phase, args.samples, args.tiny) for phase in args.phases}
     pairs = [(p, s) for p in args.phases for s in args.strategies]
     known = merged_points(args.merge)
-    lists = batch_lists(args.batches)
+    lists = batch_lists(args.batches, args.phases)
     if lists:
         points = {pair: {b: gib for b, (gib, _) in known.get(pair, {}).items()} for pair in pairs}
 
@@ -168,8 +172,6 @@ def main() -> None:
         on_free_gpus(pairs, args.parallel, measure)
     print(table(results))
 
-
-_POINTS = threading.Lock()  # points of one (phase, strategy) may finish on several GPUs at once
 
 
 if __name__ == "__main__":

@@ -85,3 +85,15 @@ def test_game_turn_benchmark_framework_variant_and_plain(tmp_path):
     for name, run in runs.items():
         assert "error" not in run, (name, run.get("error"))
         assert run["median"]["total"] > 0 and len(run["turns"]) == 2  # one warm-up turn, one measured
+
+
+def test_memory_batch_lists_are_sorted_unique_and_name_known_phases(monkeypatch):
+    import pytest
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from memory import batch_lists
+
+    assert batch_lists(["b=16,8,8", "c=1"], ["b", "c"]) == {"b": [8, 16], "c": [1]}
+    for bad in ("a_join=1", "b", "b="):
+        with pytest.raises(ValueError, match="one of --phases"):
+            batch_lists([bad], ["b", "c"])

@@ -221,6 +221,9 @@ def test_padding_multiple_and_mllm_attention_kernels_are_checked(data_root):
     assert len(problems) == 2, problems
     assert any("phase.pad_to_multiple=-8: must be >= 0" in p for p in problems), problems
     assert any("model.mllm.attention_backends[]='fast'" in p and "'efficient'" in p for p in problems), problems
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "model.mllm.attention=eager",
+                                                      "model.mllm.attention_backends=[math]"))
+    assert "orders SDPA's kernels, but model.mllm.attention='eager'" in text
 
 
 # --------------------------------------------------------------------------- all at once

@@ -411,3 +411,19 @@ def test_compile_switch_compiles_every_layer_in_place(model_cfg, vocab):
     assert len(compiled) == model_cfg.mllm.num_hidden_layers
     assert all(layer._compiled_call_impl is not None for layer in compiled)
     assert all(layer._compiled_call_impl is None for layer in plain)
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_recomputed_layers_keep_the_configured_attention_kernels(model_cfg, vocab, monkeypatch, every):
+    """With checkpointing, each recomputed layer re-enters the configured SDPA kernel order in backward
+    (through HF's checkpointing for every layer, through ``recompute`` for every k-th)."""
+    import animegamer.models.attention_kernels as kernels
+
+    entered = []
+    real = kernels.attention_kernels
+    monkeypatch.setattr(kernels, "attention_kernels", lambda names, on_cuda: entered.append(list(names)) or real(names, on_cuda))
+    model = _model(model_cfg, vocab, gradient_checkpointing=True, gradient_checkpointing_every=every,
+                   attention_backends=["efficient", "math"]).train()
+    model(**_batch(model_cfg, vocab))["loss"].backward()
+    layers = model_cfg.mllm.num_hidden_layers
+    assert entered == [["efficient", "math"]] * -(-layers // every)  # one per recomputed layer, none in forward

@@ -84,9 +84,10 @@ def test_training_batches_are_rounded_to_the_configured_multiple(data_root, tmp_
         _, cfg = tiny_b_cfg(data_root, tmp_path, "phase.batch_size=3", f"phase.pad_to_multiple={multiple}")
         module = PhaseB(cfg)
         windows = SessionWindows(session_shards(cfg, "train"), module.tokenizer, module.ids, [1.0] * 5, seed=3)
-        widths = [batch["input_ids"].shape[1] - int(batch["lengths"].max())
-                  for batch, _ in zip(train_loader(cfg, windows, module.ids.pad, 0, 0, 1), range(4))]
+        batches = [batch for batch, _ in zip(train_loader(cfg, windows, module.ids.pad, 0, 0, 1), range(4))]
+        widths = [batch["input_ids"].shape[1] - int(batch["lengths"].max()) for batch in batches]
         if multiple:
+            assert all(batch["input_ids"].shape[1] % multiple == 0 for batch in batches)
             assert all(0 <= w < multiple for w in widths) and any(w > 0 for w in widths), widths
         else:
             assert widths == [0, 0, 0, 0]

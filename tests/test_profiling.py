@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
 from animegamer.training.runner import train
@@ -33,26 +35,36 @@ def test_pytorch_profiler_writes_a_trace_of_the_requested_steps(tmp_path):
 
 
 def test_trace_summary_on_a_trace_with_known_answers():
-    """Two steps of 10 ms; the first overlaps two kernels (1..4 and 3..6 ms: busy 5 ms), the second
-    has one 2 ms kernel and a 1.5 ms synchronising copy; launches and hooks counted per step."""
-    def x(name, cat, ts_ms, dur_ms):
-        return {"ph": "X", "name": name, "cat": cat, "ts": ts_ms * 1e3, "dur": dur_ms * 1e3}
+    """Two steps of 10 ms. Step 1 launches k1 (1..4 ms), k2 (3..6) and k4 (launched at 9 ms, runs 9.5..12.5,
+    past the step's end): busy 5 + 3 ms, 3 kernels, all its own. Step 2 launches k3 (12..14) and two async
+    copies: to the host (1.5 ms, blocks) and to the device (0.5 ms, does not); a stream wait does not
+    block either. Launches and hooks are counted per step."""
+    def x(name, cat, ts_ms, dur_ms, correlation=None):
+        event = {"ph": "X", "name": name, "cat": cat, "ts": ts_ms * 1e3, "dur": dur_ms * 1e3}
+        if correlation is not None:
+            event["args"] = {"correlation": correlation}
+        return event
 
     trace = {"traceEvents": [
         x("ProfilerStep#5", "user_annotation", 0, 10), x("ProfilerStep#6", "user_annotation", 10, 10),
-        x("k1", "kernel", 1, 3), x("k2", "kernel", 3, 3), x("cudaLaunchKernel", "cuda_runtime", 0.5, 0.01),
-        x("cudaLaunchKernel", "cuda_runtime", 1, 0.01), x("k3", "kernel", 12, 2),
-        x("cudaLaunchKernel", "cuda_runtime", 11, 0.01), x("cudaMemcpyAsync", "cuda_runtime", 15, 1.5),
+        x("cudaLaunchKernel", "cuda_runtime", 0.5, 0.01, 1), x("k1", "kernel", 1, 3, 1),
+        x("cudaLaunchKernel", "cuda_runtime", 1, 0.01, 2), x("k2", "kernel", 3, 3, 2),
+        x("cudaLaunchKernel", "cuda_runtime", 9, 0.01, 4), x("k4", "kernel", 9.5, 3, 4),
+        x("cudaLaunchKernel", "cuda_runtime", 11, 0.01, 3), x("k3", "kernel", 12.5, 1.5, 3),
+        x("cudaMemcpyAsync", "cuda_runtime", 15, 1.5, 5), x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 15, 0.1, 5),
+        x("cudaMemcpyAsync", "cuda_runtime", 17, 0.5, 6), x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 17, 0.1, 6),
+        x("cudaStreamWaitEvent", "cuda_runtime", 18, 0.7),
         x("[LightningModule]PhaseB.optimizer_step", "user_annotation", 0.2, 9),
         x("[LightningModule]PhaseB.optimizer_step", "user_annotation", 10.2, 7),
         {"ph": "i", "name": "instant", "ts": 3}]}
     summary = summarise(trace)
     first, second = summary["steps"]
-    assert (first["gpu_busy_ms"], first["kernels"], first["launches"], first["sync_ms"]) == (5.0, 2, 2, 0.0)
-    assert (second["gpu_busy_ms"], second["kernels"], second["launches"], second["sync_ms"]) == (2.0, 1, 1, 1.5)
-    assert summary["median_wall_ms"] == 10.0 and summary["gpu_busy_fraction"] == 0.35
+    assert (first["gpu_busy_ms"], first["kernels"], first["launches"], first["sync_ms"]) == (8.0, 3, 3, 0.0)
+    assert (second["kernels"], second["launches"], second["sync_ms"]) == (1, 1, 1.5)
+    assert second["gpu_busy_ms"] == pytest.approx(1.7)  # k3 and the two copies
+    assert summary["median_wall_ms"] == 10.0 and summary["gpu_busy_fraction"] == pytest.approx(0.485)
     assert summary["hooks_ms"] == {"[LightningModule]PhaseB.optimizer_step": 8.0}
-    assert "35 %" in render(summary)
+    assert "48 %" in render(summary)
 
 
 def test_simple_profiler_times_the_hooks(tmp_path):

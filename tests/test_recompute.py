@@ -70,3 +70,22 @@ def test_mllm_switch_wraps_every_kth_layer_instead_of_all():
     layers = model.causal_lm.model.layers
     assert [hasattr(layer, "_animegamer_forward") for layer in layers] == [i % 2 == 0 for i in range(len(layers))]
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.causal_lm.modules())
+
+
+def test_recomputed_decoder_blocks_keep_the_configured_attention_kernels(monkeypatch):
+    import animegamer.models.attention_kernels as kernels
+    from animegamer.models.decoder import MotionScopeDecoder
+
+    entered = []
+    real = kernels.attention_kernels
+    monkeypatch.setattr(kernels, "attention_kernels", lambda names, on_cuda: entered.append(list(names)) or real(names, on_cuda))
+    cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "model.decoder.attention_backends=[efficient]"]))
+    decoder = MotionScopeDecoder(cfg.model.decoder, cfg.model.encoder.width, 46)
+    latents = torch.randn(1, 5, cfg.model.decoder.in_channels, 8, 12)
+    rep, t, flow = torch.randn(1, 46, cfg.model.encoder.width), torch.tensor([500]), torch.tensor([3.0])
+    blocks = len(decoder.transformer.transformer_blocks)
+    for every, recomputed in ((1, blocks), (2, -(-blocks // 2))):
+        entered.clear()
+        decoder.set_gradient_checkpointing(True, every=every)
+        decoder(latents, t, rep, flow).square().mean().backward()
+        assert entered == [["efficient"]] * recomputed, every

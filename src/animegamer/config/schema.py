@@ -124,7 +124,8 @@ class DecoderConfig:
     gradient_checkpointing_every: int = 1
     # SDPA kernels on CUDA, in order of preference (unsupported ones are skipped for a shape):
     # cudnn | flash | efficient | math. cuDNN's fused attention is the fastest on Hopper for the
-    # decoder's 64-wide heads and ~7k tokens (benchmarks/README.md); PyTorch's own default puts flash first.
+    # decoder's 64-wide heads and ~7k tokens (benchmarks/README.md); PyTorch's default order varies by
+    # version and GPU (flash first on older releases), so the order is fixed here.
     attention_backends: List[str] = field(default_factory=lambda: ["cudnn", "flash", "efficient", "math"])
     compile: bool = False  # torch.compile the transformer (first call compiles; fixed shapes)
 
@@ -171,8 +172,9 @@ class MLLMConfig:
     rec_weight: float = 1.0  # MSE on the representation
     cos_weight: float = 0.0  # Table 3 ablation: cosine term on the representation
     attention: str = "sdpa"  # sdpa | flex | eager
-    # SDPA kernels in order of preference, as model.decoder.attention_backends ([] = PyTorch's order,
-    # cuDNN first on Hopper; phase.pad_to_multiple keeps its per-shape graphs few).
+    # SDPA kernels in order of preference, as model.decoder.attention_backends; attention=sdpa only
+    # ([] = PyTorch's order, which picked cuDNN for phase (b) on an H200 with torch 2.11;
+    # phase.pad_to_multiple keeps cuDNN's per-shape graphs few).
     attention_backends: List[str] = field(default_factory=list)
     # Inference: greedy over the state layout's allowed tokens only (never malformed). Off = the
     # official free greedy decoding, where a broken layout is an error with the generated text.
@@ -338,7 +340,8 @@ class PhaseConfig:
     grad_clip: float = 1.0
     batch_size: int = 1  # per device
     # Phase (b): pack the batch's sequences into rows of at most this many tokens instead of padding
-    # each to the longest (0 = pad). Same losses; fewer padded tokens (mllm.packing).
+    # each to the longest (0 = pad). Same losses; fewer padded tokens (mllm.packing). Rows are then
+    # rounded up by pad_to_multiple.
     pack_tokens: int = 0
     # Phase (b): round each batch's length up to a multiple of this (0 = the longest sequence). cuDNN's
     # attention builds (compiles) a graph per new shape, ~0.4 s each; windows of 1..5 turns give a new

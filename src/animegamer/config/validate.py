@@ -197,6 +197,9 @@ def check_training(cfg) -> list[str]:
     for key, backends in (("model.decoder", dec.attention_backends), ("model.mllm", model.mllm.attention_backends)):
         for backend in backends:
             problems += _choice(f"{key}.attention_backends[]", str(backend), ATTENTION_BACKENDS)
+    if model.mllm.attention_backends and model.mllm.attention != "sdpa":
+        problems.append(f"model.mllm.attention_backends={list(model.mllm.attention_backends)} orders SDPA's kernels, "
+                        f"but model.mllm.attention={model.mllm.attention!r}: use sdpa or leave it empty")
     if phase.name == "b":
         problems += check_mllm(model)
         problems += check_tokenizer(model, [("phase.init_from", phase.init_from)] if phase.init_from else [])

@@ -101,4 +101,5 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
 
 def val_loader(cfg: RunConfig, dataset: FullSessions, pad_id: int) -> DataLoader:
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, shuffle=False,
-                      collate_fn=partial(collate_sequences, pad_id=pad_id, pad_to_multiple_of=cfg.phase.pad_to_multiple))
+                      collate_fn=partial(collate_sequences, pad_id=pad_id,
+                                         pad_to_multiple_of=cfg.phase.pad_to_multiple))

@@ -51,7 +51,8 @@ def assign_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 def pack_sequences(items: Sequence[Example], pad_id: int, capacity: int,
                    rep_dtype: torch.dtype | None = torch.float32, pad_to_multiple_of: int = 0) -> dict[str, Any]:
     """Training examples (with target reps) -> a packed batch (see the module docstring); the row
-    width is rounded up to a multiple of ``pad_to_multiple_of`` when set."""
+    width is rounded up to a multiple of ``pad_to_multiple_of`` when set, so rows may be up to
+    ``pad_to_multiple_of - 1`` padding tokens wider than ``capacity``."""
     if not items:
         raise ValueError("cannot pack an empty list")
     n = items[0].sequence.num_query_tokens

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from typing import Callable, Optional, Sequence
+
+from torch import nn
 
 ATTENTION_BACKENDS = ("cudnn", "flash", "efficient", "math")  # the names configs use
 
@@ -17,3 +19,22 @@ def attention_kernels(names: Sequence[str], on_cuda: bool):
     kernels = dict(zip(ATTENTION_BACKENDS, (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                                             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))
     return sdpa_kernel([kernels[n] for n in names], set_priority=True)
+
+
+def recompute_context(names: Sequence[str], module: nn.Module) -> Optional[Callable]:
+    """``context_fn`` for ``torch.utils.checkpoint`` (``None`` when ``names`` is empty).
+
+    A checkpointed block recomputes its forward during backward, outside the ``attention_kernels``
+    block its first forward ran in; without this the recomputation would pick PyTorch's own kernel,
+    and a kernel that saves other tensors than the first one fails the checkpoint's check. Eager only:
+    under ``torch.compile`` the kernel is chosen when the graph is traced, and ``context_fn`` must be
+    a dispatch mode there.
+    """
+    if not names:
+        return None
+
+    def context_fn():
+        on_cuda = next(module.parameters()).is_cuda
+        return contextlib.nullcontext(), attention_kernels(names, on_cuda)
+
+    return context_fn

@@ -20,7 +20,6 @@ Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward 
 """
 from __future__ import annotations
 
-
 import json
 import logging
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 from torch import nn
 
 from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
-from animegamer.models.attention_kernels import attention_kernels
+from animegamer.models.attention_kernels import attention_kernels, recompute_context
 
 if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
     from diffusers import CogVideoXTransformer3DModel
@@ -222,14 +221,20 @@ class MotionScopeDecoder(nn.Module):
     def set_gradient_checkpointing(self, enabled: bool, every: Optional[int] = None) -> None:
         """Recompute block activations in backward (the paper-scale memory saver): every block through
         diffusers, or every k-th (``every``, default the config's) through :mod:`.recompute`."""
-        from animegamer.models.recompute import checkpoint_every
+        from torch.utils.checkpoint import checkpoint
+
+        from animegamer.models.recompute import checkpoint_every, checkpoint_options
 
         every = self.cfg.gradient_checkpointing_every if every is None else every
+        # recomputed blocks keep the configured attention kernels (a compiled transformer fixes them when traced)
+        context_fn = None if self.cfg.compile else recompute_context(self.cfg.attention_backends, self)
+        options = checkpoint_options(context_fn)
         if enabled and every == 1:
-            self.transformer.enable_gradient_checkpointing()
+            self.transformer.enable_gradient_checkpointing(
+                lambda block, *args: checkpoint(block.__call__, *args, **options))
         else:
             self.transformer.disable_gradient_checkpointing()
-        checkpoint_every(self.transformer.transformer_blocks, every if enabled and every > 1 else 0)
+        checkpoint_every(self.transformer.transformer_blocks, every if enabled and every > 1 else 0, context_fn)
 
     @property
     def has_lora(self) -> bool:

@@ -69,7 +69,7 @@ from animegamer.mllm.collate import gather_queries, scatter_history
 from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import resize_embeddings
-from animegamer.models.attention_kernels import attention_kernels
+from animegamer.models.attention_kernels import attention_kernels, recompute_context
 
 if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
     from peft import LoraConfig
@@ -305,18 +305,21 @@ class GameStateMLLM(nn.Module):
         Uses ``activation_checkpointing_*`` where transformers has it (the ``gradient_checkpointing_*``
         names are deprecated there), the old names before.
         """
-        from animegamer.models.recompute import checkpoint_every
+        from animegamer.models.recompute import checkpoint_every, checkpoint_options
 
         lm = self.causal_lm
         every = self.cfg.gradient_checkpointing_every
-        checkpoint_every(lm.model.layers, every if enabled and every > 1 else 0)
+        # recomputed layers keep the configured attention kernels (compiled layers fix them when traced)
+        context_fn = None if self.cfg.compile else recompute_context(self.cfg.attention_backends, self)
+        checkpoint_every(lm.model.layers, every if enabled and every > 1 else 0, context_fn)
         if enabled and every > 1:  # selective: only the wrapped layers recompute
             enabled = False
         if enabled:
+            options = checkpoint_options(context_fn)
             if hasattr(lm, "activation_checkpointing_enable"):
-                lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                lm.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
             else:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
         elif any(getattr(m, "gradient_checkpointing", False) for m in lm.modules()):
             (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
 
@@ -545,9 +548,12 @@ class GameStateMLLM(nn.Module):
             return self._greedy_states(embeds, allowed, position_ids, query_mask, max_new_tokens, stop_token_id,
                                        allowed_tokens)
 
-    def _greedy_states(self, embeds, allowed, position_ids, query_mask, max_new_tokens, stop_token_id,
-                       allowed_tokens) -> Dict[str, Optional[torch.Tensor]]:
-        """The prefill and the greedy loop of :meth:`generate_states`."""
+    def _greedy_states(self, embeds: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor,
+                       query_mask: Optional[torch.Tensor], max_new_tokens: int, stop_token_id: Optional[int],
+                       allowed_tokens: Optional[Sequence[Sequence[int]]]) -> Dict[str, Optional[torch.Tensor]]:
+        """The prefill and the greedy loop of :meth:`generate_states`: ``embeds`` (B, L, H) with the
+        history scattered in, ``allowed`` (B, 1, L, L) bool, ``position_ids`` (B, L), ``query_mask``
+        (B, L) or None."""
         lm = self.causal_lm
         batch = embeds.shape[0]
         cache = {_cache_keyword(lm.model): _new_cache(lm.config)}

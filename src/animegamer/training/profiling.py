@@ -73,11 +73,18 @@ def _windowed_profiler():
     return WindowedPyTorchProfiler
 
 
-def summarise_traces(cfg: RunConfig, is_global_zero: bool) -> None:
-    """After a ``pytorch``-profiled fit: write and log the step breakdown of each trace (rank 0)."""
-    if cfg.trainer.profiler != "pytorch" or not is_global_zero:
+def summarise_traces(cfg: RunConfig, trainer, since: float) -> None:
+    """After a ``pytorch``-profiled fit: write and log the step breakdown of rank 0's traces written since
+    ``since`` (a resumed run leaves the earlier run's traces alone). A trace that cannot be read is
+    reported, never raised: the run's results matter more than its profile."""
+    if cfg.trainer.profiler != "pytorch" or not trainer.is_global_zero:
         return
     from animegamer.training.trace_summary import write_summaries
 
-    for path in write_summaries(Path(cfg.output_dir) / PROFILE_DIR):
-        log.info("profiled steps (%s):\n%s", path, path.read_text())
+    folder = Path(cfg.output_dir) / PROFILE_DIR
+    rank = 0 if trainer.world_size > 1 else None  # Lightning names a rank in its files only then
+    try:
+        for path in write_summaries(folder, since=since, rank=rank):
+            log.info("profiled steps (%s):\n%s", path, path.read_text())
+    except (OSError, ValueError, KeyError) as error:
+        log.warning("could not summarise the profiler traces in %s: %s", folder, error)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -160,15 +161,16 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         log.info("resuming from %s", resume)
         # FSDP and DeepSpeed read checkpoints past the weights-only CheckpointIO: refuse pickled code first.
         ensure_weights_only(resume, checkpoint_safe_globals(cfg.trainer.strategy))
+    started = time.time()
     try:
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     except SIGTERMException as stop:
         raise SystemExit(PREEMPTED_EXIT_CODE) from stop
-    summarise_traces(cfg, trainer.is_global_zero)
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
     if not final.exists():
         trainer.save_checkpoint(str(final), weights_only=False)  # the full state: a longer run resumes from it
+    summarise_traces(cfg, trainer, since=started)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}

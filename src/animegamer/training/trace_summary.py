@@ -2,10 +2,12 @@
 
     python -m animegamer.training.trace_summary outputs/run/profile/*.pt.trace.json
 
-Per recorded optimizer step (``ProfilerStep#N``): the step's wall time on the host, how long the GPU
-was busy inside it (the union of kernel, copy and memset intervals), how many kernels ran and were
-launched, the host time spent waiting on the device (synchronising calls), and the host time of
-Lightning's hooks. A GPU busy for a small fraction of the step while launching thousands of short
+Per recorded step (``ProfilerStep#N``: one training batch; under gradient accumulation several make
+an optimizer step): the step's wall time on the host; the GPU work the step launched (matched to its
+launch through the trace's correlation ids, so a kernel that runs on after the host moved on still
+counts for the step that launched it): busy time (the union of kernel, copy and memset intervals) and
+kernel count; launches; the host time blocked on the device (synchronising calls and copies to the
+host); and the host time of Lightning's hooks. A GPU busy for a small fraction of the step while launching thousands of short
 kernels is bound by launch overhead (``torch.compile``, larger batches); long synchronising calls
 point at a ``.item()``-style read in the step.
 """
@@ -21,7 +23,8 @@ from typing import Dict, Iterable, List, Tuple
 STEP_PREFIX = "ProfilerStep#"
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-SYNC_MARKERS = ("Synchronize", "cudaMemcpy", "cudaStreamWaitEvent")
+BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+ASYNC_COPY = "cudaMemcpyAsync"  # blocks the host only when it copies to the host (pageable memory)
 HOOK_PREFIX = "["  # Lightning's record_function names: "[LightningModule]PhaseB.optimizer_step"
 TOP_HOOKS = 12
 
@@ -41,6 +44,17 @@ def _inside(events: List[dict], start: float, stop: float) -> List[dict]:
     return [e for e in events if start <= e["ts"] < stop]
 
 
+def _correlation(event: dict):
+    return (event.get("args") or {}).get("correlation")
+
+
+def _blocking(call: dict, device_by_id: Dict) -> bool:
+    if call["name"] in BLOCKING:
+        return True
+    work = device_by_id.get(_correlation(call))
+    return call["name"] == ASYNC_COPY and work is not None and "DtoH" in str(work.get("name", ""))
+
+
 def summarise(trace: Dict) -> Dict:
     """The per-step breakdown of one trace (times in ms)."""
     complete = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
@@ -50,19 +64,21 @@ def summarise(trace: Dict) -> Dict:
     device = [e for e in complete if e.get("cat") in DEVICE_CATEGORIES]
     runtime = [e for e in complete if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     hooks = [e for e in complete if e.get("cat") == "user_annotation" and str(e["name"]).startswith(HOOK_PREFIX)]
+    launched_at = {_correlation(e): e["ts"] for e in runtime if _correlation(e) is not None}
+    device_by_id = {_correlation(e): e for e in device if _correlation(e) is not None}
     rows, hook_ms = [], defaultdict(float)
     for step in steps:
         start, stop = step["ts"], step["ts"] + step["dur"]
-        # Device work trails its launch: count what starts before the next step's first launch.
-        kernels = _inside(device, start, stop)
+        # device work belongs to the step that launched it (its own start time when the launch is unknown)
+        work = [e for e in device if start <= launched_at.get(_correlation(e), e["ts"]) < stop]
         calls = _inside(runtime, start, stop)
         rows.append({
             "step": step["name"],
             "wall_ms": step["dur"] / 1e3,
-            "gpu_busy_ms": _busy((e["ts"], e["ts"] + e["dur"]) for e in kernels) / 1e3,
-            "kernels": sum(e.get("cat") == "kernel" for e in kernels),
+            "gpu_busy_ms": _busy((e["ts"], e["ts"] + e["dur"]) for e in work) / 1e3,
+            "kernels": sum(e.get("cat") == "kernel" for e in work),
             "launches": sum(e["name"] in LAUNCH_NAMES for e in calls),
-            "sync_ms": sum(e["dur"] for e in calls if any(m in e["name"] for m in SYNC_MARKERS)) / 1e3,
+            "sync_ms": sum(e["dur"] for e in calls if _blocking(e, device_by_id)) / 1e3,
         })
         for hook in _inside(hooks, start, stop):
             hook_ms[hook["name"]] += hook["dur"] / 1e3 / len(steps)
@@ -100,10 +116,14 @@ def summarise_file(path: str | Path) -> Dict:
         return summarise(json.load(f))
 
 
-def write_summaries(folder: str | Path) -> List[Path]:
-    """``<trace>.summary.txt`` beside each trace of ``folder``; returns the files written."""
+def write_summaries(folder: str | Path, since: float = 0.0, rank: int | None = None) -> List[Path]:
+    """``<trace>.summary.txt`` beside each trace of ``folder`` modified at or after ``since`` (a time
+    stamp) and, with ``rank``, written by that rank (Lightning's ``<stage>-<name>-<rank>-...`` names);
+    returns the files written."""
     written = []
     for trace in sorted(Path(folder).glob("*.pt.trace.json")):
+        if trace.stat().st_mtime < since or (rank is not None and f"-{rank}-" not in trace.name):
+            continue
         out = trace.with_name(trace.name.replace(".pt.trace.json", ".summary.txt"))
         out.write_text(render(summarise_file(trace)) + "\n")
         written.append(out)
