@@ -114,6 +114,8 @@ def compose(args):
         overrides.append("model.decoder.compile=true")
     if args.vae_cudnn_benchmark:
         overrides.append("model.encoders.vae.cudnn_benchmark=true")
+    if args.mllm_compile:
+        overrides.append("model.mllm.compile=true")
     if args.tiny:
         overrides += ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]
     cfg = OmegaConf.to_object(compose_config("train", overrides))
@@ -391,6 +393,8 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=None, choices=["cudnn", "flash", "efficient", "math"],
                         help="framework side: SDPA kernels in order of preference (default: the config's)")
     parser.add_argument("--compile", action="store_true", help="framework side: torch.compile the decoder")
+    parser.add_argument("--mllm-compile", action="store_true",
+                        help="framework side: model.mllm.compile (each Mistral layer compiled: prefill and decode)")
     parser.add_argument("--vae-cudnn-benchmark", action="store_true",
                         help="framework side: model.encoders.vae.cudnn_benchmark (cuDNN picks the VAE's conv algorithms)")
     parser.add_argument("--out", type=Path, default=None)
@@ -425,9 +429,10 @@ def main() -> None:
     results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (no official tokenizer found)"
     for side in args.sides:
         name = side
-        if side == "framework" and (args.attention or args.compile or args.vae_cudnn_benchmark):  # a variant: own row
-            name += (f"[{'+'.join(args.attention or ['config'])}{'+compile' if args.compile else ''}"
-                     f"{'+vae-cudnn-benchmark' if args.vae_cudnn_benchmark else ''}]")
+        options = [flag for flag, on in (("compile", args.compile), ("mllm-compile", args.mllm_compile),
+                                         ("vae-cudnn-benchmark", args.vae_cudnn_benchmark)) if on]
+        if side == "framework" and (args.attention or options):  # a variant: its own row
+            name += f"[{'+'.join([*(args.attention or ['config']), *options])}]"
         record = results["runs"][name] = {}
         limit = args.side_timeout
         if args.deadline:

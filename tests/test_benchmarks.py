@@ -79,9 +79,9 @@ def test_memory_points_by_list_merge_earlier_results(tmp_path):
 def test_game_turn_benchmark_framework_variant_and_plain(tmp_path):
     out = tmp_path / "g.json"
     _run("benchmarks/game_turn.py", "--tiny", "--sides", "framework", "plain", "--turns", "1", "--compile",
-         "--vae-cudnn-benchmark", "--out", str(out))
+         "--mllm-compile", "--vae-cudnn-benchmark", "--out", str(out))
     runs = json.loads(out.read_text())["runs"]
-    assert set(runs) == {"framework[config+compile+vae-cudnn-benchmark]", "plain"}
+    assert set(runs) == {"framework[config+compile+mllm-compile+vae-cudnn-benchmark]", "plain"}
     for name, run in runs.items():
         assert "error" not in run, (name, run.get("error"))
         assert run["median"]["total"] > 0 and len(run["turns"]) == 2  # one warm-up turn, one measured
