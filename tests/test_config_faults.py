@@ -254,3 +254,44 @@ def test_fsdp_sharding_reaches_the_strategy(data_root, sharding):
     strategy = make_strategy(cfg)
     assert strategy.sharding_strategy == ShardingStrategy[sharding]
     assert strategy.kwargs["forward_prefetch"] is True
+
+
+def test_fsdp_init_device_is_checked(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "trainer=fsdp", "trainer.accelerator=gpu",
+                                                      "trainer.fsdp_init_device=cuda"))
+    assert "trainer.fsdp_init_device='cuda' is not one of ('cpu', 'gpu')" in text
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "trainer.fsdp_init_device=gpu"))
+    assert "applies to trainer.strategy=fsdp only" in text
+
+
+@pytest.mark.parametrize("overrides, where", [
+    (["trainer=fsdp", "trainer.fsdp_init_device=gpu"], "root device"),  # built where the stub's root device is
+    (["trainer=fsdp"], "init_module"),  # Lightning's FSDP way: its init_module context (CPU)
+    (["trainer=deepspeed_zero2"], "init_module"),
+    (["trainer=cpu"], "nowhere special"),
+])
+def test_networks_are_built_where_the_strategy_wants_them(data_root, overrides, where):
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from animegamer.training.strategies import module_init
+
+    used = []
+
+    @contextlib.contextmanager
+    def init_module(empty_init):
+        used.append(("init_module", empty_init))
+        yield
+
+    precision = SimpleNamespace(tensor_init_context=lambda: used.append(("precision",)) or contextlib.nullcontext())
+    trainer = SimpleNamespace(init_module=init_module,
+                              strategy=SimpleNamespace(root_device=torch.device("meta"), precision_plugin=precision))
+    cfg = train_cfg(data_root, "b", *overrides)
+    with module_init(cfg, trainer)():
+        layer = nn.Linear(2, 2)
+    expected = {"root device": ("meta", [("precision",)]), "init_module": ("cpu", [("init_module", False)]),
+                "nowhere special": ("cpu", [])}[where]
+    assert (layer.weight.device.type, used) == expected

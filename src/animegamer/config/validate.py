@@ -260,8 +260,8 @@ DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mix
 def check_trainer(cfg) -> list[str]:
     """Devices, strategy and precision, and the strategy against what the phase export needs."""
     from animegamer.training.profiling import PROFILERS, profiled_steps
-    from animegamer.training.strategies import (DEEPSPEED_STRATEGIES, FSDP_COMPUTE, FSDP_SHARDINGS, STRATEGIES,
-                                                is_deepspeed)
+    from animegamer.training.strategies import (DEEPSPEED_STRATEGIES, FSDP_COMPUTE, FSDP_INIT_DEVICES, FSDP_SHARDINGS,
+                                                STRATEGIES, is_deepspeed)
 
     t, phase = cfg.trainer, cfg.phase.name
     problems: list[str] = []
@@ -296,6 +296,10 @@ def check_trainer(cfg) -> list[str]:
     if strategy == "fsdp":
         problems += _choice("trainer.fsdp_sharding", str(t.fsdp_sharding), FSDP_SHARDINGS)
     problems += _choice("trainer.fsdp_compute", str(t.fsdp_compute), FSDP_COMPUTE)
+    problems += _choice("trainer.fsdp_init_device", str(t.fsdp_init_device), FSDP_INIT_DEVICES)
+    if t.fsdp_init_device == "gpu" and strategy != "fsdp":
+        problems.append(f"trainer.fsdp_init_device=gpu applies to trainer.strategy=fsdp only (got {strategy!r}); "
+                        f"the other strategies build on the GPU already")
     if t.fsdp_compute == "bf16" and strategy != "fsdp":
         problems.append(f"trainer.fsdp_compute=bf16 applies to trainer.strategy=fsdp only (got {strategy!r}); "
                         f"DeepSpeed's bf16 mode is already bf16 compute with float32 master weights")

@@ -22,7 +22,8 @@ from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preempt
 from animegamer.training.loggers import make_logger
 from animegamer.training.profiling import make_profiler, summarise_traces
 from animegamer.training.safe_io import ensure_weights_only
-from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy
+from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
+                                            module_init)
 from animegamer.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
@@ -150,9 +151,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
     trainer = make_trainer(cfg, callbacks)
-    on_gpu = cfg.trainer.accelerator != "cpu"
-    init = (lambda: trainer.init_module(empty_init=False)) if on_gpu else contextlib.nullcontext
-    module, data, export_fn, phase_callbacks = build_phase(cfg, init)
+    module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
     # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
     trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])
     clean_partials(folder)
