@@ -100,8 +100,8 @@ def batch_lists(specs: list[str], phases: list[str]) -> dict[str, list[int]]:
     lists = {}
     for spec in specs:
         phase, _, values = spec.partition("=")
-        if not values or phase not in phases:
-            raise ValueError(f"--batches {spec!r}: expected PHASE=B1,B2,... with PHASE one of --phases {phases}")
+        if not values or phase not in phases or phase in lists:
+            raise ValueError(f"--batches {spec!r}: expected PHASE=B1,B2,... once per PHASE, PHASE one of --phases {phases}")
         lists[phase] = sorted({int(v) for v in values.split(",")})
     return lists
 
@@ -171,7 +171,6 @@ def main() -> None:
 
         on_free_gpus(pairs, args.parallel, measure)
     print(table(results))
-
 
 
 if __name__ == "__main__":

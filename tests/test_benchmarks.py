@@ -87,6 +87,18 @@ def test_game_turn_benchmark_framework_variant_and_plain(tmp_path):
         assert run["median"]["total"] > 0 and len(run["turns"]) == 2  # one warm-up turn, one measured
 
 
+def test_game_turn_switches_reach_the_config(monkeypatch):
+    from argparse import Namespace
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from game_turn import compose
+
+    for on in (False, True):
+        cfg = compose(Namespace(tokenizer=None, attention=None, tiny=True, compile=on, mllm_compile=on,
+                                vae_cudnn_benchmark=on))
+        assert (cfg.model.decoder.compile, cfg.model.mllm.compile, cfg.model.encoders.vae.cudnn_benchmark) == (on,) * 3
+
+
 def test_memory_batch_lists_are_sorted_unique_and_name_known_phases(monkeypatch):
     import pytest
 
@@ -94,6 +106,6 @@ def test_memory_batch_lists_are_sorted_unique_and_name_known_phases(monkeypatch)
     from memory import batch_lists
 
     assert batch_lists(["b=16,8,8", "c=1"], ["b", "c"]) == {"b": [8, 16], "c": [1]}
-    for bad in ("a_join=1", "b", "b="):
+    for bad in (["a_join=1"], ["b"], ["b="], ["b=1", "b=2"]):
         with pytest.raises(ValueError, match="one of --phases"):
-            batch_lists([bad], ["b", "c"])
+            batch_lists(bad, ["b", "c"])

@@ -215,7 +215,8 @@ def test_vae_tiling_follows_the_config(tiny_cfg: EncodersConfig) -> None:
     assert FrozenVAE(dataclasses.replace(tiny_cfg.vae, tiling=True)).model.use_tiling
 
 
-def test_vae_cudnn_benchmark_is_on_during_decode_only_when_configured(tiny_cfg: EncodersConfig) -> None:
+def test_vae_cudnn_benchmark_is_on_during_decode_only_when_configured(tiny_cfg: EncodersConfig, monkeypatch) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # whatever an earlier test left
     for enabled in (False, True):
         vae = FrozenVAE(dataclasses.replace(tiny_cfg.vae, cudnn_benchmark=enabled))
         seen, decode = [], vae.model.decode

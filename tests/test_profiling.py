@@ -8,7 +8,7 @@ import pytest
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
 from animegamer.training.runner import train
-from animegamer.training.trace_summary import render, summarise, summarise_file
+from animegamer.training.trace_summary import render, summarise, summarise_file, write_summaries
 
 
 def test_pytorch_profiler_writes_a_trace_of_the_requested_steps(tmp_path):
@@ -34,37 +34,75 @@ def test_pytorch_profiler_writes_a_trace_of_the_requested_steps(tmp_path):
     assert (folder / traces[0].name.replace(".pt.trace.json", ".summary.txt")).exists()
 
 
-def test_trace_summary_on_a_trace_with_known_answers():
-    """Two steps of 10 ms. Step 1 launches k1 (1..4 ms), k2 (3..6) and k4 (launched at 9 ms, runs 9.5..12.5,
-    past the step's end): busy 5 + 3 ms, 3 kernels, all its own. Step 2 launches k3 (12..14) and two async
-    copies: to the host (1.5 ms, blocks) and to the device (0.5 ms, does not); a stream wait does not
-    block either. Launches and hooks are counted per step."""
-    def x(name, cat, ts_ms, dur_ms, correlation=None):
-        event = {"ph": "X", "name": name, "cat": cat, "ts": ts_ms * 1e3, "dur": dur_ms * 1e3}
-        if correlation is not None:
-            event["args"] = {"correlation": correlation}
-        return event
+def _x(name, cat, ts_ms, dur_ms, correlation=None):
+    event = {"ph": "X", "name": name, "cat": cat, "ts": ts_ms * 1e3, "dur": dur_ms * 1e3}
+    if correlation is not None:
+        event["args"] = {"correlation": correlation}
+    return event
 
-    trace = {"traceEvents": [
+
+def _known_trace() -> dict:
+    """Two steps of 10 ms. Step 1 launches k1 (1..4 ms), k2 (3..6) and k4 (launched at 9 ms, runs 9.5..12.5,
+    past the step's end): busy 5 + 3 ms, 3 kernels, all its own. Step 2 launches k3 (12.5..14) and three
+    async copies: to pageable host memory (1.5 ms, blocks the host), to pinned host memory (0.4 ms) and
+    to the device (0.5 ms), which do not; a stream wait does not block either."""
+    x = _x
+    return {"traceEvents": [
         x("ProfilerStep#5", "user_annotation", 0, 10), x("ProfilerStep#6", "user_annotation", 10, 10),
         x("cudaLaunchKernel", "cuda_runtime", 0.5, 0.01, 1), x("k1", "kernel", 1, 3, 1),
         x("cudaLaunchKernel", "cuda_runtime", 1, 0.01, 2), x("k2", "kernel", 3, 3, 2),
         x("cudaLaunchKernel", "cuda_runtime", 9, 0.01, 4), x("k4", "kernel", 9.5, 3, 4),
         x("cudaLaunchKernel", "cuda_runtime", 11, 0.01, 3), x("k3", "kernel", 12.5, 1.5, 3),
         x("cudaMemcpyAsync", "cuda_runtime", 15, 1.5, 5), x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 15, 0.1, 5),
+        x("cudaMemcpyAsync", "cuda_runtime", 16.6, 0.4, 7), x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 16.6, 0.1, 7),
         x("cudaMemcpyAsync", "cuda_runtime", 17, 0.5, 6), x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 17, 0.1, 6),
         x("cudaStreamWaitEvent", "cuda_runtime", 18, 0.7),
         x("[LightningModule]PhaseB.optimizer_step", "user_annotation", 0.2, 9),
         x("[LightningModule]PhaseB.optimizer_step", "user_annotation", 10.2, 7),
         {"ph": "i", "name": "instant", "ts": 3}]}
-    summary = summarise(trace)
+
+
+def test_trace_summary_on_a_trace_with_known_answers():
+    summary = summarise(_known_trace())
     first, second = summary["steps"]
     assert (first["gpu_busy_ms"], first["kernels"], first["launches"], first["sync_ms"]) == (8.0, 3, 3, 0.0)
     assert (second["kernels"], second["launches"], second["sync_ms"]) == (1, 1, 1.5)
-    assert second["gpu_busy_ms"] == pytest.approx(1.7)  # k3 and the two copies
-    assert summary["median_wall_ms"] == 10.0 and summary["gpu_busy_fraction"] == pytest.approx(0.485)
+    assert second["gpu_busy_ms"] == pytest.approx(1.8)  # k3 and the three copies
+    assert summary["median_wall_ms"] == 10.0 and summary["gpu_busy_fraction"] == pytest.approx(0.49)
     assert summary["hooks_ms"] == {"[LightningModule]PhaseB.optimizer_step": 8.0}
-    assert "48 %" in render(summary)
+    assert "49 %" in render(summary)
+
+
+def test_summaries_cover_this_runs_rank_zero_traces_only(tmp_path):
+    import os
+
+    def write(name, rank=None, age=0.0):
+        trace = {**_known_trace(), **({"distributedInfo": {"rank": rank, "world_size": 4}} if rank is not None else {})}
+        path = tmp_path / name
+        path.write_text(json.dumps(trace))
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime - age))
+
+    write("fit-ops-0-step.1.pt.trace.json", rank=0)
+    write("fit-ops-0-step.2.pt.trace.json", rank=2)  # another node's local rank 0
+    write("fit-ops-1-step.3.pt.trace.json", rank=1)  # another local rank
+    write("fit-ops-0-step.4.pt.trace.json", rank=0, age=3600)  # an earlier run's
+    since = (tmp_path / "fit-ops-0-step.1.pt.trace.json").stat().st_mtime - 60
+    written = write_summaries(tmp_path, since=since, rank=0, prefix="fit-ops-0-")
+    assert [p.name for p in written] == ["fit-ops-0-step.1.summary.txt"]
+
+
+def test_an_unreadable_trace_is_reported_not_raised(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from animegamer.training.profiling import summarise_traces
+
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    (folder / "fit-ops-step.1.pt.trace.json").write_text("{ not json")
+    cfg = SimpleNamespace(trainer=SimpleNamespace(profiler="pytorch"), output_dir=str(tmp_path))
+    with caplog.at_level("WARNING"):
+        summarise_traces(cfg, SimpleNamespace(is_global_zero=True, world_size=1), since=0.0)
+    assert "could not summarise the profiler traces" in caplog.text
 
 
 def test_simple_profiler_times_the_hooks(tmp_path):

@@ -73,12 +73,11 @@ def test_mllm_switch_wraps_every_kth_layer_instead_of_all():
 
 
 def test_recomputed_decoder_blocks_keep_the_configured_attention_kernels(monkeypatch):
-    import animegamer.models.attention_kernels as kernels
+    from attention_helpers import recording_kernel_contexts
+
     from animegamer.models.decoder import MotionScopeDecoder
 
-    entered = []
-    real = kernels.attention_kernels
-    monkeypatch.setattr(kernels, "attention_kernels", lambda names, on_cuda: entered.append(list(names)) or real(names, on_cuda))
+    entered = recording_kernel_contexts(monkeypatch)
     cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "model.decoder.attention_backends=[efficient]"]))
     decoder = MotionScopeDecoder(cfg.model.decoder, cfg.model.encoder.width, 46)
     latents = torch.randn(1, 5, cfg.model.decoder.in_channels, 8, 12)
@@ -87,5 +86,7 @@ def test_recomputed_decoder_blocks_keep_the_configured_attention_kernels(monkeyp
     for every, recomputed in ((1, blocks), (2, -(-blocks // 2))):
         entered.clear()
         decoder.set_gradient_checkpointing(True, every=every)
-        decoder(latents, t, rep, flow).square().mean().backward()
+        loss = decoder(latents, t, rep, flow).square().mean()
+        assert entered == [], every  # nothing entered before the backward recomputes
+        loss.backward()
         assert entered == [["efficient"]] * recomputed, every

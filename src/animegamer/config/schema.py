@@ -406,8 +406,8 @@ class TrainerConfig:
     # bf16 mode, float32 master weights and gradient reduction, no autocast and its float32 copies).
     fsdp_compute: str = "autocast"
     # strategy=fsdp only: where each rank builds the model before FSDP shards it. "cpu" (Lightning's
-    # way: fits any model, slow for 7B) or "gpu" (the whole float32 model on each GPU first, as the
-    # other strategies build; needs it to fit). training/strategies.module_init.
+    # way: fits any model, slow for 7B) or "gpu" (the whole model on each GPU first, float32 under
+    # bf16-mixed, as the other strategies build; needs it to fit). training/strategies.module_init.
     fsdp_init_device: str = "cpu"
     # '' | simple | advanced | pytorch (training/profiling.py): a trace of where the step time goes.
     profiler: str = ""

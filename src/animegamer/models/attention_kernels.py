@@ -7,11 +7,14 @@ from typing import Callable, Optional, Sequence
 from torch import nn
 
 ATTENTION_BACKENDS = ("cudnn", "flash", "efficient", "math")  # the names configs use
+ON_CUDA = "_attention_inputs_on_cuda"  # module attribute: did the last forward run on CUDA inputs
 
 
-def attention_kernels(names: Sequence[str], on_cuda: bool):
+def attention_kernels(names: Sequence[str], on_cuda: bool, module: Optional[nn.Module] = None):
     """SDPA's kernels in the configured order of preference (CUDA only; CPU, or no names, keeps
-    PyTorch's own choice)."""
+    PyTorch's own choice). ``module``: remember ``on_cuda`` there for :func:`recompute_context`."""
+    if module is not None:
+        setattr(module, ON_CUDA, on_cuda)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if not on_cuda or not names:
@@ -34,7 +37,7 @@ def recompute_context(names: Sequence[str], module: nn.Module) -> Optional[Calla
         return None
 
     def context_fn():
-        on_cuda = next(module.parameters()).is_cuda
-        return contextlib.nullcontext(), attention_kernels(names, on_cuda)
+        # where the forward's inputs were (set by the module as it enters attention_kernels)
+        return contextlib.nullcontext(), attention_kernels(names, getattr(module, ON_CUDA, False))
 
     return context_fn

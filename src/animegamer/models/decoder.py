@@ -205,7 +205,7 @@ class MotionScopeDecoder(nn.Module):
             flow = flow.to(device=latents.device, dtype=torch.float32)
         else:
             flow = None
-        with attention_kernels(self.cfg.attention_backends, latents.is_cuda):
+        with attention_kernels(self.cfg.attention_backends, latents.is_cuda, self):
             (velocity,) = self.transformer(hidden_states=latents, encoder_hidden_states=rep, timestep=timestep,
                                            ofs=flow, return_dict=False)
         return velocity

@@ -490,7 +490,8 @@ class FrozenVAE(_FrozenModule):
 
 @contextmanager
 def _cudnn_benchmark(enabled: bool) -> Iterator[None]:
-    """cuDNN's algorithm search switched on inside the block when ``enabled`` (restored after)."""
+    """cuDNN's algorithm search switched on inside the block when ``enabled`` (restored after). The flag is
+    process-wide: decodes running at the same time on other threads see it too."""
     previous = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = previous or enabled
     try:

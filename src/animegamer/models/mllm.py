@@ -445,7 +445,7 @@ class GameStateMLLM(nn.Module):
         """Last hidden states (after the final norm), (B, L, H)."""
         embeds = self.embed_inputs(input_ids, history_reps, history_index)
         allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids, document_ids)
-        with attention_kernels(self.cfg.attention_backends, embeds.is_cuda):
+        with attention_kernels(self.cfg.attention_backends, embeds.is_cuda, self):
             out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
                                        position_ids=_positions(position_ids, padding_mask, input_ids), use_cache=False)
         return out.last_hidden_state

@@ -15,6 +15,7 @@ from animegamer.config.schema import RunConfig
 
 PROFILERS = ("", "simple", "advanced", "pytorch")
 PROFILE_DIR = "profile"
+TRACE_NAME = "ops"  # the pytorch profiler's file name part: fit-ops.txt, fit-ops-<action>...pt.trace.json
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def make_profiler(cfg: RunConfig):
     # host work to each of phase (b)'s ~2,000 module calls per step (the cost one profiles for when the
     # step is host-bound), and hooks added to compiled layers when the window opens recompile them
     # (a compiled phase (b) run on an H200 spent 17.8 s in its first profiled step).
-    return _windowed_profiler()(dirpath=dirpath, filename="ops", export_to_chrome=True, schedule=schedule,
+    return _windowed_profiler()(dirpath=dirpath, filename=TRACE_NAME, export_to_chrome=True, schedule=schedule,
                                 sort_by_key="cuda_time_total" if on_gpu else "cpu_time_total", row_limit=40,
                                 record_module_names=False)
 
@@ -82,9 +83,10 @@ def summarise_traces(cfg: RunConfig, trainer, since: float) -> None:
     from animegamer.training.trace_summary import write_summaries
 
     folder = Path(cfg.output_dir) / PROFILE_DIR
-    rank = 0 if trainer.world_size > 1 else None  # Lightning names a rank in its files only then
+    # Lightning's trace names: <stage>-<filename>[-<local rank> when several processes]-<action>...
+    prefix = "-".join(["fit", TRACE_NAME, *(["0"] if trainer.world_size > 1 else []), ""])
     try:
-        for path in write_summaries(folder, since=since, rank=rank):
+        for path in write_summaries(folder, since=since, rank=0, prefix=prefix):
             log.info("profiled steps (%s):\n%s", path, path.read_text())
     except (OSError, ValueError, KeyError) as error:
         log.warning("could not summarise the profiler traces in %s: %s", folder, error)

@@ -82,7 +82,8 @@ def module_init(cfg: RunConfig, trainer) -> Callable[[], ContextManager]:
     larger than one GPU can still be sharded; a random or loaded 7B float32 model then takes the CPU a
     while (phase (b) FSDP launches started about 70 s later than ZeRO-2 ones on an H200 host; not
     profiled). ``trainer.fsdp_init_device=gpu`` builds each rank's whole model on its GPU first, as the
-    other strategies do, for models that fit one GPU in float32.
+    other strategies do, for models whose weights fit one GPU in the precision's dtype (float32 under
+    bf16-mixed).
     """
     if cfg.trainer.accelerator == "cpu":
         return contextlib.nullcontext
@@ -91,13 +92,11 @@ def module_init(cfg: RunConfig, trainer) -> Callable[[], ContextManager]:
     return lambda: trainer.init_module(empty_init=False)
 
 
-@contextmanager
 def _on_root_device(trainer):
-    import torch
+    """What every other Lightning strategy builds in: its device and its precision's dtype."""
+    from lightning.pytorch.strategies import Strategy
 
-    strategy = trainer.strategy
-    with torch.device(strategy.root_device), strategy.precision_plugin.tensor_init_context():
-        yield
+    return Strategy.tensor_init_context(trainer.strategy, empty_init=False)
 
 
 def fsdp_mixed_precision(cfg: RunConfig):

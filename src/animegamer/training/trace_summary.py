@@ -24,7 +24,7 @@ STEP_PREFIX = "ProfilerStep#"
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-ASYNC_COPY = "cudaMemcpyAsync"  # blocks the host only when it copies to the host (pageable memory)
+ASYNC_COPY = "cudaMemcpyAsync"  # blocks the host only when it copies to pageable host memory
 HOOK_PREFIX = "["  # Lightning's record_function names: "[LightningModule]PhaseB.optimizer_step"
 TOP_HOOKS = 12
 
@@ -52,7 +52,8 @@ def _blocking(call: dict, device_by_id: Dict) -> bool:
     if call["name"] in BLOCKING:
         return True
     work = device_by_id.get(_correlation(call))
-    return call["name"] == ASYNC_COPY and work is not None and "DtoH" in str(work.get("name", ""))
+    name = str(work.get("name", "")) if work is not None else ""
+    return call["name"] == ASYNC_COPY and "DtoH" in name and "Pageable" in name
 
 
 def summarise(trace: Dict) -> Dict:
@@ -116,16 +117,26 @@ def summarise_file(path: str | Path) -> Dict:
         return summarise(json.load(f))
 
 
-def write_summaries(folder: str | Path, since: float = 0.0, rank: int | None = None) -> List[Path]:
-    """``<trace>.summary.txt`` beside each trace of ``folder`` modified at or after ``since`` (a time
-    stamp) and, with ``rank``, written by that rank (Lightning's ``<stage>-<name>-<rank>-...`` names);
-    returns the files written."""
+def trace_rank(trace: Dict) -> int | None:
+    """The global rank Kineto recorded in a trace of a distributed run (None outside one)."""
+    return (trace.get("distributedInfo") or {}).get("rank")
+
+
+def write_summaries(folder: str | Path, since: float = 0.0, rank: int | None = None,
+                    prefix: str = "") -> List[Path]:
+    """``<trace>.summary.txt`` beside each trace of ``folder`` whose name starts with ``prefix``,
+    modified at or after ``since`` (a time stamp) and, with ``rank``, recorded by that global rank
+    (Lightning names files by local rank only, which repeats on every node); returns the files written."""
     written = []
-    for trace in sorted(Path(folder).glob("*.pt.trace.json")):
-        if trace.stat().st_mtime < since or (rank is not None and f"-{rank}-" not in trace.name):
+    for path in sorted(Path(folder).glob(f"{prefix}*.pt.trace.json")):
+        if path.stat().st_mtime < since:
             continue
-        out = trace.with_name(trace.name.replace(".pt.trace.json", ".summary.txt"))
-        out.write_text(render(summarise_file(trace)) + "\n")
+        with open(path) as f:
+            trace = json.load(f)
+        if rank is not None and trace_rank(trace) not in (None, rank):
+            continue
+        out = path.with_name(path.name.replace(".pt.trace.json", ".summary.txt"))
+        out.write_text(render(summarise(trace)) + "\n")
         written.append(out)
     return written
 
