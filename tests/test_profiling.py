@@ -73,6 +73,22 @@ def test_trace_summary_on_a_trace_with_known_answers():
     assert "49 %" in render(summary)
 
 
+def test_operator_self_times_subtract_what_they_call():
+    """A (0.5..5.5 ms) calls B (1..3), which makes a 0.5 ms runtime call; C runs 1 ms on another thread
+    (autograd's); D lies outside the recorded steps. Per step (2 steps): A 1.5 ms, B 0.75, C 0.5."""
+    def op(name, ts, dur, tid, cat="cpu_op"):
+        return {**_x(name, cat, ts, dur), "pid": 1, "tid": tid}
+
+    trace = _known_trace()
+    trace["traceEvents"] += [op("aten::A", 0.5, 5, 1), op("aten::B", 1, 2, 1),
+                             op("cudaFuncGetAttributes", 1.5, 0.5, 1, cat="cuda_runtime"),
+                             op("aten::C", 11, 1, 2), op("aten::D", 25, 1, 1)]
+    summary = summarise(trace)
+    assert summary["top_ops_self_ms"] == {"aten::A": 1.5, "aten::B": 0.75, "aten::C": 0.5}
+    assert summary["ops_per_step"] == {"aten::A": 0.5, "aten::B": 0.5, "aten::C": 0.5}
+    assert "     1.50  aten::A (0.5)" in render(summary)
+
+
 def test_summaries_cover_this_runs_rank_zero_traces_only(tmp_path):
     import os
 

@@ -27,6 +27,8 @@ BLOCKING = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchron
 ASYNC_COPY = "cudaMemcpyAsync"  # blocks the host only when it copies to pageable host memory
 HOOK_PREFIX = "["  # Lightning's record_function names: "[LightningModule]PhaseB.optimizer_step"
 TOP_HOOKS = 12
+TOP_OPS = 10
+HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")  # host events that nest on a thread
 
 
 def _busy(intervals: Iterable[Tuple[float, float]]) -> float:
@@ -56,6 +58,25 @@ def _blocking(call: dict, device_by_id: Dict) -> bool:
     return call["name"] == ASYNC_COPY and "DtoH" in name and "Pageable" in name
 
 
+def self_times(events: List[dict]) -> List[Tuple[dict, float]]:
+    """(event, self time in us) for each ``cpu_op``: its duration less that of the host events directly
+    nested in it on its thread (operators it calls, runtime calls such as kernel launches)."""
+    by_thread: Dict = defaultdict(list)
+    for e in events:
+        if e.get("cat") in HOST_CATEGORIES:
+            by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    nested_us: Dict[int, float] = defaultdict(float)
+    for thread in by_thread.values():
+        stack: List[dict] = []
+        for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                nested_us[id(stack[-1])] += e["dur"]
+            stack.append(e)
+    return [(e, e["dur"] - nested_us[id(e)]) for e in events if e.get("cat") == "cpu_op"]
+
+
 def summarise(trace: Dict) -> Dict:
     """The per-step breakdown of one trace (times in ms)."""
     complete = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
@@ -68,6 +89,12 @@ def summarise(trace: Dict) -> Dict:
     launched_at = {_correlation(e): e["ts"] for e in runtime if _correlation(e) is not None}
     device_by_id = {_correlation(e): e for e in device if _correlation(e) is not None}
     rows, hook_ms = [], defaultdict(float)
+    op_ms, op_calls = defaultdict(float), defaultdict(int)
+    windows = [(s["ts"], s["ts"] + s["dur"]) for s in steps]
+    for op, self_us in self_times(complete):
+        if any(start <= op["ts"] < stop for start, stop in windows):  # ops of every thread (backward's too)
+            op_ms[op["name"]] += self_us / 1e3 / len(steps)
+            op_calls[op["name"]] += 1
     for step in steps:
         start, stop = step["ts"], step["ts"] + step["dur"]
         # device work belongs to the step that launched it (its own start time when the launch is unknown)
@@ -96,6 +123,9 @@ def summarise(trace: Dict) -> Dict:
         "median_kernels": median("kernels"),
         "median_sync_ms": median("sync_ms"),
         "hooks_ms": dict(sorted(hook_ms.items(), key=lambda kv: -kv[1])[:TOP_HOOKS]),
+        # host time per step spent in each operator itself (not in what it calls), and calls per step
+        "top_ops_self_ms": {name: ms for name, ms in sorted(op_ms.items(), key=lambda kv: -kv[1])[:TOP_OPS]},
+        "ops_per_step": {name: op_calls[name] / len(steps) for name in op_ms},
     }
 
 
@@ -109,6 +139,10 @@ def render(summary: Dict) -> str:
                  f"{summary['median_sync_ms']:.1f} ms waiting on the device")
     lines.append("host time per step of Lightning's hooks (ms, nested hooks overlap):")
     lines += [f"  {ms:9.1f}  {name}" for name, ms in summary["hooks_ms"].items()]
+    calls = summary["ops_per_step"]
+    lines.append(f"host time per step inside PyTorch operators themselves (ms; calls per step); "
+                 f"{sum(calls.values()):.0f} operator calls per step, nested calls included:")
+    lines += [f"  {ms:9.2f}  {name} ({calls[name]:g})" for name, ms in summary["top_ops_self_ms"].items()]
     return "\n".join(lines)
 
 
