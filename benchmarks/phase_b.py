@@ -10,13 +10,16 @@ and collator, with the official tokenizer when ``../shared`` has it. Both sides 
 in bf16 weights with fused AdamW, forward + backward + clip + step.
 
 - ``framework-sdpa`` / ``framework-flex``: ``PhaseB.run_model`` (the training step's body) with
-  ``model.mllm.attention`` = sdpa (boolean mask) or flex (FlexAttention block mask);
+  ``model.mllm.attention`` = sdpa (boolean mask) or flex (FlexAttention block mask); ``+compile``
+  compiles the layers (``model.mllm.compile``), ``+pack`` packs the batch into rows of ``--pack-tokens``
+  (``phase.pack_tokens``) instead of padding it: with ``--mixed`` (windows of 1..5 turns, as training
+  draws them) that is the packing speed-up measured against the padded batch of the same windows;
 - ``plain``: ``MistralForCausalLM`` + ``peft.get_peft_model``, inputs_embeds with the history
   scattered in, the DESIGN section 4 mask as a dense additive 4-D float mask (what a plain
   transformers user passes), CE + MSE written inline.
 
-Per configuration: median step time after warm-up, tokens/s (real tokens), MFU (6 x params x tokens +
-attention, over the bf16 matmul peak measured in the same run) and peak memory.
+Per configuration: median step time after warm-up, tokens/s (real tokens), MFU (6 x params x real tokens +
+attention within each sequence, over the bf16 matmul peak measured in the same run) and peak memory.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run
 from animegamer.config.compose import compose_config
 from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
 from animegamer.mllm.masks import attention_mask_4d
+from animegamer.mllm.packing import pack_sequences
 from animegamer.mllm.sequence import IGNORE_INDEX, Turn
 from animegamer.models.encoder import representation_tokens
 from animegamer.phases.common import make_optimizer
@@ -59,30 +63,38 @@ def measure_bf16_peak(device: str) -> float:
     return 2 * PEAK_SIZE**3 / statistics.median(times[3:])
 
 
-def make_batch(ids, tokenizer, n: int, d: int, batch_size: int, turns: int, device: str) -> dict:
-    """``batch_size`` real 5-turn windows with random (N, D) reps, collated by the framework."""
+def make_batch(ids, tokenizer, n: int, d: int, batch_size: int, turns: int, device: str, mixed: bool = False,
+               pack_tokens: int = 0) -> dict:
+    """``batch_size`` real windows with random (N, D) reps, collated by the framework: every window of
+    ``turns`` turns, or with ``mixed`` of 1..``turns`` turns in turn (training's window mix); packed into
+    rows of at most ``pack_tokens`` tokens when set (``mllm.packing``), else padded to the longest."""
     generator = torch.Generator().manual_seed(0)
     examples = []
     for i in range(batch_size):
+        count = 1 + i % turns if mixed else turns
         session_turns = [Turn(f"Character: Qiqi; Motion: slowly walk along the cliff {i}-{t}; Background: evening seaside.",
                               {"ML": 1 + t % 5, "SC": t % 2, "ET": (t + 1) % 2, "ST": 1 - 2 * (t % 2)})
-                         for t in range(turns)]
-        reps = torch.randn(turns, n, d, generator=generator)
+                         for t in range(count)]
+        reps = torch.randn(count, n, d, generator=generator)
         examples.append(make_example(ids, tokenizer, Session(session_turns, reps)))
-    batch = collate_sequences(examples, pad_id=ids.pad, rep_dtype=torch.bfloat16)
+    if pack_tokens:
+        batch = pack_sequences(examples, pad_id=ids.pad, capacity=pack_tokens, rep_dtype=torch.bfloat16)
+    else:
+        batch = collate_sequences(examples, pad_id=ids.pad, rep_dtype=torch.bfloat16)
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def model_flops(cfg, tokens: int, length: int, batch: int, vocab: int) -> float:
-    """Forward+backward FLOPs: 6 x (non-embedding params) x tokens + attention 12 x layers x L^2 x H x B."""
+def model_flops(cfg, lengths: list[int], vocab: int) -> float:
+    """Forward+backward FLOPs of real tokens: 6 x (non-embedding params) x tokens + attention
+    12 x layers x H x (sum of each sequence's length^2); padding and packed neighbours do not count."""
     m = cfg.model.mllm
     head = m.hidden_size // m.num_attention_heads
     attn_params = m.hidden_size * head * (m.num_attention_heads * 2 + m.num_key_value_heads * 2)
     mlp_params = 3 * m.hidden_size * m.intermediate_size
     vocab_head = m.hidden_size * vocab
     dense = m.num_hidden_layers * (attn_params + mlp_params) + vocab_head
-    attention = 12 * m.num_hidden_layers * length * length * m.hidden_size * batch
-    return 6 * dense * tokens + attention
+    attention = 12 * m.num_hidden_layers * m.hidden_size * sum(n * n for n in lengths)
+    return 6 * dense * sum(lengths) + attention
 
 
 def framework_step(module, optimizer, batch, grad_clip: float):
@@ -149,17 +161,21 @@ def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER, c
 
 
 def run_framework(args, variant: str, batch_size: int, gc: bool, peak: float) -> dict:
-    """``variant``: the attention kind, ``+compile`` for ``model.mllm.compile`` (e.g. ``sdpa+compile``)."""
+    """``variant``: the attention kind, then ``+compile`` for ``model.mllm.compile`` and/or ``+pack`` to
+    pack the batch into rows of ``--pack-tokens`` (e.g. ``sdpa+compile+pack``)."""
     from animegamer.phases.phase_b import PhaseB
 
-    attention, _, option = variant.partition("+")
-    cfg = compose(args.tiny, attention, gc, args.tokenizer, compiled=option == "compile")
+    attention, *options = variant.split("+")
+    unknown = set(options) - {"compile", "pack"}
+    if unknown:
+        raise ValueError(f"unknown framework options {sorted(unknown)} in {variant!r}: compile, pack")
+    cfg = compose(args.tiny, attention, gc, args.tokenizer, compiled="compile" in options)
     with building(args.device, torch.bfloat16):
         module = PhaseB(cfg)
     module.to(args.device)
     optimizer = make_optimizer(module.model, cfg.phase)["optimizer"]
     batch = make_batch(module.ids, module.tokenizer, module.model.num_query_tokens, module.model.rep_width,
-                       batch_size, args.turns, args.device)
+                       batch_size, args.turns, args.device, args.mixed, args.pack_tokens if "pack" in options else 0)
     seconds, memory = time_steps(framework_step(module, optimizer, batch, cfg.phase.grad_clip), args.steps,
                                  args.warmup, args.device)
     result = summarise(cfg, batch, seconds, memory, peak, len(module.tokenizer))
@@ -197,7 +213,7 @@ def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
     params = [p for p in list(model.parameters()) + list(input_proj.parameters()) + list(output_proj.parameters())
               if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.phase.lr, fused=args.device == "cuda" or None)
-    batch = make_batch(ids, tokenizer, n, d, batch_size, args.turns, args.device)
+    batch = make_batch(ids, tokenizer, n, d, batch_size, args.turns, args.device, args.mixed)
     seconds, memory = time_steps(plain_step(model, input_proj, output_proj, optimizer, batch, cfg.phase.grad_clip, n),
                                  args.steps, args.warmup, args.device)
     del model, optimizer
@@ -205,10 +221,12 @@ def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
 
 
 def summarise(cfg, batch: dict, seconds: float, memory: float, peak: float, vocab: int) -> dict:
-    tokens = int(batch["padding_mask"].sum())
-    length, size = batch["input_ids"].shape[1], batch["input_ids"].shape[0]
-    flops = model_flops(cfg, tokens, length, size, vocab)
-    return {"batch": size, "seq_len": length, "tokens": tokens, "step_ms": round(seconds * 1e3, 1),
+    lengths = [int(n) for n in batch["lengths"]]
+    tokens = sum(lengths)
+    length, rows = batch["input_ids"].shape[1], batch["input_ids"].shape[0]
+    flops = model_flops(cfg, lengths, vocab)
+    return {"batch": len(lengths), "rows": rows, "seq_len": length, "tokens": tokens,
+            "padded_tokens": rows * length, "step_ms": round(seconds * 1e3, 1),
             "tokens_per_s": round(tokens / seconds, 1), "mfu": round(flops / seconds / peak, 4) if peak == peak else None,
             "peak_gib": round(memory, 2) if memory == memory else None}
 
@@ -219,9 +237,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--mixed", action="store_true", help="windows of 1..--turns turns (training's mix), not all --turns")
+    parser.add_argument("--pack-tokens", type=int, default=1536, help="row capacity of the +pack variants")
     parser.add_argument("--configs", nargs="+", default=["plain:4:0", "plain:8:1", "framework-sdpa:4:0",
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
-                        help="name:batch:gc triples; framework-<attention>[+compile]")
+                        help="name:batch:gc triples; framework-<attention>[+compile][+pack]")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens)")
     args = parser.parse_args()

@@ -44,6 +44,16 @@ def test_phase_b_benchmark_plain_and_compiled_framework(tmp_path):
     assert all(row["tokens_per_s"] > 0 for row in runs.values()), runs
 
 
+def test_phase_b_benchmark_packs_the_same_mixed_windows(tmp_path):
+    out = tmp_path / "b.json"
+    _run("benchmarks/phase_b.py", "--tiny", "--mixed", "--pack-tokens", "4096", "--configs", "framework-sdpa:5:0",
+         "framework-sdpa+pack:5:0", "--out", str(out))
+    padded, packed = (json.loads(out.read_text())["runs"][k] for k in ("framework-sdpa:5:0", "framework-sdpa+pack:5:0"))
+    assert padded["tokens"] == packed["tokens"] and padded["batch"] == packed["batch"] == 5  # the same windows
+    assert (padded["rows"], packed["rows"]) == (5, 1) and packed["padded_tokens"] < padded["padded_tokens"]
+    assert padded["tokens"] < padded["padded_tokens"]  # windows of 1..5 turns: the padded batch pads
+
+
 def test_phase_a_benchmark_framework_and_plain(tmp_path):
     _run("benchmarks/phase_a.py", "--tiny", "--gc", "0", "--only", "framework-true", "plain-bf16", "--out", str(tmp_path))
     rows = json.loads((tmp_path / "phase_a_benchmark.json").read_text())["results"]
