@@ -1,5 +1,5 @@
 """Memory table: peak GPU memory per phase, strategy and batch size at paper scale, and the largest
-batch that fits 24, 48, 80 and 141 GB.
+batch that fits 24, 48, 80 and 141 GB (">=B" where no larger batch was measured over that budget).
 
 Each point is a short ``train.py`` run on one GPU (random weights, synthetic shards of the true shapes,
 ``benchmarks/strategies.py``'s set-up) whose throughput log reports ``perf/peak_mem_gib``
@@ -40,6 +40,16 @@ def fits(points: dict[int, float], budget_gb: float) -> int | None:
     return max(ok) if ok else None
 
 
+def bounded(points: dict[int, float | str | None], budget_gb: float) -> bool:
+    """Whether ``fits`` is the answer rather than a lower bound: a larger batch was measured over the
+    budget or ran out of memory (batches in between may still fit when the points are not consecutive)."""
+    best = fits(points, budget_gb)
+    over = lambda gib: gib == "OOM" or (isinstance(gib, float) and gib > budget_gb * GIB_PER_GB)
+    if best is None:  # nothing measured fits: exact only if batch 1 itself was measured over it
+        return over(points.get(1))
+    return any(batch > best and over(gib) for batch, gib in points.items())
+
+
 def measure_point(args, phase: str, strategy: str, batch: int, data: Path, gpu: int | None = None) -> float | str | None:
     """Peak GiB of one short run at ``batch`` (None: no CUDA peak logged; "OOM" / "failed")."""
     run_args = argparse.Namespace(**{**vars(args), "global_batch": {phase: batch}})  # points may run at once
@@ -59,7 +69,8 @@ def measure_point(args, phase: str, strategy: str, batch: int, data: Path, gpu: 
 def summary(points: dict[int, float | str | None], sources: dict[int, str] | None = None) -> dict:
     """A (phase, strategy) row: peaks by batch (sorted) and the largest measured batch under each budget."""
     points = dict(sorted(points.items()))
-    row = {"peak_gib": points, "largest_batch": {f"{gb}GB": fits(points, gb) for gb in BUDGETS_GB}}
+    row = {"peak_gib": points, "largest_batch": {f"{gb}GB": fits(points, gb) for gb in BUDGETS_GB},
+           "bounded": {f"{gb}GB": bounded(points, gb) for gb in BUDGETS_GB}}
     if sources:
         row["merged_from"] = {batch: sources[batch] for batch in sorted(sources)}
     return row
@@ -106,6 +117,14 @@ def batch_lists(specs: list[str], phases: list[str]) -> dict[str, list[int]]:
     return lists
 
 
+def _answer(row: dict, budget: str) -> str:
+    """"4", or ">=4" when no larger batch was measured over the budget, or "-" when nothing fits."""
+    batch, exact = row["largest_batch"][budget], row.get("bounded", {}).get(budget, True)
+    if batch is None:
+        return "-" if exact else "?"
+    return str(batch) if exact else f">={batch}"
+
+
 def table(results: dict) -> str:
     lines = ["| phase | strategy | peak GiB by batch | " + " | ".join(f"fits {gb} GB" for gb in BUDGETS_GB) + " |",
              "|---|---|---|" + "---:|" * len(BUDGETS_GB)]
@@ -113,7 +132,7 @@ def table(results: dict) -> str:
         phase, strategy = key.split(":")
         peaks = ", ".join(f"{b}: {round(g, 1) if isinstance(g, float) else g or 'not measured'}"
                           for b, g in row["peak_gib"].items())
-        fit = " | ".join(str(row["largest_batch"][f"{gb}GB"] or "-") for gb in BUDGETS_GB)
+        fit = " | ".join(_answer(row, f"{gb}GB") for gb in BUDGETS_GB)
         lines.append(f"| {phase} | {strategy} | {peaks} | {fit} |")
     return "\n".join(lines)
 

@@ -84,6 +84,18 @@ def test_memory_points_by_list_merge_earlier_results(tmp_path):
     assert row["peak_gib"] == {"1": None, "4": 22.05, "8": 40.5, "16": "OOM"}
     assert row["merged_from"] == {"4": "earlier.json", "8": "earlier.json", "16": "earlier.json"}
     assert row["largest_batch"] == {"24GB": 4, "48GB": 8, "80GB": 8, "141GB": 8}
+    assert row["bounded"] == {"24GB": True, "48GB": True, "80GB": True, "141GB": True}  # 8 over 24 GB, 16 OOM
+
+
+def test_memory_answers_without_a_larger_measured_point_are_lower_bounds(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from memory import summary, table
+
+    row = summary({2: 36.2, 4: 63.4})  # GiB: 38.9 and 68.1 GB
+    assert row["largest_batch"] == {"24GB": None, "48GB": 2, "80GB": 4, "141GB": 4}
+    assert row["bounded"] == {"24GB": False, "48GB": True, "80GB": False, "141GB": False}
+    assert table({"runs": {"a_joint:deepspeed_stage_2": row}}).splitlines()[-1].endswith("| ? | 2 | >=4 | >=4 |")
+    assert summary({1: "OOM"})["bounded"]["24GB"] is True  # batch 1 does not fit: "-" is the answer
 
 
 def test_game_turn_benchmark_framework_variant_and_plain(tmp_path):
