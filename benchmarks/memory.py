@@ -11,8 +11,9 @@ memory or passes the largest budget; a budget's answer is the largest *measured*
 ``--batches b=8,16,32`` measures exactly those batches instead, each point its own job (so ``--parallel``
 spreads points, not whole sweeps, over the GPUs); ``--merge earlier.json`` adds the points that an
 earlier ``memory.py`` or ``strategies.py`` run measured on one GPU (``strategies.py`` 1-GPU runs use the
-same overrides), each marked with the file it came from. Launches dominate a sweep's time (about a
-minute each at paper scale), so a table is cheapest built from known points plus the missing ones.
+same overrides), each marked with the file it came from; ``--merge`` alone tabulates them without a
+run. Launches dominate a sweep's time (about a minute each at paper scale), so a table is cheapest
+built from known points plus the missing ones.
 """
 from __future__ import annotations
 
@@ -137,6 +138,28 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def measure_listed(args, results: dict, data: dict, pairs: list, lists: dict[str, list[int]], known: dict) -> None:
+    """The listed batches of every (phase, strategy), each point its own job, on top of the merged
+    ``known`` points; a row is saved as soon as it has a point."""
+    points = {pair: {b: gib for b, (gib, _) in known.get(pair, {}).items()} for pair in pairs}
+
+    def record(pair) -> None:
+        sources = {b: src for b, (_, src) in known.get(pair, {}).items() if b not in lists.get(pair[0], [])}
+        save(args, results, ":".join(pair), summary(points[pair], sources))
+
+    def measure(job, gpu) -> None:
+        phase, strategy, batch = job
+        peak = measure_point(args, phase, strategy, batch, data[phase], gpu)
+        with _POINTS:
+            points[(phase, strategy)][batch] = peak
+            record((phase, strategy))
+
+    for pair in pairs:  # merged points first: a row appears even before (or without) new points
+        if points[pair]:
+            record(pair)
+    on_free_gpus([(p, s, b) for p, s in pairs for b in lists.get(p, [])], args.parallel, measure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phases", nargs="+", default=["a_joint", "b", "c"])
@@ -164,25 +187,8 @@ def main() -> None:
     pairs = [(p, s) for p in args.phases for s in args.strategies]
     known = merged_points(args.merge)
     lists = batch_lists(args.batches, args.phases)
-    if lists:
-        points = {pair: {b: gib for b, (gib, _) in known.get(pair, {}).items()} for pair in pairs}
-
-        def record(pair) -> None:
-            sources = {b: src for b, (_, src) in known.get(pair, {}).items() if b not in lists.get(pair[0], [])}
-            save(args, results, ":".join(pair), summary(points[pair], sources))
-
-        def measure(job, gpu) -> None:
-            phase, strategy, batch = job
-            peak = measure_point(args, phase, strategy, batch, data[phase], gpu)
-            with _POINTS:
-                points[(phase, strategy)][batch] = peak
-                record((phase, strategy))
-
-        for pair in pairs:  # merged points first: a row appears even before (or without) new points
-            if points[pair]:
-                record(pair)
-        jobs = [(p, s, b) for p, s in pairs for b in lists.get(p, [])]
-        on_free_gpus(jobs, args.parallel, measure)
+    if lists or known:
+        measure_listed(args, results, data, pairs, lists, known)
     else:
         def measure(job, gpu) -> None:
             phase, strategy = job

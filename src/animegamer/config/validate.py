@@ -260,8 +260,8 @@ DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mix
 def check_trainer(cfg) -> list[str]:
     """Devices, strategy and precision, and the strategy against what the phase export needs."""
     from animegamer.training.profiling import PROFILERS, profiled_steps
-    from animegamer.training.strategies import (DEEPSPEED_STRATEGIES, FSDP_COMPUTE, FSDP_INIT_DEVICES, FSDP_SHARDINGS,
-                                                STRATEGIES, is_deepspeed)
+    from animegamer.training.strategies import (DEEPSPEED_STRATEGIES, FSDP, FSDP_COMPUTE, FSDP_INIT_DEVICES,
+                                                FSDP_SHARDINGS, STRATEGIES, is_deepspeed)
 
     t, phase = cfg.trainer, cfg.phase.name
     problems: list[str] = []
@@ -293,20 +293,20 @@ def check_trainer(cfg) -> list[str]:
         if str(t.precision) not in DEEPSPEED_PRECISIONS:
             problems.append(f"trainer.precision={t.precision!r} is not supported by trainer.strategy={strategy!r}; "
                             f"use one of {DEEPSPEED_PRECISIONS}")
-    if strategy == "fsdp":
+    if strategy == FSDP:
         problems += _choice("trainer.fsdp_sharding", str(t.fsdp_sharding), FSDP_SHARDINGS)
     problems += _choice("trainer.fsdp_compute", str(t.fsdp_compute), FSDP_COMPUTE)
     problems += _choice("trainer.fsdp_init_device", str(t.fsdp_init_device), FSDP_INIT_DEVICES)
-    if t.fsdp_init_device == "gpu" and strategy != "fsdp":
+    if t.fsdp_init_device == "gpu" and strategy != FSDP:
         problems.append(f"trainer.fsdp_init_device=gpu applies to trainer.strategy=fsdp only (got {strategy!r}); "
                         f"the other strategies build on the GPU already")
-    if t.fsdp_compute == "bf16" and strategy != "fsdp":
+    if t.fsdp_compute == "bf16" and strategy != FSDP:
         problems.append(f"trainer.fsdp_compute=bf16 applies to trainer.strategy=fsdp only (got {strategy!r}); "
                         f"DeepSpeed's bf16 mode is already bf16 compute with float32 master weights")
     elif t.fsdp_compute == "bf16" and str(t.precision) != "bf16-mixed":
         problems.append(f"trainer.fsdp_compute=bf16 is a bf16-mixed mode: set trainer.precision=bf16-mixed "
                         f"(got {t.precision!r})")
-    if strategy == "fsdp" and t.accelerator == "cpu":
+    if strategy == FSDP and t.accelerator == "cpu":
         problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
                         "use strategy=ddp on CPU)")
     # ZeRO-3 partitions every parameter; exports gather them (strategies.full_weights), but the peft

@@ -77,6 +77,16 @@ def self_times(events: List[dict]) -> List[Tuple[dict, float]]:
     return [(e, e["dur"] - nested_us[id(e)]) for e in events if e.get("cat") == "cpu_op"]
 
 
+def _operator_times(events: List[dict], windows: List[Tuple[float, float]]) -> Tuple[Dict, Dict]:
+    """Per step: each operator's own host time (ms) and its calls, over every thread (backward's too)."""
+    op_ms, op_calls = defaultdict(float), defaultdict(float)
+    for op, self_us in self_times(events):
+        if any(start <= op["ts"] < stop for start, stop in windows):
+            op_ms[op["name"]] += self_us / 1e3 / len(windows)
+            op_calls[op["name"]] += 1 / len(windows)
+    return op_ms, dict(op_calls)
+
+
 def summarise(trace: Dict) -> Dict:
     """The per-step breakdown of one trace (times in ms)."""
     complete = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
@@ -89,14 +99,8 @@ def summarise(trace: Dict) -> Dict:
     launched_at = {_correlation(e): e["ts"] for e in runtime if _correlation(e) is not None}
     device_by_id = {_correlation(e): e for e in device if _correlation(e) is not None}
     rows, hook_ms = [], defaultdict(float)
-    op_ms, op_calls = defaultdict(float), defaultdict(int)
     windows = [(s["ts"], s["ts"] + s["dur"]) for s in steps]
-    for op, self_us in self_times(complete):
-        if any(start <= op["ts"] < stop for start, stop in windows):  # ops of every thread (backward's too)
-            op_ms[op["name"]] += self_us / 1e3 / len(steps)
-            op_calls[op["name"]] += 1
-    for step in steps:
-        start, stop = step["ts"], step["ts"] + step["dur"]
+    for step, (start, stop) in zip(steps, windows):
         # device work belongs to the step that launched it (its own start time when the launch is unknown)
         work = [e for e in device if start <= launched_at.get(_correlation(e), e["ts"]) < stop]
         calls = _inside(runtime, start, stop)
@@ -114,18 +118,19 @@ def summarise(trace: Dict) -> Dict:
     def median(key: str) -> float:
         return statistics.median(row[key] for row in rows)
 
-    wall = median("wall_ms")
+    wall, busy = median("wall_ms"), median("gpu_busy_ms")
+    op_ms, op_calls = _operator_times(complete, windows)
     return {
         "steps": rows,
         "median_wall_ms": wall,
-        "median_gpu_busy_ms": median("gpu_busy_ms"),
-        "gpu_busy_fraction": median("gpu_busy_ms") / wall if wall else 0.0,
+        "median_gpu_busy_ms": busy,
+        "gpu_busy_fraction": busy / wall if wall else 0.0,
         "median_kernels": median("kernels"),
         "median_sync_ms": median("sync_ms"),
         "hooks_ms": dict(sorted(hook_ms.items(), key=lambda kv: -kv[1])[:TOP_HOOKS]),
         # host time per step spent in each operator itself (not in what it calls), and calls per step
         "top_ops_self_ms": {name: ms for name, ms in sorted(op_ms.items(), key=lambda kv: -kv[1])[:TOP_OPS]},
-        "ops_per_step": {name: op_calls[name] / len(steps) for name in op_ms},
+        "ops_per_step": op_calls,
     }
 
 
