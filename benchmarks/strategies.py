@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -300,6 +301,10 @@ def run_one(args, results: dict, data: Path, phase: str, strategy: str, gpus: in
     if stored.get("key") == key:
         record = {**stored["record"], "reused": True}
     else:
+        # From an empty folder: a stale checkpoint (an earlier driver stopped mid-run, other overrides)
+        # would be resumed and its metrics reported as this run's.
+        shutil.rmtree(out, ignore_errors=True)
+        out.with_suffix(".log").unlink(missing_ok=True)
         record = measure(args, results, data, phase, strategy, gpus, gpu, out, steps)
         if "error" not in record:
             (out / RECORD).write_text(json.dumps({"key": key, "record": record}))

@@ -34,6 +34,12 @@ def test_strategies_driver_stops_resumes_and_reuses(tmp_path):
     _run(*args)  # the same overrides again: the finished run is reused, not repeated
     again = json.loads((tmp_path / "s.json").read_text())["runs"]["b:ddp:1gpu"]
     assert again["reused"] is True and again["loss_curve"] == record["loss_curve"]
+    longer = [*args[:args.index("--steps") + 1], "6", *args[args.index("--steps") + 2:]]
+    _run(*longer)  # other overrides: measured afresh, not resumed from the step-4 run's checkpoint
+    fresh = json.loads((tmp_path / "s.json").read_text())["runs"]["b:ddp:1gpu"]
+    assert "reused" not in fresh and sorted(map(int, fresh["loss_curve"])) == [1, 2, 3, 4, 5, 6]
+    log = (tmp_path / "work" / "runs" / "b_ddp_1gpu.log").read_text()
+    assert log.count("resuming from") == 1 and "step-0000003.ckpt" in log
 
 
 def test_phase_b_benchmark_plain_and_compiled_framework(tmp_path):

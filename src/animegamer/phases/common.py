@@ -141,9 +141,11 @@ def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0
 
 def total_grad_norm(module, max_norm: float | None) -> torch.Tensor | None:
     """Global norm of the gradients (clipped to ``max_norm`` when set); FSDP shards need its own."""
+    from animegamer.training.strategies import is_fsdp_strategy
+
     trainer = module._trainer
     strategy = trainer.strategy if trainer is not None else None
-    if strategy is not None and type(strategy).__name__ == "FSDPStrategy":
+    if strategy is not None and is_fsdp_strategy(strategy):
         return strategy.model.clip_grad_norm_(max_norm or float("inf"))
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
