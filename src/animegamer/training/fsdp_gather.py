@@ -7,7 +7,8 @@ plus once more on rank 0 for the checkpoint: a save took about 75 s against a 0.
 
 Here only rank 0 unshards (``rank0_only``), on the GPU when the whole model fits in its free memory
 (the gathered copy is freed on exit), else on the host as before; then only trained tensors are
-copied to the host.
+copied to the host. Measured on 2 H200s: about 12.5 s per phase (b) save instead of 75 s, for a
+moment of rank-0 memory (peak 82.8 GiB during saves against 43.8 GiB in training).
 """
 from __future__ import annotations
 
@@ -51,9 +52,8 @@ def whole_params(root: nn.Module, world_size: int) -> Iterator[None]:
     if world_size > 1 and free is not None:  # FSDP refuses host offload with one rank (nothing sharded)
         local = sum(p.numel() * p.element_size() for p in root.parameters())
         offload = not gather_on_device(local, world_size, free)
-        if offload:
-            log.info("gathering weights for a save on the host: %.1f GB unsharded, %.1f GB free on the device",
-                     local * world_size / 1e9, free / 1e9)
+        log.info("gathering %.1f GB of weights for a save on rank 0's %s (%.1f GB free on the device)",
+                 local * world_size / 1e9, "host" if offload else "GPU", free / 1e9)
     with FullyShardedDataParallel.summon_full_params(root, writeback=False, rank0_only=True, offload_to_cpu=offload):
         yield
 
