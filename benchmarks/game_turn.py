@@ -57,6 +57,7 @@ from omegaconf import OmegaConf
 
 from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run)
 from animegamer.config.compose import compose_config
+from animegamer.config.validate import COMPILE_MODES
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
 LEVEL_FLOW = {1: 0.5, 2: 2.5, 3: 10.0, 4: 15.0, 5: 40.0}
@@ -112,6 +113,7 @@ def compose(args):
         overrides.append(f"model.decoder.attention_backends=[{','.join(args.attention)}]")
     if args.compile:
         overrides.append("model.decoder.compile=true")
+        overrides.append(f"model.decoder.compile_mode={getattr(args, 'compile_mode', 'default')}")
     if args.vae_cudnn_benchmark:
         overrides.append("model.encoders.vae.cudnn_benchmark=true")
     if args.mllm_compile:
@@ -393,6 +395,8 @@ def main() -> None:
     parser.add_argument("--attention", nargs="+", default=None, choices=["cudnn", "flash", "efficient", "math"],
                         help="framework side: SDPA kernels in order of preference (default: the config's)")
     parser.add_argument("--compile", action="store_true", help="framework side: torch.compile the decoder")
+    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                        help="with --compile: model.decoder.compile_mode (reduce-overhead, max-autotune: CUDA graphs)")
     parser.add_argument("--mllm-compile", action="store_true",
                         help="framework side: model.mllm.compile (each Mistral layer compiled: prefill and decode)")
     parser.add_argument("--vae-cudnn-benchmark", action="store_true",
@@ -429,7 +433,8 @@ def main() -> None:
     results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (no official tokenizer found)"
     for side in args.sides:
         name = side
-        options = [flag for flag, on in (("compile", args.compile), ("mllm-compile", args.mllm_compile),
+        compiled = "compile" if args.compile_mode == "default" else f"compile={args.compile_mode}"
+        options = [flag for flag, on in ((compiled, args.compile), ("mllm-compile", args.mllm_compile),
                                          ("vae-cudnn-benchmark", args.vae_cudnn_benchmark)) if on]
         if side == "framework" and (args.attention or options):  # a variant: its own row
             name += f"[{'+'.join([*(args.attention or ['config']), *options])}]"

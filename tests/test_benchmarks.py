@@ -107,9 +107,9 @@ def test_memory_answers_without_a_larger_measured_point_are_lower_bounds(monkeyp
 def test_game_turn_benchmark_framework_variant_and_plain(tmp_path):
     out = tmp_path / "g.json"
     _run("benchmarks/game_turn.py", "--tiny", "--sides", "framework", "plain", "--turns", "1", "--compile",
-         "--mllm-compile", "--vae-cudnn-benchmark", "--out", str(out))
+         "--compile-mode", "reduce-overhead", "--mllm-compile", "--vae-cudnn-benchmark", "--out", str(out))
     runs = json.loads(out.read_text())["runs"]
-    assert set(runs) == {"framework[config+compile+mllm-compile+vae-cudnn-benchmark]", "plain"}
+    assert set(runs) == {"framework[config+compile=reduce-overhead+mllm-compile+vae-cudnn-benchmark]", "plain"}
     for name, run in runs.items():
         assert "error" not in run, (name, run.get("error"))
         assert run["median"]["total"] > 0 and len(run["turns"]) == 2  # one warm-up turn, one measured
@@ -123,8 +123,9 @@ def test_game_turn_switches_reach_the_config(monkeypatch):
 
     for on in (False, True):
         cfg = compose(Namespace(tokenizer=None, attention=None, tiny=True, compile=on, mllm_compile=on,
-                                vae_cudnn_benchmark=on))
+                                vae_cudnn_benchmark=on, compile_mode="reduce-overhead" if on else "default"))
         assert (cfg.model.decoder.compile, cfg.model.mllm.compile, cfg.model.encoders.vae.cudnn_benchmark) == (on,) * 3
+        assert cfg.model.decoder.compile_mode == ("reduce-overhead" if on else "default")
 
 
 def test_memory_batch_lists_are_sorted_unique_and_name_known_phases(monkeypatch):

@@ -226,6 +226,21 @@ def test_padding_multiple_and_mllm_attention_kernels_are_checked(data_root):
     assert "orders SDPA's kernels, but model.mllm.attention='eager'" in text
 
 
+def test_decoder_compile_mode_is_checked_and_cuda_graphs_stay_out_of_training(data_root):
+    from animegamer.config.validate import check_decoder_compile
+
+    problems = problems_of(validate_train_run, train_cfg(data_root, "a_warmup", "model.decoder.compile_mode=fastest"))
+    assert len(problems) == 2, problems  # not a mode, and no compile=true to apply it to
+    assert any("model.decoder.compile_mode='fastest' is not one of" in p for p in problems), problems
+    assert any("needs model.decoder.compile=true" in p for p in problems), problems
+    graphs = train_cfg(data_root, "a_joint", "model.decoder.compile=true", "model.decoder.compile_mode=reduce-overhead")
+    assert "records CUDA graphs, for sampling only" in only_problem(validate_train_run, graphs)
+    assert check_decoder_compile(graphs.model.decoder, training=False) == []  # the game and evaluation may
+    searched = train_cfg(data_root, "a_joint", "model.decoder.compile=true",
+                         "model.decoder.compile_mode=max-autotune-no-cudagraphs")
+    assert check_decoder_compile(searched.model.decoder, training=True) == []
+
+
 # --------------------------------------------------------------------------- all at once
 def test_every_problem_is_reported_together(data_root, tmp_path):
     cfg = train_cfg(data_root, "b", "model.encoder.fusion=add", f"model.mllm.path={tmp_path / 'missing'}",

@@ -288,6 +288,13 @@ def test_paper_sizes_on_meta_device():
     logger.info("paper decoder: %d parameters (text_proj bypassed)", sum(p.numel() for p in params.values()))
 
 
+def test_decoder_compile_mode_reaches_torch_compile(model_cfg, monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: seen.append(kwargs))
+    _decoder(model_cfg, compile=True, compile_mode="max-autotune")
+    assert seen == [{"dynamic": False, "mode": "max-autotune"}]
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_compiled_decoder_trains_like_eager(model_cfg, checkpointing):
     """``model.decoder.compile``: the compiled transformer (training and sampling share it) gives the

@@ -171,8 +171,12 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     from animegamer.checkpoints.export import load_export
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.phases.phase_a import ReconstructionModel, import_official
+    from animegamer.config.validate import ConfigError, check_decoder_compile
     from animegamer.phases.phase_b import PhaseB
 
+    problems = check_decoder_compile(cfg.model.decoder, training=False)
+    if problems:
+        raise ConfigError(problems)
     device = torch.device(device or default_device())
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -128,6 +128,10 @@ class DecoderConfig:
     # version and GPU (flash first on older releases), so the order is fixed here.
     attention_backends: List[str] = field(default_factory=lambda: ["cudnn", "flash", "efficient", "math"])
     compile: bool = False  # torch.compile the transformer (first call compiles; fixed shapes)
+    # torch.compile's mode with compile=true: default | max-autotune-no-cudagraphs (searches GEMM and
+    # attention-adjacent kernel configs) | reduce-overhead / max-autotune (also CUDA graphs: sampling
+    # only, the game and evaluation; every denoising step has the same shapes).
+    compile_mode: str = "default"
 
 
 @dataclass

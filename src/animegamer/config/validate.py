@@ -197,6 +197,7 @@ def check_training(cfg) -> list[str]:
     for key, backends in (("model.decoder", dec.attention_backends), ("model.mllm", model.mllm.attention_backends)):
         for backend in backends:
             problems += _choice(f"{key}.attention_backends[]", str(backend), ATTENTION_BACKENDS)
+    problems += check_decoder_compile(dec, training=True)
     if model.mllm.attention_backends and model.mllm.attention != "sdpa":
         problems.append(f"model.mllm.attention_backends={list(model.mllm.attention_backends)} orders SDPA's kernels, "
                         f"but model.mllm.attention={model.mllm.attention!r}: use sdpa or leave it empty")
@@ -229,6 +230,21 @@ def check_training(cfg) -> list[str]:
         problems.append(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
     if cfg.data.bad_sample_budget < 0:
         problems.append(f"data.bad_sample_budget={cfg.data.bad_sample_budget} must be >= 0")
+    return problems
+
+
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def check_decoder_compile(dec, training: bool) -> list[str]:
+    """``model.decoder.compile_mode``: a torch.compile mode, and CUDA graphs only where nothing trains."""
+    problems = _choice("model.decoder.compile_mode", str(dec.compile_mode), COMPILE_MODES)
+    if dec.compile_mode != "default" and not dec.compile:
+        problems.append(f"model.decoder.compile_mode={dec.compile_mode!r} needs model.decoder.compile=true")
+    if training and dec.compile_mode in CUDA_GRAPH_MODES:
+        problems.append(f"model.decoder.compile_mode={dec.compile_mode!r} records CUDA graphs, for sampling only "
+                        "(the game, evaluation); training takes default or max-autotune-no-cudagraphs")
     return problems
 
 
@@ -355,6 +371,7 @@ def validate_eval_run(cfg) -> None:
     if e.games <= 0 or e.turns <= 0:
         problems.append("evaluation.games and evaluation.turns must be > 0")
     problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
+    problems += check_decoder_compile(cfg.model.decoder, training=False)
     problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
     problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
     for key in ("mllm_export", "renderer_export", "reconstruction_export"):

@@ -189,7 +189,7 @@ class MotionScopeDecoder(nn.Module):
             self.transformer.ofs_proj, self.transformer.ofs_embedding = None, None
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
         if cfg.compile:  # in place: parameter names stay the same; the first call compiles
-            self.transformer.compile(dynamic=False)
+            self.transformer.compile(dynamic=False, mode=cfg.compile_mode)
 
     # ----------------------------------------------------------------------- forward
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, rep: torch.Tensor,
