@@ -57,7 +57,7 @@ from omegaconf import OmegaConf
 
 from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run)
 from animegamer.config.compose import compose_config
-from animegamer.config.validate import COMPILE_MODES
+from animegamer.config.schema import COMPILE_MODES
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
 LEVEL_FLOW = {1: 0.5, 2: 2.5, 3: 10.0, 4: 15.0, 5: 40.0}
@@ -403,6 +403,8 @@ def main() -> None:
                         help="framework side: model.encoders.vae.cudnn_benchmark (cuDNN picks the VAE's conv algorithms)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.compile_mode != "default" and not args.compile:
+        parser.error("--compile-mode applies to --compile only")
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     if args.dtype == "auto":
         args.dtype = torch.float32 if args.device == "cpu" else torch.bfloat16

@@ -320,6 +320,21 @@ def test_sampler_skips_uncond_without_guidance():
         assert calls == [expected] * steps, scale
 
 
+def test_sampler_marks_steps_only_for_a_cuda_graph_decoder(monkeypatch):
+    """A decoder replaying CUDA graphs gets one step mark per denoising step; others none (the mark
+    imports the compiler, seconds on a fresh process)."""
+    marks: list = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    cond, uncond, flow = _reps(LATENT_SHAPE[0])
+    cfg = DiffusionConfig(sampling_steps=4, guidance_scale=6.0)
+    for graphs in (False, True):
+        denoise = _toy_denoiser([])
+        graphed = lambda *args, fn=denoise: fn(*args)  # noqa: E731
+        graphed.uses_cuda_graphs = graphs
+        sample(graphed, LATENT_SHAPE, cond, uncond, flow, cfg, torch.Generator().manual_seed(0))
+        assert len(marks) == (4 if graphs else 0)
+
+
 def test_sampler_rejects_missing_uncond():
     cond, _, flow = _reps(LATENT_SHAPE[0])
     with pytest.raises(ValueError, match="uncond"):

@@ -1,8 +1,9 @@
-"""FSDP saves gather only what they keep (``animegamer.training.fsdp_gather``).
+"""FSDP saves gather only what they keep, one unit at a time (``animegamer.training.fsdp_gather``).
 
-An H200 x2 run of phase (b) under FSDP spent about 75 s per checkpoint: the export gathered the whole
-7B float32 model to host memory on every rank, and Lightning's full state dict once more on rank 0,
-only to keep the LoRA and projections. Now only rank 0 unshards, and only trained tensors are copied.
+On 2 H200s a phase (b) FSDP save took about 75 s: the export copied the whole 7B float32 model to
+host memory on every rank, and Lightning's full state dict once more on rank 0, only to keep the LoRA
+and projections. Now the strategy gathers the kept tensors unit by unit, and the export is written
+from that state.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_fsdp_compute import _cfg
@@ -28,51 +30,73 @@ def two_ranks(tmp_path_factory) -> list[dict]:
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
-def test_rank0_gets_the_trained_weights_of_fsdps_full_state_dict(two_ranks):
+def test_rank0_gets_the_kept_weights_under_fsdps_full_state_dict_names(two_ranks):
     first, second = two_ranks
-    assert first["trainable"] > 30 and first["state_keys"] == first["full_trainable_keys"]
+    assert first["kept"] > 30 and first["state_keys"] == first["kept_keys"] and first["full_has_kept"]
     assert first["state_vs_full"] == 0.0 and first["state_vs_reference"] == 0.0 and first["state_on_cpu"]
     assert second["state_keys"] == []  # rank 0 writes; the others copy nothing
 
 
-def test_only_rank0_unshards_and_the_shards_come_back(two_ranks):
-    first, second = two_ranks
-    assert first["local_numel"] == second["local_numel"] == first["total_numel"] // 2
-    assert first["inside_numel"] == first["total_numel"] and first["inside_vs_reference"] == 0.0
-    assert second["inside_numel"] == second["local_numel"]  # no redundant copy on rank 1
-    assert first["after_numel"] == first["local_numel"] and second["after_numel"] == second["local_numel"]
+def test_units_are_gathered_one_at_a_time_and_resharded(two_ranks):
+    for rank in two_ranks:
+        assert rank["local_numel"] == rank["total_numel"] // 2 and rank["after_numel"] == rank["local_numel"]
+        # the root and both blocks (each holds LoRA), each unsharded alone: never the whole model at once
+        assert rank["units"] == 3 and len(rank["calls"]) == 3
+        assert all(recurse is False for _, recurse in rank["calls"])
 
 
-def test_the_gather_stays_on_the_device_only_when_the_whole_model_fits():
-    share = fsdp_gather.DEVICE_GATHER_SHARE
-    free = 100 * 2**30
-    fits = int(share * free) // 4
-    assert fsdp_gather.gather_on_device(fits, 4, free)
-    assert not fsdp_gather.gather_on_device(fits + 1, 4, free)
-    assert fsdp_gather.gather_on_device(2 * fits, 2, free) and not fsdp_gather.gather_on_device(2 * fits, 3, free)
+def test_the_export_from_the_gathered_state_equals_the_unsharded_models(two_ranks):
+    first = two_ranks[0]
+    assert first["export_files"] == first["expected_files"] and len(first["expected_files"]) == 3
+    assert first["export_keys_equal"] and first["export_vs_reference"] == 0.0
 
 
-def test_the_fsdp_preset_saves_through_the_trained_state(tmp_path, monkeypatch):
+def test_the_fsdp_preset_saves_through_the_gathered_state(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(fsdp_gather, "trained_full_state", lambda root, world, rank: seen.append((root, world, rank)) or {"w": 1})
+    monkeypatch.setattr(fsdp_gather, "gathered_state", lambda root, rank, keep: seen.append((root, rank, keep)) or {"w": 1})
     strategy = make_strategy(_cfg(tmp_path))
     assert is_fsdp_strategy(strategy)  # gradient clipping and exports take the FSDP paths
-    root = object()
-    strategy._model = root
-    assert strategy.lightning_module_state_dict() == {"w": 1}
-    assert seen == [(root, strategy.world_size, strategy.global_rank)]
-
-
-def test_exports_gather_through_the_rank0_gather(tmp_path, monkeypatch):
-    import contextlib
-    from types import SimpleNamespace
-
-    from animegamer.training.strategies import full_weights
-
-    seen = []
-    monkeypatch.setattr(fsdp_gather, "whole_params", lambda root, world: seen.append((root, world)) or contextlib.nullcontext())
-    strategy = make_strategy(_cfg(tmp_path))
     strategy._model = root = object()
-    with full_weights(SimpleNamespace(strategy=strategy, world_size=2)):
-        pass
-    assert seen == [(root, 2)]
+    strategy._lightning_module = SimpleNamespace(export_extra=("encoder.",), trainable=["decoder.norm.weight"])
+    assert strategy.lightning_module_state_dict() == {"w": 1}
+    (found_root, rank, keep), = seen
+    assert (found_root, rank) == (root, strategy.global_rank)
+    frozen = SimpleNamespace(requires_grad=False)
+    assert keep("model.encoder.proj.weight", frozen) and not keep("model.decoder.x.weight", frozen)
+    assert keep("model.decoder.x.weight", SimpleNamespace(requires_grad=True))
+    assert keep("model.decoder.norm.weight", frozen)  # the phase's trainable list, which its checkpoint keeps
+
+
+def test_a_final_or_preemption_save_is_decided_by_rank0(tmp_path):
+    """A save is a collective: every rank must take rank 0's view of whether it already exists."""
+    from animegamer.training.checkpointing import saved_on_rank0
+
+    here = tmp_path / "step-0000010.ckpt"
+    here.write_bytes(b"x")
+    asked = []
+    rank0_says = lambda missing: SimpleNamespace(strategy=SimpleNamespace(  # noqa: E731
+        broadcast=lambda obj, src: asked.append((obj, src)) or (not missing)))
+    assert saved_on_rank0(rank0_says(missing=True), here) is False  # this rank sees it; rank 0 does not
+    assert saved_on_rank0(rank0_says(missing=False), tmp_path / "absent.ckpt") is True
+    assert asked == [(True, 0), (False, 0)]
+
+
+def test_an_fsdp_export_is_written_from_the_checkpoints_state(tmp_path, monkeypatch):
+    from animegamer.training.callbacks import ExportCallback
+
+    written = []
+    strategy = make_strategy(_cfg(tmp_path))
+    monkeypatch.setattr(type(strategy), "lightning_module_state_dict", lambda self: {"model.b": 2, "other": 3})
+    trainer = SimpleNamespace(strategy=strategy, global_step=7, is_global_zero=True)
+    callback = ExportCallback(tmp_path / "export", lambda module, folder, meta, **kw: written.append((meta, kw)), {})
+    callback.on_save_checkpoint(trainer, None, {"state_dict": {"model.a": 1}})
+    callback.on_train_end(trainer, None)  # no checkpoint at hand: the strategy gathers
+    assert written == [({"step": 7}, {"state": {"a": 1}}), ({"step": 7}, {"state": {"b": 2}})]
+
+
+def test_a_partial_state_is_refused_not_exported():
+    from animegamer.utils.state import submodule_state
+
+    with pytest.raises(KeyError, match="lacks 1 tensors"):
+        submodule_state({"decoder.a": 1}, "decoder.", ["decoder.a", "decoder._fsdp_wrapped_module.b"])
+    assert submodule_state({"decoder.a": 1, "encoder.c": 2}, "decoder.", ["decoder.a"]) == {"a": 1}

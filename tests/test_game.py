@@ -317,6 +317,33 @@ def test_load_phase_c_export(exports, tmp_path):
     assert all(torch.equal(params[n], p) for n, p in wanted.items())
 
 
+def test_phase_c_export_from_a_gathered_state_equals_the_modules(exports, tmp_path):
+    """FSDP saves export from the tensors they gathered (the kept ones, unit by unit): the same files
+    as reading the module, LoRA folder and the frozen encoder included; a partial state is refused."""
+    from safetensors.torch import load_file
+
+    from animegamer.phases.phase_c import PhaseC, export_phase_c
+    from animegamer.training.fsdp_gather import saved_by
+
+    module = PhaseC(exports.cfg)
+    with torch.no_grad():
+        for p in module.model.parameters():
+            p.add_(0.01)
+    keep = saved_by(module)
+    state = {n.removeprefix("model."): p.detach().clone() for n, p in module.named_parameters() if keep(n, p)}
+    export_phase_c(module, tmp_path / "module", {})
+    export_phase_c(module, tmp_path / "state", {}, state=state)
+    files = sorted(f.relative_to(tmp_path / "module") for f in (tmp_path / "module").rglob("*.safetensors"))
+    assert [str(f) for f in files] == ["lora/adapter_model.safetensors", "trained.safetensors"]
+    for name in files:
+        expected, found = (load_file(str(tmp_path / side / name)) for side in ("module", "state"))
+        assert found.keys() == expected.keys() and all(torch.equal(found[k], expected[k]) for k in expected)
+    assert any(k.startswith("encoder.") for k in load_file(str(tmp_path / "state" / "trained.safetensors")))
+    lora = next(n for n in state if "lora_B" in n)
+    with pytest.raises(KeyError, match="lacks 1 tensors"):
+        export_phase_c(module, tmp_path / "partial", {}, state={k: v for k, v in state.items() if k != lora})
+
+
 def test_command_line(exports, tmp_path, monkeypatch):
     stub = StubPredict(exports.cfg)
     monkeypatch.setattr("animegamer.game.predict_next", stub)

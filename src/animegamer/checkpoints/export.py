@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from animegamer.utils.io import atomic_dir
+from animegamer.utils.state import clean_name, submodule_state
 
 log = logging.getLogger(__name__)
 
@@ -23,19 +25,28 @@ TRAINED_FILE = "trained.safetensors"
 FORMAT_VERSION = 1
 
 
-def trained_state(module: nn.Module, extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """Every trainable parameter (and those under the ``extra`` prefixes), detached, on CPU."""
-    return {n: p.detach().to("cpu").contiguous() for n, p in module.named_parameters()
-            if p.requires_grad or n.startswith(extra)}
+def trained_state(module: nn.Module, extra: tuple[str, ...] = (),
+                  state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Every trainable parameter (and those under the ``extra`` prefixes), detached, on CPU.
+
+    ``state``: whole tensors gathered elsewhere (FSDP saves), read instead of the module's sharded
+    parameters, under the module's parameter names without FSDP's wrapper prefixes."""
+    kept = [(clean_name(n), p) for n, p in module.named_parameters() if p.requires_grad or clean_name(n).startswith(extra)]
+    if state is None:
+        return {n: p.detach().to("cpu").contiguous() for n, p in kept}
+    state = submodule_state(state, "", [n for n, _ in kept])
+    return {n: state[n].detach().to("cpu").contiguous() for n, _ in kept}
 
 
-def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[str, ...] = ()) -> Path:
+def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[str, ...] = (),
+                state: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Write ``trained.safetensors`` + ``export.json`` atomically (a killed save leaves the old one).
 
     ``extra`` adds frozen parameters by name prefix, for exports that must stand alone (phase (c)
-    carries the encoder it did not train, so a renderer loads from one folder)."""
+    carries the encoder it did not train, so a renderer loads from one folder). ``state``: see
+    :func:`trained_state`."""
     folder = Path(folder)
-    state = trained_state(module, extra)
+    state = trained_state(module, extra, state)
     with atomic_dir(folder) as tmp:
         save_file(state, str(tmp / TRAINED_FILE))
         record = {"format_version": FORMAT_VERSION, "tensors": len(state),

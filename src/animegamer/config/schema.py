@@ -95,6 +95,11 @@ class ActionEncoderConfig:
     layernorm_eps: float = 1e-5
 
 
+# torch.compile modes for model.decoder.compile_mode; those that record CUDA graphs (sampling only).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 @dataclass
 class DecoderConfig:
     """CogVideoX-2B transformer with the motion-scope embedder and LoRA (DESIGN section 5)."""

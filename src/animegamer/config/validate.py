@@ -233,12 +233,10 @@ def check_training(cfg) -> list[str]:
     return problems
 
 
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
 def check_decoder_compile(dec, training: bool) -> list[str]:
     """``model.decoder.compile_mode``: a torch.compile mode, and CUDA graphs only where nothing trains."""
+    from animegamer.config.schema import COMPILE_MODES, CUDA_GRAPH_MODES
+
     problems = _choice("model.decoder.compile_mode", str(dec.compile_mode), COMPILE_MODES)
     if dec.compile_mode != "default" and not dec.compile:
         problems.append(f"model.decoder.compile_mode={dec.compile_mode!r} needs model.decoder.compile=true")

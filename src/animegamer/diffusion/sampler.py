@@ -178,10 +178,12 @@ def sample(
     latents = latents.to(device=device, dtype=torch.float32) * scheduler.init_noise_sigma  # x_999: pure noise
 
     old_x0: Optional[torch.Tensor] = None  # the previous step's x0 prediction, for the 2nd-order update
+    # A decoder compiled with CUDA graphs (model.decoder.compile_mode) reuses its output buffers: each
+    # step's call starts a new replay, the previous step's outputs being no longer read.
+    cuda_graphs = getattr(denoise_fn, "uses_cuda_graphs", False)
     for i, t in enumerate(timesteps):
-        # A decoder compiled with CUDA graphs (model.decoder.compile_mode) reuses its output buffers:
-        # this step's call starts a new replay, the previous step's outputs are no longer read.
-        torch.compiler.cudagraph_mark_step_begin()
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         v = _predict_velocity(denoise_fn, latents, t, cond, uncond, flow, guidances[i], dtype)
         t_back = timesteps[i - 1] if i > 0 else None  # the timestep old_x0 was predicted at
         latents, old_x0 = scheduler.step(v, old_x0, t, t_back, latents, generator=generator, return_dict=False)

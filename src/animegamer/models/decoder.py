@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 
 import torch
 from torch import nn
 
-from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
+from animegamer.config.schema import CUDA_GRAPH_MODES, PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
+from animegamer.utils.state import peft_adapter_state
 
 if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
     from diffusers import CogVideoXTransformer3DModel
@@ -190,6 +191,8 @@ class MotionScopeDecoder(nn.Module):
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
         if cfg.compile:  # in place: parameter names stay the same; the first call compiles
             self.transformer.compile(dynamic=False, mode=cfg.compile_mode)
+        # The sampler marks each denoising step for a compiled network that replays CUDA graphs.
+        self.uses_cuda_graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES
 
     # ----------------------------------------------------------------------- forward
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, rep: torch.Tensor,
@@ -299,16 +302,18 @@ class MotionScopeDecoder(nn.Module):
         return [n for n, _ in self.named_parameters() if any(m in n for m in _LORA_MARKERS)]
 
     # ----------------------------------------------------------------------- LoRA folders
-    def save_lora(self, folder: str | Path) -> Path:
-        """Write the adapter as a peft folder (adapter_model.safetensors + adapter_config.json)."""
-        from peft import get_peft_model_state_dict
+    def save_lora(self, folder: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """Write the adapter as a peft folder (adapter_model.safetensors + adapter_config.json).
+
+        ``state``: whole tensors gathered elsewhere (FSDP saves) under this module's clean parameter
+        names, read instead of the (sharded) parameters; it must hold every LoRA matrix."""
         from safetensors.torch import save_file
 
         if not self.has_lora:
             raise RuntimeError("the decoder has no LoRA adapter to save")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        state = get_peft_model_state_dict(self.transformer, adapter_name=LORA_ADAPTER)
+        state = peft_adapter_state(self.transformer, LORA_ADAPTER, state, "transformer.", self.lora_parameters())
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / LORA_WEIGHTS_FILE))
         self.transformer.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
         return folder

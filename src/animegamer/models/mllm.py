@@ -58,7 +58,7 @@ import re
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence, TYPE_CHECKING, Dict, Iterator, List, Optional
+from typing import Sequence, TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,7 @@ from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import resize_embeddings
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
+from animegamer.utils.state import clean_name, peft_adapter_state, submodule_state
 
 if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
     from peft import LoraConfig
@@ -585,23 +586,26 @@ class GameStateMLLM(nn.Module):
         return dict(tokens=stacked, pred=pred)
 
     # ----------------------------------------------------------------------- adapter folders
-    def save_adapter(self, folder: str | Path) -> Path:
+    def save_adapter(self, folder: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Path:
         """Write what phase (b) trains: the peft LoRA folder + ``mllm_modules.safetensors``.
 
         The modules file holds the projections and, when trained, the norms and both embedding
-        matrices, under :func:`canonical_name` keys; ``mllm_meta.json`` records the sizes.
+        matrices, under :func:`canonical_name` keys; ``mllm_meta.json`` records the sizes. ``state``:
+        whole tensors gathered elsewhere (FSDP saves) under this module's clean parameter names, read
+        instead of the (sharded) parameters.
         """
-        from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        saved = self._saved_module_names()
         if self.has_lora:
-            state = get_peft_model_state_dict(self.llm, adapter_name=LORA_ADAPTER, save_embedding_layers=False)
-            save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / LORA_WEIGHTS_FILE))
+            lora = [n for n in self.trainable_parameter_names() if n not in saved]
+            adapter = peft_adapter_state(self.llm, LORA_ADAPTER, state, "llm.", lora, save_embedding_layers=False)
+            save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(folder / LORA_WEIGHTS_FILE))
             self.llm.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
-        params = dict(self.named_parameters())
-        modules = {canonical_name(n): params[n].detach().contiguous().cpu() for n in self._saved_module_names()}
+        params = submodule_state(dict(self.named_parameters()) if state is None else state, "", saved)
+        modules = {canonical_name(clean_name(n)): params[clean_name(n)].detach().contiguous().cpu() for n in saved}
         save_file(modules, str(folder / MODULES_FILE))
         meta = dict(rep_width=self.rep_width, num_query_tokens=self.num_query_tokens, vocab_size=self.vocab_size,
                     hidden_size=self.hidden, lora=self.has_lora, train_norms=self.cfg.train_norms,

@@ -22,6 +22,7 @@ from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
 from animegamer.phases.common import (SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer,
                                       micro_step, sample_positions, set_trainable, trainable_names)
+from animegamer.utils.state import submodule_state
 
 log = logging.getLogger(__name__)
 
@@ -233,11 +234,16 @@ def decoder_flops(cfg: RunConfig, rep_tokens: int, batch: dict) -> float:
     return size * transformer_forward_flops(tokens, hidden, dec.num_layers, 4 * hidden)
 
 
-def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, extra: tuple[str, ...] = ()) -> Path:
-    """Export what phase (a) trained: tensors + json (always) and the LoRA as a peft adapter folder."""
+def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, state: dict | None = None) -> Path:
+    """Export what phase (a) trained: tensors + json (always) and the LoRA as a peft adapter folder.
+
+    ``state``: the tensors to export, gathered by an FSDP save (names relative to ``module.model``);
+    None reads the module. ``module.export_extra`` adds frozen parameters by prefix (phase (c))."""
     from animegamer.checkpoints.export import save_export
 
-    folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, extra)
+    extra = tuple(getattr(module, "export_extra", ()))
+    folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, extra, state)
     if module.model.decoder.has_lora:
-        module.model.decoder.save_lora(Path(folder) / "lora")
+        decoder_state = None if state is None else submodule_state(state, "decoder.", ())
+        module.model.decoder.save_lora(Path(folder) / "lora", decoder_state)
     return Path(folder)

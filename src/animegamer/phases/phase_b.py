@@ -133,9 +133,12 @@ def import_official_mllm(model: GameStateMLLM, path: str) -> None:
         raise ValueError(f"{path}: {report.summary()}")
 
 
-def export_phase_b(module: PhaseB, folder: str | Path, meta: dict) -> Path:
-    """Trained tensors + json, the peft adapter folder and the tokenizer (DESIGN section 7)."""
-    folder = save_export(folder, module.model, {"phase": PHASE, **meta})
-    module.model.save_adapter(Path(folder) / "adapter")
+def export_phase_b(module: PhaseB, folder: str | Path, meta: dict, state: dict | None = None) -> Path:
+    """Trained tensors + json, the peft adapter folder and the tokenizer (DESIGN section 7).
+
+    ``state``: the tensors to export, gathered by an FSDP save (names relative to ``module.model``);
+    None reads the module."""
+    folder = save_export(folder, module.model, {"phase": PHASE, **meta}, state=state)
+    module.model.save_adapter(Path(folder) / "adapter", state)
     module.tokenizer.save_pretrained(str(Path(folder) / "tokenizer"))
     return Path(folder)

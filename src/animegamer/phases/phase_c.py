@@ -35,6 +35,9 @@ def rep_dropout(rep: torch.Tensor, uncond: torch.Tensor, p: float, draw: SampleR
 
 
 class PhaseC(L.LightningModule):
+    # Frozen parameters the export carries besides what trains (prefixes relative to ``model``).
+    export_extra = ("encoder.",)
+
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -85,6 +88,7 @@ class PhaseC(L.LightningModule):
     on_save_checkpoint = PhaseA.on_save_checkpoint
 
 
-def export_phase_c(module: PhaseC, folder: str | Path, meta: dict) -> Path:
-    """Phase (a)'s layout plus the (frozen) encoder, so the game's renderer loads from one folder."""
-    return export_phase_a(module, folder, {**meta, "phase": PHASE}, extra=("encoder.",))
+def export_phase_c(module: PhaseC, folder: str | Path, meta: dict, state: dict | None = None) -> Path:
+    """Phase (a)'s layout plus the (frozen) encoder (``PhaseC.export_extra``), so the game's renderer
+    loads from one folder."""
+    return export_phase_a(module, folder, {**meta, "phase": PHASE}, state)

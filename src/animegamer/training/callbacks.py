@@ -14,23 +14,41 @@ EXPORT_DIR = "export"
 
 
 class ExportCallback(L.Callback):
-    """Writes ``export/`` (what the phase trained, loadable alone) whenever a checkpoint is saved."""
+    """Writes ``export/`` (what the phase trained, loadable alone) whenever a checkpoint is saved.
+
+    Under FSDP the export is written from the state the strategy gathered for the checkpoint (only
+    the kept tensors, unit by unit; ``fsdp_gather``), not from the sharded module."""
 
     def __init__(self, folder: Path, export_fn, meta: dict) -> None:
         self.folder, self.export_fn, self.meta = Path(folder), export_fn, meta
 
-    def _export(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        from animegamer.training.strategies import full_weights
+    def _export(self, trainer: L.Trainer, module: L.LightningModule, gathered: dict | None = None) -> None:
+        from animegamer.training.strategies import full_weights, is_fsdp_strategy
 
-        with full_weights(trainer):  # sharded strategies: every rank gathers, rank 0 writes
+        meta = {**self.meta, "step": trainer.global_step}
+        if is_fsdp_strategy(trainer.strategy):
+            if trainer.strategy._state_dict_type != "full":  # make_strategy asks for full state dicts
+                raise ValueError("exports under FSDP need state_dict_type='full' (whole tensors)")
+            if gathered is None:
+                gathered = trainer.strategy.lightning_module_state_dict()  # a collective: every rank
             if trainer.is_global_zero:
-                self.export_fn(module, self.folder, {**self.meta, "step": trainer.global_step})
+                self.export_fn(module, self.folder, meta, state=model_state(gathered))
+            return
+        with full_weights(trainer):  # ZeRO-3: every rank gathers, rank 0 writes
+            if trainer.is_global_zero:
+                self.export_fn(module, self.folder, meta)
 
     def on_save_checkpoint(self, trainer, module, checkpoint) -> None:
-        self._export(trainer, module)
+        # Callbacks run before the phase's own hook drops the export-only tensors from the checkpoint.
+        self._export(trainer, module, checkpoint.get("state_dict"))
 
     def on_train_end(self, trainer, module) -> None:
         self._export(trainer, module)
+
+
+def model_state(state: dict) -> dict:
+    """A LightningModule's state dict -> its ``model``'s (the ``model.`` prefix removed, others dropped)."""
+    return {name.removeprefix("model."): t for name, t in state.items() if name.startswith("model.")}
 
 
 def side_by_side(truth: np.ndarray, sample: np.ndarray) -> np.ndarray:

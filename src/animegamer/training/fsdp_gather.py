@@ -1,69 +1,74 @@
-"""Whole weights out of FSDP shards for saving, without copying the frozen model to the host.
+"""What a save keeps, gathered out of FSDP shards one unit at a time.
 
-A checkpoint and an export keep only what trains (a few hundred MB), yet FSDP's full state dict and
-``summon_full_params(offload_to_cpu=True)`` copy every unsharded weight to host memory first. With
-phase (b)'s 7B float32 model on 2 H200s that was about 29 GB per copy, on every rank for the export
-plus once more on rank 0 for the checkpoint: a save took about 75 s against a 0.67 s step.
+A checkpoint and an export keep only what trains (a few hundred MB; phase (c)'s export adds its
+frozen encoder), yet FSDP's full state dict and ``summon_full_params`` unshard the whole model at
+once. On 2 H200s with phase (b)'s 7B float32 model, the full copies to host memory (on every rank
+for the export, once more on rank 0 for the checkpoint) made a save take about 75 s against a 0.67 s
+step; gathering the whole model on rank 0's GPU instead took about 12.5 s but raised rank 0's peak
+from 43.8 to 82.8 GiB.
 
-Here only rank 0 unshards (``rank0_only``), on the GPU when the whole model fits in its free memory
-(the gathered copy is freed on exit), else on the host as before; then only trained tensors are
-copied to the host. Measured on 2 H200s: about 12.5 s per phase (b) save instead of 75 s, for a
-moment of rank-0 memory (peak 82.8 GiB during saves against 43.8 GiB in training).
+Here each FSDP unit (a transformer block, or the root's own weights) is unsharded on its own, and only
+when it holds something kept: every rank joins the unit's all-gather, ranks other than 0 free it at
+once (``rank0_only``), and rank 0 copies just the kept tensors to the host before the unit is
+resharded. The extra device memory is the largest gathered unit, often the root (phase (b): the
+float32 embeddings and LM head, about 1 GB), for a moment.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from animegamer.utils.state import FSDP_PREFIX, clean_name
 
-# Share of the device's free memory the gathered model may take: the rest is left to the allocator's
-# fragmentation and to what the save itself allocates.
-DEVICE_GATHER_SHARE = 0.8
-
-
-def gather_on_device(local_bytes: int, world_size: int, free_bytes: int) -> bool:
-    """Whether the unsharded model (``local_bytes`` of shard per rank) fits the free device memory."""
-    return local_bytes * world_size <= DEVICE_GATHER_SHARE * free_bytes
-
-
-def _free_device_bytes(root: nn.Module) -> int | None:
-    """Free bytes on the root's CUDA device, counting the allocator's cached blocks; None off CUDA."""
-    device = next(root.parameters()).device
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-
-
-@contextlib.contextmanager
-def whole_params(root: nn.Module, world_size: int) -> Iterator[None]:
-    """Inside, rank 0's parameters (of the FSDP ``root``) are whole; other ranks keep their shards.
-
-    A collective: every rank must enter. Changes made inside are not written back."""
+def _own_params(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Parameter]]:
+    """The parameters of ``module``'s tree outside nested FSDP units: those its unit manages."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    free = _free_device_bytes(root)
-    offload = False
-    if world_size > 1 and free is not None:  # FSDP refuses host offload with one rank (nothing sharded)
-        local = sum(p.numel() * p.element_size() for p in root.parameters())
-        offload = not gather_on_device(local, world_size, free)
-        log.info("gathering %.1f GB of weights for a save on rank 0's %s (%.1f GB free on the device)",
-                 local * world_size / 1e9, "host" if offload else "GPU", free / 1e9)
-    with FullyShardedDataParallel.summon_full_params(root, writeback=False, rank0_only=True, offload_to_cpu=offload):
-        yield
+    for name, param in module.named_parameters(recurse=False):
+        yield prefix + name, param
+    for name, child in module.named_children():
+        if not isinstance(child, FullyShardedDataParallel):
+            yield from _own_params(child, f"{prefix}{name}.")
 
 
-def trained_full_state(root: nn.Module, world_size: int, rank: int) -> dict[str, torch.Tensor]:
-    """Rank 0: every trainable parameter, whole, on the host, under the names of FSDP's full state dict
-    (the wrapped module's, without FSDP's prefixes); other ranks: empty. A collective."""
-    with whole_params(root, world_size):
-        if rank != 0:
-            return {}
-        # Inside the gather FSDP names parameters as its full state dict does. copy=True: an offloaded
-        # gather's host storage is released on exit.
-        return {name: p.detach().to("cpu", copy=True) for name, p in root.named_parameters() if p.requires_grad}
+def fsdp_units(root: nn.Module) -> list[tuple[nn.Module, list[tuple[str, nn.Parameter]]]]:
+    """Every FSDP unit under ``root`` (root first) with its parameters under their clean full names."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    units = []
+    for path, unit in root.named_modules():
+        if isinstance(unit, FullyShardedDataParallel):
+            prefix = clean_name(f"{path}.{FSDP_PREFIX}" if path else FSDP_PREFIX)
+            units.append((unit, list(_own_params(unit.module, prefix))))
+    return units
+
+
+def gathered_state(root: nn.Module, rank: int, keep: Callable[[str, nn.Parameter], bool]) -> dict[str, torch.Tensor]:
+    """Rank 0: the whole parameters ``keep(name, param)`` selects, on the host, under the names of FSDP's
+    full state dict; other ranks: empty. A collective: every rank calls it with the same ``keep``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    state: dict[str, torch.Tensor] = {}
+    for index, (unit, params) in enumerate(fsdp_units(root)):
+        wanted = [(name, param) for name, param in params if keep(name, param)]
+        # The root unit is always entered first: unsharding it initialises the whole FSDP tree as a
+        # forward would, which a nested unit entered first would get wrong (it would act as a root).
+        if not wanted and index > 0:
+            continue
+        with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False, rank0_only=True):
+            if rank == 0:
+                # copy=True: the unsharded storage is released when the unit is resharded
+                state.update((name, param.detach().to("cpu", copy=True)) for name, param in wanted)
+    return state
+
+
+def saved_by(module: nn.Module) -> Callable[[str, nn.Parameter], bool]:
+    """What a phase's saves keep: what trains (``requires_grad``, and the phase's ``trainable`` names,
+    which its ``on_save_checkpoint`` keeps) and the parameters under its ``export_extra`` prefixes
+    (relative to its ``model``; phase (c)'s export carries its frozen encoder)."""
+    trained = {f"model.{name}" for name in getattr(module, "trainable", ())}
+    extra = tuple(f"model.{prefix}" for prefix in getattr(module, "export_extra", ()))
+    return lambda name, param: (param.requires_grad or name in trained
+                                or (bool(extra) and name.startswith(extra)))

@@ -3,8 +3,8 @@ phases and models never know which engine runs them.
 
 Every strategy saves only what trains (frozen weights are rebuilt from the config on resume):
 DDP and FSDP (full state dict) through the phases' ``on_save_checkpoint``, DeepSpeed through its
-``exclude_frozen_parameters``. FSDP also gathers only what is kept (``fsdp_gather``): copying the
-whole unsharded model to the host made a phase (b) save on 2 H200s take about 75 s.
+``exclude_frozen_parameters``. FSDP also gathers only what is kept, unit by unit (``fsdp_gather``):
+copying the whole unsharded model to the host made a phase (b) save on 2 H200s take about 75 s.
 """
 from __future__ import annotations
 
@@ -75,22 +75,22 @@ def make_strategy(cfg: RunConfig):
 
 
 def trained_state_fsdp():
-    """Lightning's FSDPStrategy whose full state dict holds only the trainable weights.
+    """Lightning's FSDPStrategy whose full state dict holds only what the phase's saves keep.
 
-    Lightning's copies the whole unsharded model to rank 0's host memory, which the phases'
+    Lightning's unshards the whole model into rank 0's host memory, which the phases'
     ``on_save_checkpoint`` then mostly drops (frozen weights are rebuilt from the config); this one
-    gathers on the GPU when it fits and copies only what the checkpoint keeps
-    (``fsdp_gather.trained_full_state``). Loading is Lightning's: a full state dict without the frozen
-    keys, as before."""
+    gathers unit by unit and copies only the kept tensors (``fsdp_gather``). The state also serves
+    the export (``callbacks.ExportCallback``). Loading is Lightning's: a full state dict without the
+    frozen keys, as before."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from animegamer.training.fsdp_gather import trained_full_state
+    from animegamer.training.fsdp_gather import gathered_state, saved_by
 
     class TrainedStateFSDPStrategy(FSDPStrategy):
         def lightning_module_state_dict(self) -> dict:
             if self._state_dict_type != "full":
                 return super().lightning_module_state_dict()
-            return trained_full_state(self.model, self.world_size, self.global_rank)
+            return gathered_state(self.model, self.global_rank, saved_by(self.lightning_module))
 
     return TrainedStateFSDPStrategy
 
@@ -152,15 +152,11 @@ def is_fsdp_strategy(strategy) -> bool:
 
 @contextmanager
 def full_weights(trainer):
-    """Inside, the module's parameters are whole on global rank 0 (FSDP shards and ZeRO-3 partitions
-    are gathered), so the export rank 0 writes reads full tensors. A collective: every rank must enter."""
+    """Inside, the module's parameters are whole (ZeRO-3 partitions are gathered), so an export reads
+    full tensors. A collective: every rank must enter. FSDP exports read the gathered state instead
+    (``callbacks.ExportCallback``)."""
     strategy = trainer.strategy
-    if is_fsdp_strategy(strategy):
-        from animegamer.training.fsdp_gather import whole_params
-
-        with whole_params(strategy.model, trainer.world_size):  # whole on rank 0 only: rank 0 writes
-            yield
-    elif type(strategy).__name__ == "DeepSpeedStrategy" and strategy.zero_stage_3:
+    if type(strategy).__name__ == "DeepSpeedStrategy" and strategy.zero_stage_3:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(trainer.lightning_module.parameters()), modifier_rank=None):
