@@ -1,9 +1,11 @@
-"""Two gloo ranks on CPU wrap the tiny phase (b) model with FSDP, as the ``fsdp`` preset does, and check
-``animegamer.training.fsdp_gather``; tests/test_fsdp_gather.py runs it in a subprocess and reads
-``rank<R>.json`` from the folder given as the only argument.
+"""Two gloo ranks on CPU wrap a tiny phase network with FSDP, as the ``fsdp`` preset does, and check
+``animegamer.training.fsdp_gather``: the gathered state, the export written from it, and the
+checkpoint round trip through Lightning's loader. tests/test_fsdp_gather.py runs
+``python tests/fsdp_gather_driver.py OUT PHASE`` (PHASE ``b`` or ``c``) and reads ``OUT/rank<R>.json``.
 
-Lightning refuses FSDP on CPU, so torch's FSDP wraps a holder module with the phase's ``model.``
-prefix directly: the names are those of the LightningModule's full state dict.
+Lightning refuses FSDP on CPU, so torch's FSDP wraps the LightningModule (phase (c)) or a holder of
+the phase (b) network under ``model`` directly: the names are those of the LightningModule's full
+state dict.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import os
 import socket
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -20,82 +21,132 @@ import torch.multiprocessing as mp
 from torch import nn
 
 WORLD = 2
-
-
-# A frozen weight inside a nested unit that the export keeps anyway (as phase (c) keeps its encoder).
-EXTRA = "llm.base_model.model.model.layers.0.self_attn.q_proj.base_layer."
+# Phase (b): a frozen weight inside a nested unit that the export keeps anyway, as phase (c) keeps its
+# (root-unit) encoder.
+EXTRA_B = "llm.base_model.model.model.layers.0.self_attn.q_proj.base_layer."
 
 
 class Holder(nn.Module):
     """A LightningModule's shape: the network under ``model``, export prefixes in ``export_extra``."""
-    export_extra = (EXTRA,)
+    export_extra = (EXTRA_B,)
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, tokenizer) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.tokenizer = model, tokenizer
+        self.trainable = [n for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _build() -> tuple[nn.Module, object]:
+def _phase_b(seed: int):
     from omegaconf import OmegaConf
     from test_mllm_model import _model, _randomize
+    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
 
     from animegamer.config.compose import compose_config
     from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, byte_tokenizer
+    from animegamer.phases.phase_b import export_phase_b
 
+    torch.manual_seed(seed)
     model_cfg = OmegaConf.to_object(compose_config("pipeline", ["model=tiny"]).model)
     tokenizer = byte_tokenizer()
     add_animegamer_tokens(tokenizer)
     model = _model(model_cfg, (tokenizer, TokenIds.from_tokenizer(tokenizer)), lora_dropout=0.0)
     _randomize(model)  # LoRA B is zero at init: give every weight a value of its own
-    return Holder(model), tokenizer
+    return Holder(model, tokenizer), MistralDecoderLayer, export_phase_b
+
+
+def _phase_c(seed: int):
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+    from omegaconf import OmegaConf
+
+    from animegamer.config.compose import compose_config
+    from animegamer.phases.phase_c import PhaseC, export_phase_c
+
+    cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "phase=c", "pipeline.clips.height=32",
+                                                        "pipeline.clips.width=48"]))
+    torch.manual_seed(seed)
+    module = PhaseC(cfg)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    return module, CogVideoXBlock, export_phase_c
+
+
+PHASES = {"b": _phase_b, "c": _phase_c}
 
 
 def _max_diff(found: dict, expected: dict) -> float:
     return max((float((found[k] - expected[k]).abs().max()) for k in expected if k in found), default=float("inf"))
 
 
-def _export(model: nn.Module, tokenizer, folder: Path, state: dict | None) -> dict:
-    """Phase (b)'s export of ``model`` (from ``state`` when given): every file's tensors, by file."""
+def _files(folder: Path) -> dict:
     from safetensors.torch import load_file
 
-    from animegamer.phases.phase_b import export_phase_b
-
-    export_phase_b(SimpleNamespace(model=model, tokenizer=tokenizer), folder, {}, state)
     return {str(f.relative_to(folder)): load_file(str(f)) for f in sorted(folder.rglob("*.safetensors"))}
 
 
-def _rank(rank: int, port: int, out: Path) -> None:
-    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+def _wrap(module: nn.Module, block: type) -> nn.Module:
+    from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
 
-    from animegamer.training.callbacks import model_state
-    from animegamer.training.fsdp_gather import fsdp_units, gathered_state, saved_by
+    return FullyShardedDataParallel(module, device_id=torch.device("cpu"), use_orig_params=True,
+                                    auto_wrap_policy=ModuleWrapPolicy({block}))
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    torch.manual_seed(0)
-    holder, tokenizer = _build()
-    reference = {n: p.detach().clone() for n, p in holder.named_parameters()}
-    kept = sorted(n for n, p in holder.named_parameters() if p.requires_grad or n.startswith("model." + EXTRA))
-    expected_export = _export(holder.model, tokenizer, out / f"reference{rank}", None) if rank == 0 else {}
-    root = FullyShardedDataParallel(holder, device_id=torch.device("cpu"), use_orig_params=True,
-                                    auto_wrap_policy=ModuleWrapPolicy({MistralDecoderLayer}))
-    local_numel = sum(p.numel() for p in root.parameters())
 
-    calls = []
+def _recording_summons(calls: list):
+    """Patch FSDP's summon_full_params to record what is unsharded and how; returns the original."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
     summon = FullyShardedDataParallel.summon_full_params
 
-    def recording(module, **kwargs):  # what gathered_state unshards, and how
+    def recording(module, **kwargs):
         calls.append((sum(p.numel() for p in module.parameters()), kwargs.get("recurse", True)))
         return summon(module, **kwargs)
 
     FullyShardedDataParallel.summon_full_params = recording
-    state = gathered_state(root, rank, saved_by(holder))
+    return summon
+
+
+def _rank(rank: int, port: int, out: Path, phase: str) -> None:
+    from lightning.fabric.strategies.model_parallel import _load_raw_module_state
+    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+    from animegamer.phases.common import keep_trained
+    from animegamer.training.callbacks import model_state
+    from animegamer.training.fsdp_gather import fsdp_units, gathered_state, saved_by
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    module, block, export_fn = PHASES[phase](seed=0)
+    reference = {n: p.detach().clone() for n, p in module.named_parameters()}
+    keep = saved_by(module)
+    kept = sorted(n for n, p in module.named_parameters() if keep(n, p))
+    if rank == 0:
+        export_fn(module, out / "reference", {})
+    root = _wrap(module, block)
+    local_numel = sum(p.numel() for p in root.parameters())
+
+    calls: list = []
+    summon = _recording_summons(calls)
+    state = gathered_state(root, rank, keep)
     FullyShardedDataParallel.summon_full_params = summon
     with FullyShardedDataParallel.state_dict_type(root, StateDictType.FULL_STATE_DICT,
                                                   FullStateDictConfig(rank0_only=True)):
         full = root.state_dict()  # what Lightning's FSDP strategy saved before
-    export = _export(holder.model, tokenizer, out / "gathered", model_state(state)) if rank == 0 else {}
+    if rank == 0:
+        export_fn(module, out / "gathered", {}, state=model_state(state))
+        checkpoint = {"state_dict": dict(state)}
+        keep_trained(checkpoint, module.trainable)  # what the phase's on_save_checkpoint leaves
+        torch.save(checkpoint["state_dict"], out / "checkpoint.pt")
+    dist.barrier()
+
+    # Resume as Lightning's FSDP strategy loads a full checkpoint: every rank reads it into a fresh,
+    # differently seeded model (frozen weights come from the config, not the file).
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    fresh, _, _ = PHASES[phase](seed=1)
+    fresh_root = _wrap(fresh, block)
+    _load_raw_module_state(saved, module=fresh_root, world_size=WORLD, strict=False)
+    reloaded = gathered_state(fresh_root, rank, saved_by(fresh))
+
+    expected, found = (_files(out / side) for side in ("reference", "gathered")) if rank == 0 else ({}, {})
     report = {
         "rank": rank, "kept": len(kept), "total_numel": sum(t.numel() for t in reference.values()),
         "local_numel": local_numel, "after_numel": sum(p.numel() for p in root.parameters()),
@@ -104,23 +155,25 @@ def _rank(rank: int, port: int, out: Path) -> None:
         "full_has_kept": all(k in full for k in kept) if rank == 0 else None,
         "state_vs_reference": _max_diff(state, reference), "state_vs_full": _max_diff(state, full),
         "state_on_cpu": all(t.device.type == "cpu" for t in state.values()),
-        "export_files": sorted(export), "expected_files": sorted(expected_export),
-        "export_keys_equal": all(export[f].keys() == expected_export[f].keys() for f in expected_export) if export else None,
-        "export_vs_reference": max((_max_diff(export[f], expected_export[f]) for f in expected_export), default=None),
+        "export_files": sorted(found), "expected_files": sorted(expected),
+        "export_keys_equal": all(found[f].keys() == expected[f].keys() for f in expected) if found else None,
+        "export_vs_reference": max((_max_diff(found[f], expected[f]) for f in expected), default=None),
+        "checkpoint_keys": len(saved), "trainable": len(module.trainable),
+        "resumed_vs_checkpoint": _max_diff(reloaded, saved) if rank == 0 else None,
     }
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 
-def main(out: Path) -> None:
+def main(out: Path, phase: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, out), nprocs=WORLD)
+    mp.spawn(_rank, args=(port, out, phase), nprocs=WORLD)
 
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parent / "src")]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2])
