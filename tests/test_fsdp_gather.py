@@ -78,20 +78,6 @@ def test_the_fsdp_preset_saves_through_the_gathered_state(tmp_path, monkeypatch)
     assert keep("model.decoder.norm.weight", frozen)  # the phase's trainable list, which its checkpoint keeps
 
 
-def test_a_final_or_preemption_save_is_decided_by_rank0(tmp_path):
-    """A save is a collective: every rank must take rank 0's view of whether it already exists."""
-    from animegamer.training.checkpointing import saved_on_rank0
-
-    here = tmp_path / "step-0000010.ckpt"
-    here.write_bytes(b"x")
-    asked = []
-    rank0_says = lambda missing: SimpleNamespace(strategy=SimpleNamespace(  # noqa: E731
-        broadcast=lambda obj, src: asked.append((obj, src)) or (not missing)))
-    assert saved_on_rank0(rank0_says(missing=True), here) is False  # this rank sees it; rank 0 does not
-    assert saved_on_rank0(rank0_says(missing=False), tmp_path / "absent.ckpt") is True
-    assert asked == [(True, 0), (False, 0)]
-
-
 def test_an_fsdp_export_is_written_from_the_checkpoints_state(tmp_path, monkeypatch):
     from animegamer.training.callbacks import ExportCallback
 

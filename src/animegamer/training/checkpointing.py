@@ -58,12 +58,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             fs.rm(path, recursive=True)
 
 
-def saved_on_rank0(trainer, path: Path) -> bool:
-    """Whether ``path`` exists as global rank 0 sees it, the same answer on every rank: a save is a
-    collective, and nodes without a shared filesystem would otherwise disagree and hang."""
-    return bool(trainer.strategy.broadcast(Path(path).exists(), src=0))
-
-
 def is_complete(path: Path) -> bool:
     if path.is_file():
         return True

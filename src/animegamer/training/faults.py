@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from animegamer.training.checkpointing import checkpoint_name, saved_on_rank0
+from animegamer.training.checkpointing import checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Preemption(L.Callback):
         if not isinstance(exception, SIGTERMException):
             return
         path = self.folder / checkpoint_name(trainer.global_step)
-        if not saved_on_rank0(trainer, path):
+        if not path.exists():
             trainer.save_checkpoint(str(path))
         log.warning("preempted at step %d: checkpoint %s saved; the next run resumes from it",
                     trainer.global_step, path)

@@ -17,7 +17,7 @@ from animegamer.config.schema import RunConfig
 from animegamer.training.bad_data import BadDataBudget
 from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, ValidationVideos
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCheckpointIO, checkpoint_name,
-                                               clean_partials, resume_checkpoint, saved_on_rank0)
+                                               clean_partials, resume_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
 from animegamer.training.profiling import make_profiler, summarise_traces
@@ -167,7 +167,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         raise SystemExit(PREEMPTED_EXIT_CODE) from stop
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
-    if not saved_on_rank0(trainer, final):
+    if not final.exists():
         trainer.save_checkpoint(str(final), weights_only=False)  # the full state: a longer run resumes from it
     summarise_traces(cfg, trainer, since=started)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
