@@ -92,8 +92,9 @@ def test_an_fsdp_export_is_written_from_the_checkpoints_state(tmp_path, monkeypa
 
 
 def test_a_partial_state_is_refused_not_exported():
-    from animegamer.utils.state import submodule_state
+    from animegamer.utils.state import require, submodule_state
 
     with pytest.raises(KeyError, match="lacks 1 tensors"):
-        submodule_state({"decoder.a": 1}, "decoder.", ["decoder.a", "decoder._fsdp_wrapped_module.b"])
-    assert submodule_state({"decoder.a": 1, "encoder.c": 2}, "decoder.", ["decoder.a"]) == {"a": 1}
+        require({"decoder.a": 1}, ["decoder.a", "decoder._fsdp_wrapped_module.b"])
+    require({"decoder.a": 1, "encoder.c": 2}, ["decoder.a"])
+    assert submodule_state({"decoder.a": 1, "encoder.c": 2}, "decoder.") == {"a": 1}

@@ -169,9 +169,9 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     eval mode, on ``device`` (CUDA when available) in ``dtype`` (bfloat16 on CUDA, float32 on CPU).
     """
     from animegamer.checkpoints.export import load_export
+    from animegamer.config.validate import ConfigError, check_decoder_compile
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.phases.phase_a import ReconstructionModel, import_official
-    from animegamer.config.validate import ConfigError, check_decoder_compile
     from animegamer.phases.phase_b import PhaseB
 
     problems = check_decoder_compile(cfg.model.decoder, training=False)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from animegamer.utils.io import atomic_dir
-from animegamer.utils.state import clean_name, submodule_state
+from animegamer.utils.state import clean_name, require
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def trained_state(module: nn.Module, extra: tuple[str, ...] = (),
     kept = [(clean_name(n), p) for n, p in module.named_parameters() if p.requires_grad or clean_name(n).startswith(extra)]
     if state is None:
         return {n: p.detach().to("cpu").contiguous() for n, p in kept}
-    state = submodule_state(state, "", [n for n, _ in kept])
+    require(state, [n for n, _ in kept])
     return {n: state[n].detach().to("cpu").contiguous() for n, _ in kept}
 
 

@@ -70,7 +70,7 @@ from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import resize_embeddings
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
-from animegamer.utils.state import clean_name, peft_adapter_state, submodule_state
+from animegamer.utils.state import clean_name, peft_adapter_state, require
 
 if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
     from peft import LoraConfig
@@ -604,7 +604,8 @@ class GameStateMLLM(nn.Module):
             adapter = peft_adapter_state(self.llm, LORA_ADAPTER, state, "llm.", lora, save_embedding_layers=False)
             save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(folder / LORA_WEIGHTS_FILE))
             self.llm.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
-        params = submodule_state(dict(self.named_parameters()) if state is None else state, "", saved)
+        params = dict(self.named_parameters()) if state is None else state
+        require(params, saved)
         modules = {canonical_name(clean_name(n)): params[clean_name(n)].detach().contiguous().cpu() for n in saved}
         save_file(modules, str(folder / MODULES_FILE))
         meta = dict(rep_width=self.rep_width, num_query_tokens=self.num_query_tokens, vocab_size=self.vocab_size,

@@ -244,6 +244,6 @@ def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, state: dict |
     extra = tuple(getattr(module, "export_extra", ()))
     folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, extra, state)
     if module.model.decoder.has_lora:
-        decoder_state = None if state is None else submodule_state(state, "decoder.", ())
+        decoder_state = None if state is None else submodule_state(state, "decoder.")
         module.model.decoder.save_lora(Path(folder) / "lora", decoder_state)
     return Path(folder)

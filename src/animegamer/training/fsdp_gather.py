@@ -70,5 +70,4 @@ def saved_by(module: nn.Module) -> Callable[[str, nn.Parameter], bool]:
     (relative to its ``model``; phase (c)'s export carries its frozen encoder)."""
     trained = {f"model.{name}" for name in getattr(module, "trainable", ())}
     extra = tuple(f"model.{prefix}" for prefix in getattr(module, "export_extra", ()))
-    return lambda name, param: (param.requires_grad or name in trained
-                                or (bool(extra) and name.startswith(extra)))
+    return lambda name, param: param.requires_grad or name in trained or name.startswith(extra)

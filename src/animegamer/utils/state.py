@@ -13,14 +13,16 @@ def clean_name(name: str) -> str:
     return name.replace(FSDP_PREFIX, "")
 
 
-def submodule_state(state: Mapping[str, torch.Tensor], prefix: str, required: Iterable[str]) -> dict[str, torch.Tensor]:
-    """The entries of ``state`` under ``prefix``, renamed relative to it (a submodule's state dict).
-
-    ``required`` (names in ``state``'s naming, FSDP prefixes allowed) must all be present: an export
-    written from a partial state would look complete and load as untrained."""
-    missing = [clean_name(name) for name in required if clean_name(name) not in state]
+def require(state: Mapping[str, torch.Tensor], names: Iterable[str]) -> None:
+    """Every one of ``names`` (FSDP prefixes allowed) must be in ``state``: an export written from a
+    partial state would look complete and load as untrained."""
+    missing = [clean_name(name) for name in names if clean_name(name) not in state]
     if missing:
         raise KeyError(f"the gathered state lacks {len(missing)} tensors to save, e.g. {missing[:3]}")
+
+
+def submodule_state(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` under ``prefix``, renamed relative to it (a submodule's state dict)."""
     return {name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}
 
 
@@ -36,7 +38,7 @@ def peft_adapter_state(peft_model, adapter_name: str, state: Mapping[str, torch.
 
     if state is None:
         return get_peft_model_state_dict(peft_model, adapter_name=adapter_name, **kwargs)
-    submodule_state(state, prefix, required)  # refuses a partial state
+    require(state, required)
     own = {name: state[prefix + clean_name(name)] for name, _ in peft_model.named_parameters()
            if prefix + clean_name(name) in state}
     found = get_peft_model_state_dict(peft_model, state_dict=own, adapter_name=adapter_name, **kwargs)
