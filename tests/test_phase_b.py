@@ -93,3 +93,20 @@ def test_constrained_state_decoding_is_always_well_formed(data_root, tmp_path):
     assert 1 <= prediction.states["ML"] <= 5
     _, free_rep = generate(module.model, module.ids, prompt_batch(*args))
     torch.testing.assert_close(prediction.rep, free_rep)
+
+
+def test_validation_reports_state_accuracy_on_held_out_sessions(data_root, tmp_path):
+    composed, cfg = tiny_b_cfg(data_root, tmp_path, "phase.max_steps=2", "phase.val_every_n_steps=2")
+    assert len(session_shards(cfg, "val")) > 0  # the synthetic split holds some sessions out
+    metrics = train(cfg, composed)["metrics"]
+    assert 0 <= metrics["val/state_accuracy"] <= 1
+    assert metrics["val/loss"] == pytest.approx(metrics["val/lm_loss"] + metrics["val/rec_loss"], rel=1e-5)
+
+
+def test_empty_held_out_split_skips_validation_and_says_so(data_root, tmp_path, caplog):
+    composed, cfg = tiny_b_cfg(data_root, tmp_path, "phase.max_steps=2", "phase.val_every_n_steps=1",
+                               "data.val_fraction=0")
+    with caplog.at_level("WARNING", logger="animegamer.training.runner"):
+        metrics = train(cfg, composed)["metrics"]
+    assert not any(name.startswith("val/") for name in metrics)
+    assert "validation skipped: the held-out split is empty" in caplog.text

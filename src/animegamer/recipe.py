@@ -26,6 +26,8 @@ class Recipe:
 
 
 STORY_TURNS = 5
+# What the summary says for a validation metric when the held-out split had nothing for the phase.
+NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
 
 
 def play_story(composed, out: Path) -> Path:
@@ -85,7 +87,7 @@ def run_recipe(recipe: Recipe) -> dict:
         "representations": reps["representations"]["output"],
         "session shards": reps["session_shards"]["output"],
         "phase b export": game["export"],
-        "phase b val/state_accuracy": game["metrics"].get("val/state_accuracy"),
+        "phase b val/state_accuracy": game["metrics"].get("val/state_accuracy", NOT_VALIDATED),
         "adaptation shards": adaptation["adaptation"]["output"],
         "phase c export": adapted["export"],
         "evaluation report": report["files"].get("report_md") if report else None,

@@ -43,7 +43,14 @@ class ShardData(L.LightningDataModule):
         return self._train_loader(self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
 
     def val_dataloader(self):
-        return self._val_loader(self.val_set) if len(self.val_set) else []
+        if not len(self.val_set):
+            # Whole shots are held out (data/split.py) and a session only when all its shots are, so a
+            # short film can leave a phase nothing to validate on: say so instead of Lightning's
+            # "Total length of `list` across ranks is zero".
+            log.warning("validation skipped: the held-out split is empty (data.val_fraction holds out whole shots; "
+                        "a phase (b) session is held out only when every one of its clips is)")
+            return []
+        return self._val_loader(self.val_set)
 
 
 def clip_lookup(cfg: RunConfig, keys: list[str]):
