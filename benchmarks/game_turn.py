@@ -113,7 +113,7 @@ def compose(args):
         overrides.append(f"model.decoder.attention_backends=[{','.join(args.attention)}]")
     if args.compile:
         overrides.append("model.decoder.compile=true")
-        overrides.append(f"model.decoder.compile_mode={getattr(args, 'compile_mode', 'default')}")
+        overrides.append(f"model.decoder.compile_mode={args.compile_mode}")
     if args.vae_cudnn_benchmark:
         overrides.append("model.encoders.vae.cudnn_benchmark=true")
     if args.mllm_compile:
