@@ -12,10 +12,12 @@ from omegaconf import DictConfig
 
 from animegamer.config.compose import config_dir
 from animegamer.config.schema import register_configs
+from animegamer.errors import exit_on_user_error
 from animegamer.evaluation import run
 
 
 @hydra.main(config_path=str(config_dir()), config_name="evaluate", version_base="1.3")
+@exit_on_user_error  # a configuration problem: its message and exit code 2, no traceback
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

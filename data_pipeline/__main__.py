@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from animegamer.config.compose import config_dir
 from animegamer.config.schema import register_configs
 from animegamer.config.validate import validate_pipeline_run
+from animegamer.errors import exit_on_user_error
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("data_pipeline")
@@ -26,6 +27,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 @hydra.main(config_path=str(config_dir()), config_name="pipeline", version_base="1.3")
+@exit_on_user_error  # a configuration problem or a wrong input path: its message and exit code 2, no traceback
 def _hydra_main(cfg: DictConfig) -> None:
     report = run(cfg)
     if "counts" in report:

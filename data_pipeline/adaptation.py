@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,8 +22,10 @@ from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
 from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR, LATENTS
 from data_pipeline.session_shards import SESSION_SHARDS_DIR
+from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 ADAPTATION_DIR = "adaptation"
@@ -64,6 +67,12 @@ def predict(module, sessions: IndexedShardDataset, jobs: list[tuple[str, tuple[i
 def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     settings = cfg.adaptation
     root = Path(cfg.output)
+    export_sha = sha256_file(Path(settings.export) / TRAINED_FILE)
+    sources, step_fp = step_fingerprint(root, "adaptation", {
+        "export_sha256": export_sha, "model": asdict(model), "maxcount": cfg.writer.maxcount})
+    reused = reused_summary(root, "adaptation", step_fp)
+    if reused is not None:
+        return reused
     sessions = IndexedShardDataset(root / SESSION_SHARDS_DIR, lambda s: s, video=False)
     features = IndexedShardDataset(root / FEATURES_DIR, lambda s: s, video=False)
     feature_index = {key: i for i, key in enumerate(features.keys())}
@@ -89,11 +98,13 @@ def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: d
         "command": " ".join(sys.argv),
         "config": resolved,
         "export": str(settings.export),
-        "export_sha256": sha256_file(Path(settings.export) / TRAINED_FILE),
+        "export_sha256": export_sha,
         "session_shards_manifest_sha256": sha256_file(root / SESSION_SHARDS_DIR / MANIFEST),
         "features_manifest_sha256": sha256_file(root / FEATURES_DIR / MANIFEST),
+        MADE_FROM: sources,
+        FINGERPRINT: step_fp,
         "counts": {"clips": len(jobs)},
         "shards": shards,
     }
     write_json_atomic(out_dir / MANIFEST, manifest)
-    return {"output": str(out_dir), **manifest["counts"]}
+    return built_summary(root, "adaptation", manifest["counts"])

@@ -2,15 +2,15 @@
 
 Phase (a)'s fast path reads these instead of running T5, CLIP and the VAE in the training step.
 Feature shards mirror the clip shards one to one (same names, same keys minus uncaptioned clips) and
-carry the clip json, so a training reader needs only this folder. The manifest records the clip
-manifest's hash and the encoders' fingerprint; a mismatch at the next run discards stale shards.
+carry the clip json, so a training reader needs only this folder. Each feature shard records the hash
+of its clip shard and the encoders' fingerprint; a re-run recomputes exactly the shards whose clip
+shard or encoders changed.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,14 +18,16 @@ import numpy as np
 from tqdm import tqdm
 
 from animegamer.config.schema import ModelConfig, PipelineConfig
-from animegamer.data.shards import iter_samples, shard_urls
-from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
+from animegamer.data.shards import iter_samples, read_manifest
+from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
+from data_pipeline.fingerprint import RECOMPUTED, REUSED, fingerprint, reuse_counts
+from data_pipeline.lineage import MADE_FROM, made_from
+from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import CLIPS_DIR, MANIFEST, shard_writer
 
 log = logging.getLogger(__name__)
 
 FEATURES_DIR = "features"
-STATE_FILE = ".state.json"
 # Member names of a feature sample (DESIGN section 3).
 LATENTS, TEXT, IMAGE = "latents.npy", "text.npy", "image.npy"
 
@@ -94,44 +96,66 @@ def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int
     return {"name": out_path.name, "count": written, "skipped": skipped, "sha256": sha256_file(out_path)}
 
 
-def _state(clip_dir: Path, model: ModelConfig, cfg: PipelineConfig) -> dict:
-    return {"clip_manifest_sha256": sha256_file(clip_dir / MANIFEST), "encoders": encoders_fingerprint(model),
-            "dtype": cfg.precompute.dtype}
+def _settings(model: ModelConfig, cfg: PipelineConfig) -> dict:
+    return {"encoders": encoders_fingerprint(model), "dtype": cfg.precompute.dtype}
+
+
+def _current_record(done_path: Path, out_path: Path, source: dict, settings_fp: str) -> dict | None:
+    """The per-shard record of a feature shard made from this very clip shard with these settings."""
+    if not (out_path.exists() and done_path.exists()):
+        return None
+    record = read_json(done_path)
+    current = record.get("source_sha256") == source["sha256"] and record.get(FINGERPRINT) == settings_fp
+    return record if current else None
 
 
 def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
-    """Feature shards for every clip shard; resumes shard by shard, discards stale ones."""
+    """Feature shards for every clip shard. A feature shard is reused when its clip shard (by hash),
+    the encoders and the dtype are unchanged, recomputed otherwise; shards of clip shards that no
+    longer exist are deleted."""
     import torch
 
     from animegamer.models.frozen_encoders import build_frozen_encoders
 
     clip_dir, out_dir = Path(cfg.output) / CLIPS_DIR, Path(cfg.output) / FEATURES_DIR
-    state = _state(clip_dir, model, cfg)
-    state_path = out_dir / STATE_FILE
-    if state_path.exists() and json.loads(state_path.read_text()) != state:
-        log.warning("clip shards or encoders changed since %s was written: recomputing all features", out_dir)
-        shutil.rmtree(out_dir)
-    write_json_atomic(state_path, state)
-    encoders = build_frozen_encoders(model.encoders, device=cfg.precompute.device,
-                                     dtype=getattr(torch, cfg.precompute.dtype))
-    shards = []
-    for url in tqdm(shard_urls(clip_dir), desc="precompute", unit="shard", disable=None):
-        out_path = out_dir / Path(url).name
+    settings = _settings(model, cfg)
+    settings_fp = fingerprint(settings)
+    clip_shards = read_manifest(clip_dir)["shards"]
+    names = {s["name"] for s in clip_shards}
+    for stale in out_dir.glob("shard-*.tar"):
+        if stale.name not in names:
+            stale.unlink()
+            (out_dir / f".{stale.name}.json").unlink(missing_ok=True)
+    encoders = None
+    shards, reused = [], 0
+    for source in tqdm(clip_shards, desc="precompute", unit="shard", disable=None):
+        out_path = out_dir / source["name"]
         done_path = out_dir / f".{out_path.name}.json"  # per-shard record, written after the shard
-        if out_path.exists() and done_path.exists():
-            shards.append(json.loads(done_path.read_text()))
-            continue
-        record = write_feature_shard(encoders, url, out_path, cfg.precompute.batch_size)
-        write_json_atomic(done_path, record)
+        record = _current_record(done_path, out_path, source, settings_fp)
+        if record is None:
+            if encoders is None:
+                encoders = build_frozen_encoders(model.encoders, device=cfg.precompute.device,
+                                                 dtype=getattr(torch, cfg.precompute.dtype))
+            record = write_feature_shard(encoders, str(clip_dir / source["name"]), out_path, cfg.precompute.batch_size)
+            record.update({"source_sha256": source["sha256"], FINGERPRINT: settings_fp})
+            write_json_atomic(done_path, record)
+        else:
+            reused += 1
         shards.append(record)
+    sources = made_from(cfg.output, "features")
     manifest = {
         "kind": "features",
         "command": " ".join(sys.argv),
         "config": resolved,
-        **state,
+        "clip_manifest_sha256": sha256_file(clip_dir / MANIFEST),
+        **settings,
+        MADE_FROM: sources,
+        FINGERPRINT: fingerprint(sources, settings),
         "members": [LATENTS, TEXT, IMAGE],
         "counts": {"clips": sum(s["count"] for s in shards), "skipped_uncaptioned": sum(len(s["skipped"]) for s in shards)},
         "shards": [{k: s[k] for k in ("name", "count", "sha256")} for s in shards],
     }
     write_json_atomic(out_dir / MANIFEST, manifest)
-    return {"output": str(out_dir), **manifest["counts"]}
+    counts = reuse_counts(reused, len(shards) - reused)
+    log.info("features: %d shards reused, %d recomputed", counts[REUSED], counts[RECOMPUTED])
+    return {"output": str(out_dir), **manifest["counts"], "reuse": counts}

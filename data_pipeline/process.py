@@ -2,7 +2,9 @@
 
 Both kinds of job are plain functions of picklable arguments so a process pool can run them, and
 both write their results through :class:`Staging` atomically, so a killed run loses at most the
-jobs that were in flight.
+jobs that were in flight. A clip task stages its clips (cut, flow, mp4) and its captions apart, each
+with its fingerprint: when only the caption source changed, a task re-captions its clips and keeps
+the rest.
 """
 from __future__ import annotations
 
@@ -11,19 +13,22 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from animegamer.config.schema import PipelineConfig
 from data_pipeline.clips import ClipWindow, FrameSource, encode_mp4, plan_windows
 from data_pipeline.errors import BadInput
+from data_pipeline.fingerprint import caption_fingerprint, plan_fingerprint, task_fingerprint
 from data_pipeline.ingest import FilmInfo, probe
 from data_pipeline.motion import clip_flow, make_estimator
 from data_pipeline.shots import Shot, detect_cuts, shots_from_cuts
-from data_pipeline.staging import Staging
+from data_pipeline.staging import FINGERPRINT, Staging
 
 log = logging.getLogger(__name__)
 
 DECODE_ERROR = "decode_error"
+TASK_TIMINGS = ("decode", "motion", "caption", "encode")
 
 
 def as_pipeline_config(cfg) -> PipelineConfig:
@@ -33,39 +38,50 @@ def as_pipeline_config(cfg) -> PipelineConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), cfg))
 
 
+def _with_clip_count(record: dict, cfg: PipelineConfig) -> dict:
+    """A plan as returned to callers: with the number of clips under the current clip settings."""
+    if "tasks" not in record:
+        return record
+    film, shots = film_from_plan(record)
+    return {**record, "num_clips": len(plan_windows(film, shots, cfg.clips))}
+
+
 def plan_film(path: str, film_id: str, cfg_dict: dict, root: str) -> dict:
-    """Probe and detect shots of one film; returns its plan (or rejection) record, also staged."""
+    """Probe and detect shots of one film; returns its plan (or rejection) record, also staged.
+
+    A staged record made with the same file and settings (its fingerprint) is returned as it is."""
     cfg = as_pipeline_config(cfg_dict)
     staging = Staging(Path(root))
-    existing = staging.plan(film_id) or staging.rejection(path)
+    plan_fp = plan_fingerprint(path, cfg)
+    existing = staging.plan(film_id, plan_fp) or staging.rejection(path, plan_fp)
     if existing is not None:
-        return existing
+        return _with_clip_count(existing, cfg)
     started = time.perf_counter()
     try:
         film = probe(Path(path), film_id, cfg.ingest, cfg.clips)
         probed = time.perf_counter()
         cuts = detect_cuts(film, cfg.shots)
     except BadInput as bad:
-        record = {**bad.to_json(), "film_id": film_id}
+        record = {**bad.to_json(), "film_id": film_id, FINGERPRINT: plan_fp}
         staging.write_rejection(record)
         log.warning("skipping %s", bad)
         return record
     except Exception as exc:  # a decoder crash on a file that probed fine is still the file's fault
-        record = {"path": path, "film_id": film_id, "reason": DECODE_ERROR, "detail": repr(exc)[:300]}
+        record = {"path": path, "film_id": film_id, "reason": DECODE_ERROR, "detail": repr(exc)[:300],
+                  FINGERPRINT: plan_fp}
         staging.write_rejection(record)
         log.warning("skipping %s: %s", path, record["detail"])
         return record
     shots = shots_from_cuts(cuts, film.num_frames)
-    windows = plan_windows(film, shots, cfg.clips)
     plan = {
         "film": film.to_json(),
         "shots": [s.to_json() for s in shots],
-        "num_clips": len(windows),
         "tasks": _task_shot_ranges(shots, cfg.shots_per_task),
         "timings": {"ingest": probed - started, "shots": time.perf_counter() - probed},
+        FINGERPRINT: plan_fp,
     }
     staging.write_plan(film_id, plan)
-    return plan
+    return _with_clip_count(plan, cfg)
 
 
 def _task_shot_ranges(shots: list[Shot], shots_per_task: int) -> list[list[int]]:
@@ -85,11 +101,8 @@ def task_windows(plan: dict, task: int, cfg: PipelineConfig) -> list[ClipWindow]
     return [w for w in plan_windows(film, shots, cfg.clips) if first <= w.shot_index < end]
 
 
-def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: float, result) -> dict:
-    """The clip's json record (DESIGN section 3) minus the motion level, set once bins are known."""
-    from data_pipeline.captioners.fields import build_instruction, build_motion_text
-
-    caption = result.to_json()
+def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: float) -> dict:
+    """The clip's json record (DESIGN section 3) minus its caption fields and its motion level."""
     return {
         "key": window.key,
         "film": film.film_id,
@@ -103,11 +116,20 @@ def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: flo
         "frames": cfg.clips.frames,
         "height": cfg.clips.height,
         "width": cfg.clips.width,
+        "motion": {"flow": flow},
+    }
+
+
+def caption_fields(result) -> dict:
+    """The caption part of a clip's json record; finalize merges it into the clip meta."""
+    from data_pipeline.captioners.fields import build_instruction, build_motion_text
+
+    caption = result.to_json()
+    return {
         "caption": caption["caption"],
         "states": caption["states"],
         "instruction": build_instruction(result.caption) if result.ok else None,
         "motion_text": build_motion_text(result.caption) if result.ok else None,
-        "motion": {"flow": flow},
         "captioner": {
             "name": caption["captioner"],
             "version": caption["captioner_version"],
@@ -119,54 +141,85 @@ def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: flo
 
 
 _CAPTIONERS: dict[str, object] = {}
+# Every film this worker process has handled (film id -> path), shared by its captioners: a captioner
+# built for one film resolves the path/name/stem aliases of the films that come after it.
+_FILM_PATHS: dict[str, str] = {}
 
 
 def captioner_for(caption_cfg, film_paths: dict[str, str]):
-    """One captioner per worker process and config: a VLM is loaded once, not once per task."""
+    """One captioner per worker process and config: a VLM is loaded once, not once per task.
+
+    The run's pre-flight warns (once, in the main process) about caption records naming no input
+    film; workers see only the films they handle, so they do not warn."""
     from data_pipeline.captioners.base import build_captioner
 
+    _FILM_PATHS.update(film_paths)
     key = repr(caption_cfg)
     if key not in _CAPTIONERS:
-        _CAPTIONERS[key] = build_captioner(caption_cfg, film_paths)
+        _CAPTIONERS[key] = build_captioner(caption_cfg, _FILM_PATHS, warn_unknown_films=False)
     return _CAPTIONERS[key]
 
 
-def run_task(film_id: str, task: int, cfg_dict: dict, root: str) -> dict:
-    """Cut, measure, caption and encode the clips of one task; staged atomically as a folder."""
+def task_fingerprints(plan: dict, task: int, cfg: PipelineConfig, captioner) -> tuple[str, str]:
+    """(clips fingerprint, captions fingerprint) of one task under ``cfg`` and ``captioner``."""
+    task_fp = task_fingerprint(plan[FINGERPRINT], task, cfg)
+    return task_fp, caption_fingerprint(task_fp, captioner.name, captioner.version, cfg.caption.retries)
+
+
+def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineConfig, captioner,
+                     with_clips: bool) -> tuple[list[tuple[str, bytes, dict]], dict[str, dict], dict]:
+    """Caption every window, and (``with_clips``) measure and encode it; frames are decoded only when
+    clips are made or the captioner looks at them."""
     from data_pipeline.captioners.base import ClipContext
 
+    timings = dict.fromkeys(TASK_TIMINGS, 0.0)
+    source = FrameSource(film, cfg.clips) if with_clips or captioner.needs_frames else None
+    estimator = make_estimator(cfg.motion) if with_clips else None
+    no_frames = np.zeros((0, cfg.clips.height, cfg.clips.width, 3), np.uint8)
+    staged, captions = [], {}
+    for window in windows:
+        t0 = time.perf_counter()
+        frames = source.clip_frames(window) if source is not None else no_frames
+        t1 = time.perf_counter()
+        flow = clip_flow(frames, cfg.motion, estimator) if with_clips else None
+        t2 = time.perf_counter()
+        context = ClipContext(film.film_id, window.key, window.start_s(film.fps), window.end_s(film.fps), frames)
+        captions[window.key] = caption_fields(captioner.caption(context))
+        t3 = time.perf_counter()
+        if with_clips:
+            staged.append((window.key, encode_mp4(frames, cfg.clips.fps, cfg.clips), clip_meta(film, window, cfg, flow)))
+        t4 = time.perf_counter()
+        for name, dt in zip(TASK_TIMINGS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            timings[name] += dt
+    return staged, captions, timings
+
+
+def run_task(film_id: str, task: int, cfg_dict: dict, root: str, film_paths: dict[str, str] | None = None) -> dict:
+    """Cut, measure, caption and encode the clips of one task; staged atomically as a folder, then
+    its captions. Whatever is current (same fingerprint) is kept: clips made with the same settings
+    are only re-captioned when the caption source changed. ``film_paths``: the run's films (id -> path)."""
     cfg = as_pipeline_config(cfg_dict)
     staging = Staging(Path(root))
-    if staging.task_done(film_id, task):
-        return staging.task_info(film_id, task)
     plan = staging.plan(film_id)
     film, _ = film_from_plan(plan)
-    timings = {"decode": 0.0, "motion": 0.0, "caption": 0.0, "encode": 0.0}
+    captioner = captioner_for(cfg.caption, film_paths or {film.film_id: film.path})
+    task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
+    clips_current = staging.task_done(film_id, task, task_fp)
+    if clips_current and staging.captions(film_id, task, caption_fp) is not None:
+        return staging.task_info(film_id, task)
     try:
-        source = FrameSource(film, cfg.clips)
-        estimator = make_estimator(cfg.motion)
-        captioner = captioner_for(cfg.caption, {film.film_id: film.path})
-        staged = []
-        for window in task_windows(plan, task, cfg):
-            t0 = time.perf_counter()
-            frames = source.clip_frames(window)
-            t1 = time.perf_counter()
-            flow = clip_flow(frames, cfg.motion, estimator)
-            t2 = time.perf_counter()
-            context = ClipContext(film.film_id, window.key, window.start_s(film.fps), window.end_s(film.fps), frames)
-            caption = captioner.caption(context)
-            t3 = time.perf_counter()
-            mp4 = encode_mp4(frames, cfg.clips.fps, cfg.clips)
-            t4 = time.perf_counter()
-            for name, dt in zip(timings, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-                timings[name] += dt
-            staged.append((window.key, mp4, clip_meta(film, window, cfg, flow, caption)))
+        windows = task_windows(plan, task, cfg)
+        staged, captions, timings = _cut_and_caption(film, windows, cfg, captioner, with_clips=not clips_current)
     except Exception as exc:
         record = {"film_id": film_id, "task": task, "reason": DECODE_ERROR, "detail": repr(exc)[:300],
-                  "traceback": traceback.format_exc(limit=5)}
+                  "traceback": traceback.format_exc(limit=5), FINGERPRINT: caption_fp}
         staging.write_task_error(film_id, task, record)
         log.warning("task %d of %s failed: %s", task, film_id, record["detail"])
         return record
-    info = {"film_id": film_id, "task": task, "clips": len(staged), "timings": timings}
-    staging.write_task(film_id, task, staged, info)
-    return info
+    if not clips_current:
+        info = {"film_id": film_id, "task": task, "clips": len(staged), FINGERPRINT: task_fp,
+                "timings": {k: v for k, v in timings.items() if k != "caption"}}
+        staging.write_task(film_id, task, staged, info)
+    staging.write_captions(film_id, task, {FINGERPRINT: caption_fp, "captions": captions,
+                                           "timings": {"caption": timings["caption"]}})
+    return staging.task_info(film_id, task)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,9 @@ from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, shard_urls
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR, IMAGE, TEXT, _batches
+from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import MANIFEST, shard_writer
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,12 @@ def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: di
     settings = cfg.representations
     features = Path(cfg.output) / FEATURES_DIR
     out_dir = Path(cfg.output) / REPRESENTATIONS_DIR
+    export_sha = sha256_file(Path(settings.export) / TRAINED_FILE)
+    sources, step_fp = step_fingerprint(cfg.output, "representations", {
+        "export_sha256": export_sha, "encoder": asdict(model.encoder), "dtype": settings.dtype})
+    reused = reused_summary(cfg.output, "representations", step_fp)
+    if reused is not None:
+        return reused
     encoder = load_encoder(model, settings.export).to(settings.device)
     dtype = np.dtype(settings.dtype) if settings.dtype != "bfloat16" else np.float32
     shards = []
@@ -68,12 +77,14 @@ def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: di
         "command": " ".join(sys.argv),
         "config": resolved,
         "export": str(settings.export),
-        "export_sha256": sha256_file(Path(settings.export) / TRAINED_FILE),
+        "export_sha256": export_sha,
         "features_manifest_sha256": sha256_file(features / MANIFEST),
+        MADE_FROM: sources,
+        FINGERPRINT: step_fp,
         "shape": [encoder.num_tokens, encoder.width],
         "dtype": str(dtype),
         "counts": {"clips": sum(s["count"] for s in shards)},
         "shards": shards,
     }
     write_json_atomic(out_dir / MANIFEST, manifest)
-    return {"output": str(out_dir), **manifest["counts"]}
+    return built_summary(cfg.output, "representations", manifest["counts"])

@@ -6,21 +6,27 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.config.validate import PIPELINE_STEPS
-from animegamer.utils.io import clean_stale_temps
+from animegamer.config.validate import PIPELINE_STEPS, ConfigError
+from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
+from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts
 from data_pipeline.ingest import film_ids, find_inputs, split_part
-from data_pipeline.process import plan_film, run_task
+from data_pipeline.lineage import stale_reason
+from data_pipeline.preflight import check_run, toy_problems
+from data_pipeline.process import plan_film, run_task, task_fingerprints
 from data_pipeline.staging import Staging
+from data_pipeline.writer import REPORT
 
 log = logging.getLogger(__name__)
 
 TOY_DIR = "toy_film"
+# Report keys of the steps after finalize (each reports its output, counts and reuse).
+DERIVED_KEYS = ("features", "sessions", "representations", "session_shards", "adaptation")
 
 
 def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
@@ -43,13 +49,17 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
     return [f.result() for f in futures]
 
 
-def prepare_toy_film(cfg: PipelineConfig) -> None:
-    """Generate the toy film (once) into the output folder and point inputs/captions at it."""
+def prepare_toy_film(cfg: PipelineConfig, generate: bool) -> None:
+    """Point inputs/captions at the toy film in the output folder, generating it first (once) when
+    ``generate``. Refuses an output folder that holds clips of other films."""
     from data_pipeline.toyfilm import make_toy_film
 
     toy_dir = Path(cfg.output) / TOY_DIR
-    toy = make_toy_film(toy_dir) if not any(toy_dir.glob("*.truth.json")) else None
-    if toy is not None:
+    problems = toy_problems(cfg, toy_dir)
+    if problems:
+        raise ConfigError(problems)
+    if generate and not any(toy_dir.glob("*.truth.json")):
+        make_toy_film(toy_dir)
         log.info("toy film written to %s", toy_dir)
     cfg.inputs = [str(p) for p in sorted(toy_dir.glob("*.mp4"))]
     cfg.caption.path = str(toy_dir)
@@ -63,37 +73,110 @@ def assigned_films(cfg: PipelineConfig, all_parts: bool) -> dict[str, str]:
     return {str(p): ids[p] for p in mine}
 
 
-def process(cfg: PipelineConfig, films: dict[str, str]) -> None:
-    """Plan every film, then run every clip task; both skip what a previous run finished."""
+def _plan_jobs(staging: Staging, cfg: PipelineConfig, films: dict[str, str]) -> list[tuple[str, str]]:
+    """(path, film id) of the films whose staged plan is missing or was made by other files or settings."""
+    return [(path, film_id) for path, film_id in films.items()
+            if staging.plan(film_id, plan_fingerprint(path, cfg)) is None
+            and staging.rejection(path, plan_fingerprint(path, cfg)) is None]
+
+
+def _task_jobs(staging: Staging, cfg: PipelineConfig, film_id: str, plan: dict, captioner) -> tuple[list[int], int]:
+    """(tasks to run, how many of them only re-caption) of one planned film."""
+    todo, captions_only = [], 0
+    for task in range(len(plan["tasks"])):
+        task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
+        clips_current = staging.task_done(film_id, task, task_fp)
+        if clips_current and staging.captions(film_id, task, caption_fp) is not None:
+            continue
+        todo.append(task)
+        captions_only += clips_current
+    return todo, captions_only
+
+
+def process(cfg: PipelineConfig, films: dict[str, str], all_films: dict[str, str], captioner) -> dict:
+    """Plan every film, then run every clip task; both reuse what is current (same fingerprint) and
+    redo the rest. Returns reused/recomputed counts per stage (plans, clip tasks, caption tasks)."""
     staging = Staging(Path(cfg.output))
     clean_stale_temps(staging.dir / "rejected")
     cfg_dict = OmegaConf.to_container(OmegaConf.structured(cfg))
     root = str(cfg.output)
-    plans = _map(plan_film, [(p, f, cfg_dict, root) for p, f in films.items()], cfg.workers, "shots")
-    tasks = []
-    for film_id, plan in zip(films.values(), plans):
-        if "tasks" in plan:
-            clean_stale_temps(staging.film_dir(film_id))
-            tasks += [(film_id, t, cfg_dict, root) for t in range(len(plan["tasks"])) if not staging.task_done(film_id, t)]
-    _map(run_task, tasks, cfg.workers, "clips")
+    plan_jobs = _plan_jobs(staging, cfg, films)
+    _map(plan_film, [(path, film_id, cfg_dict, root) for path, film_id in plan_jobs], cfg.workers, "shots")
+    film_paths = {film_id: path for path, film_id in all_films.items()}
+    jobs, total_tasks, captions_only = [], 0, 0
+    for path, film_id in films.items():
+        plan = staging.plan(film_id, plan_fingerprint(path, cfg))
+        if plan is None:  # rejected
+            continue
+        clean_stale_temps(staging.film_dir(film_id))
+        staging.remove_tasks_from(film_id, len(plan["tasks"]))
+        todo, only_captions = _task_jobs(staging, cfg, film_id, plan, captioner)
+        jobs += [(film_id, t, cfg_dict, root, film_paths) for t in todo]
+        total_tasks += len(plan["tasks"])
+        captions_only += only_captions
+    _map(run_task, jobs, cfg.workers, "clips")
+    reuse = {"plans": reuse_counts(len(films) - len(plan_jobs), len(plan_jobs)),
+             "clip_tasks": reuse_counts(total_tasks - len(jobs) + captions_only, len(jobs) - captions_only),
+             "caption_tasks": reuse_counts(total_tasks - len(jobs), len(jobs))}
+    for stage, counts in reuse.items():
+        log.info("%s: %d reused, %d recomputed", stage, counts[REUSED], counts[RECOMPUTED])
+    return reuse
+
+
+def running_steps(cfg: PipelineConfig) -> list[str]:
+    """The steps this run performs, in order: those asked for (all when none) that have what they need."""
+    steps = list(cfg.steps or PIPELINE_STEPS)
+    optional = {
+        "precompute": cfg.precompute.enabled,
+        "representations": bool(cfg.representations.export),
+        # Without a representation step in this run, session shards need an earlier one's output.
+        "session_shards": bool(cfg.representations.export) or "session_shards" in cfg.steps
+        or (Path(cfg.output) / "representations" / "manifest.json").exists(),
+        "adaptation": bool(cfg.adaptation.export),
+    }
+    return [s for s in steps if optional.get(s, True)]
+
+
+def _session_shards_wanted(cfg: PipelineConfig) -> bool:
+    """Session shards run by default only over current representations; asked for, they must be."""
+    if "session_shards" in cfg.steps or cfg.representations.export:
+        return True
+    reason = stale_reason(cfg.output, "representations")
+    if reason is not None:
+        log.warning("session shards not rebuilt: %s", reason)
+    return reason is None
+
+
+def update_report(root: Path, report: dict) -> None:
+    """report.json always describes the latest run of every step (finalize writes it first)."""
+    path = root / REPORT
+    if path.exists():
+        previous = read_json(path)
+        write_json_atomic(path, {**previous, **report, "reuse": {**previous.get("reuse", {}), **report["reuse"]}})
 
 
 def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
-    """Run the configured steps in order; returns the report (finalize) or a summary."""
-    steps: Iterable[str] = cfg.steps or PIPELINE_STEPS
-    if cfg.toy_film:
-        prepare_toy_film(cfg)
+    """Run the configured steps in order; returns the report (finalize) or a summary.
+
+    Fails in seconds (ConfigError) when something the steps need is missing, before any work."""
+    steps = running_steps(cfg)
+    needs_films = {"process", "finalize"} & set(steps)
+    if cfg.toy_film and needs_films:
+        prepare_toy_film(cfg, generate="process" in steps)
         resolved["pipeline"]["inputs"] = list(cfg.inputs)
         resolved["pipeline"]["caption"]["path"] = cfg.caption.path
+    all_films = assigned_films(cfg, all_parts=True) if needs_films else {}
+    captioner = check_run(cfg, steps, list(cfg.steps), all_films)
     report: dict = {"output": str(cfg.output)}
+    reuse: dict = {}
     started = time.perf_counter()
     if "process" in steps:
-        process(cfg, assigned_films(cfg, all_parts=False))
+        reuse.update(process(cfg, assigned_films(cfg, all_parts=False), all_films, captioner))
     if "finalize" in steps:
         from data_pipeline.writer import finalize
 
-        report = finalize(cfg, resolved, assigned_films(cfg, all_parts=True), {})
-    if "precompute" in steps and cfg.precompute.enabled:
+        report = finalize(cfg, resolved, all_films, {}, captioner)
+    if "precompute" in steps:
         from data_pipeline.precompute import precompute
 
         report["features"] = precompute(cfg, model_cfg, resolved)
@@ -101,17 +184,20 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         from data_pipeline.sessions import build_sessions
 
         report["sessions"] = build_sessions(cfg)
-    if "representations" in steps and cfg.representations.export:
+    if "representations" in steps:
         from data_pipeline.representations import export_representations
 
         report["representations"] = export_representations(cfg, model_cfg, resolved)
-    if "session_shards" in steps and (Path(cfg.output) / "representations" / "manifest.json").exists():
+    if "session_shards" in steps and _session_shards_wanted(cfg):
         from data_pipeline.session_shards import build_session_shards
 
         report["session_shards"] = build_session_shards(cfg, resolved)
-    if "adaptation" in steps and cfg.adaptation.export:
+    if "adaptation" in steps:
         from data_pipeline.adaptation import build_adaptation_shards
 
         report["adaptation"] = build_adaptation_shards(cfg, model_cfg, resolved)
+    reuse.update({key: report[key]["reuse"] for key in DERIVED_KEYS if key in report})
+    report["reuse"] = reuse
     report["wall_seconds"] = time.perf_counter() - started
+    update_report(Path(cfg.output), {k: v for k, v in report.items() if k != "output"})
     return report

@@ -2,7 +2,8 @@
 
 One sample per session: ``json`` with each turn's key, instruction, motion level, flow and states,
 and ``reps.npy`` (K, N, D). The manifest records the hashes of both sources, so a session set built
-from another representation export is detected, not silently used.
+from another representation export is detected, not silently used; a re-run from the same sources
+reuses it.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from animegamer.config.schema import PipelineConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import session_key
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
+from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
 from data_pipeline.representations import REP, REPRESENTATIONS_DIR
 from data_pipeline.sessions import SESSIONS_FILE
+from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 SESSION_SHARDS_DIR = "session_shards"
@@ -39,6 +42,10 @@ def turn_record(meta: dict) -> dict:
 def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
     root = Path(cfg.output)
     index_path, reps_dir = root / SESSIONS_FILE, root / REPRESENTATIONS_DIR
+    sources, step_fp = step_fingerprint(root, "session_shards", {"maxcount": cfg.writer.maxcount})
+    reused = reused_summary(root, "session_shards", step_fp)
+    if reused is not None:
+        return reused
     sessions = read_json(index_path)["sessions"]
     reps = IndexedShardDataset(reps_dir, lambda s: s, video=False)
     position = {key: i for i, key in enumerate(reps.keys())}
@@ -65,8 +72,10 @@ def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
         "config": resolved,
         "sessions_sha256": sha256_file(index_path),
         "representations_manifest_sha256": sha256_file(reps_dir / MANIFEST),
+        MADE_FROM: sources,
+        FINGERPRINT: step_fp,
         "counts": {"sessions": len(sessions)},
         "shards": shards,
     }
     write_json_atomic(out_dir / MANIFEST, manifest)
-    return {"output": str(out_dir), **manifest["counts"]}
+    return built_summary(root, "session_shards", manifest["counts"])

@@ -2,25 +2,35 @@
 
 A session never spans a gap: an uncaptioned clip (or a missing clip index) ends the run of
 consecutive clips, because the game's history must be what really happened before the target turn.
+The index also records why there are as many sessions as there are (clips, captioned clips, shots,
+the longest run of consecutive captioned clips), and the step warns with what to change when there
+are none.
 """
 from __future__ import annotations
 
+import logging
 import sys
 from itertools import groupby
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
-from animegamer.data.split import SESSIONS_FILE
+from animegamer.data.split import SESSIONS_FILE, shot_id
 from animegamer.utils.io import sha256_file, write_json_atomic
+from data_pipeline.lineage import MADE_FROM, built_summary, index, reused_summary, step_fingerprint
+from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
+
+log = logging.getLogger(__name__)
+
+STATUS_OK = "ok"
 
 
 def consecutive_runs(clips: list[dict]) -> list[list[dict]]:
     """Split one film's clips (sorted by index) into runs of consecutive, captioned clips."""
     runs, current = [], []
     for clip in clips:
-        ok = clip["captioner"]["status"] == "ok"
+        ok = clip["captioner"]["status"] == STATUS_OK
         if current and (not ok or clip["clip"] != current[-1]["clip"] + 1):
             runs.append(current)
             current = []
@@ -43,23 +53,81 @@ def sessions_of_run(run: list[dict], turns: int, stride: int) -> list[dict]:
     ]
 
 
+def clip_stats(metas: list[dict], runs: list[list[dict]], sessions: list[dict], turns: int) -> dict:
+    """What decides the number of sessions. ``captioned_shots``: shot id -> its first captioned clip
+    key (the held-out split is by shot: one key per shot lets a reader apply it)."""
+    captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
+    shots: dict[str, str] = {}
+    for meta in captioned:
+        shots.setdefault(shot_id(meta["film"], meta["shot"]), meta["key"])
+    return {
+        "clips": len(metas),
+        "captioned_clips": len(captioned),
+        "films": len({m["film"] for m in metas}),
+        "shots": len({shot_id(m["film"], m["shot"]) for m in metas}),
+        "captioned_shots": dict(sorted(shots.items())),
+        "longest_run": max((len(r) for r in runs), default=0),
+        "sessions": len(sessions),
+        "turns": turns,
+    }
+
+
+def why_no_sessions(stats: dict) -> str | None:
+    """What to change when the clips give no session (None when there are sessions)."""
+    if stats["sessions"]:
+        return None
+    turns = stats["turns"]
+    if not stats["clips"]:
+        return "there are no clips (see report.json: skipped_inputs, failed_tasks)"
+    if not stats["captioned_clips"]:
+        return (f"none of the {stats['clips']} clips is captioned (report.json: caption_failed): check "
+                "pipeline.caption (e.g. the film names and time spans in the caption file)")
+    return (f"the longest run of consecutive captioned clips is {stats['longest_run']} "
+            f"({stats['captioned_clips']} of {stats['clips']} clips captioned, {stats['shots']} shots), "
+            f"but pipeline.sessions.turns={turns} needs {turns}: lower pipeline.sessions.turns to at most "
+            f"{stats['longest_run']}, lower pipeline.clips.stride_seconds for more clips per shot, or caption "
+            "the clips that break the runs")
+
+
+def _tell(stats: dict, reason: str | None) -> None:
+    if reason is not None:
+        log.warning("no session for phase (b): %s", reason)
+    else:
+        log.info("%d sessions of %d turns from %d captioned of %d clips (%d shots)", stats["sessions"],
+                 stats["turns"], stats["captioned_clips"], stats["clips"], stats["shots"])
+
+
 def build_sessions(cfg: PipelineConfig) -> dict:
     clip_dir = Path(cfg.output) / CLIPS_DIR
+    settings = {"turns": cfg.sessions.turns, "stride": cfg.sessions.stride}
+    sources, step_fp = step_fingerprint(cfg.output, "sessions", settings)
+    reused = reused_summary(cfg.output, "sessions", step_fp)
+    if reused is not None:
+        previous = index(cfg.output, "sessions")
+        _tell(previous["stats"], previous["why_no_sessions"])
+        return {**reused, "why_no_sessions": previous["why_no_sessions"]}
     metas = [s["json"] for s in iter_samples(shard_urls(clip_dir), video=False)]
     metas.sort(key=lambda m: (m["film"], m["clip"]))
-    sessions = []
+    sessions, runs = [], []
     for _, film_clips in groupby(metas, key=lambda m: m["film"]):
         for run in consecutive_runs(list(film_clips)):
+            runs.append(run)
             sessions += sessions_of_run(run, cfg.sessions.turns, cfg.sessions.stride)
-    index = {
+    stats = clip_stats(metas, runs, sessions, cfg.sessions.turns)
+    reason = why_no_sessions(stats)
+    _tell(stats, reason)
+    record = {
         "kind": "sessions",
         "command": " ".join(sys.argv),
-        "turns": cfg.sessions.turns,
-        "stride": cfg.sessions.stride,
+        **settings,
         "clip_manifest_sha256": sha256_file(clip_dir / MANIFEST),
+        MADE_FROM: sources,
+        FINGERPRINT: step_fp,
         "motion_bins": read_manifest(clip_dir)["motion_bins"],
+        "counts": {"sessions": len(sessions)},
+        "stats": stats,
+        "why_no_sessions": reason,
         "sessions": sessions,
     }
-    out = Path(cfg.output) / SESSIONS_FILE
-    write_json_atomic(out, index)
-    return {"output": str(out), "sessions": len(sessions)}
+    write_json_atomic(Path(cfg.output) / SESSIONS_FILE, record)
+    return {**built_summary(cfg.output, "sessions", record["counts"]), "why_no_sessions": reason}

@@ -1,13 +1,19 @@
-"""The pipeline's restart state: per-film plans, per-task clip folders and rejection records.
+"""The pipeline's restart state: per-film plans, per-task clip folders, caption results and rejections.
 
 Everything is written atomically (temp name + rename), so a folder or file that exists is complete.
-A restarted run skips what exists and redoes the rest; because every task is a pure function of
+Each record carries the fingerprint of what produced it (:mod:`data_pipeline.fingerprint`); a reader
+that passes the current fingerprint sees only records made by the current inputs and config. A
+restarted run skips what is current and redoes the rest; because every task is a pure function of
 (film, plan, config), the final shards come out byte-identical.
+
+Captions are staged apart from the clips (``task-NNNNN.captions.json`` beside ``task-NNNNN/``), so a
+changed caption source re-captions clips without cutting and encoding them again.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +22,19 @@ from animegamer.utils.io import atomic_dir, read_json, write_json_atomic
 STAGING_DIR = ".staging"
 PLAN_FILE = "plan.json"
 TASK_FILE = "task.json"
+FINGERPRINT = "fingerprint"
+TASK_PREFIX = "task-"
+
+
+def _current(record: dict | None, fingerprint: str | None) -> dict | None:
+    """``record`` when it was made by ``fingerprint`` (or no fingerprint is asked for), else None."""
+    if record is None or (fingerprint is not None and record.get(FINGERPRINT) != fingerprint):
+        return None
+    return record
+
+
+def _read(path: Path) -> dict | None:
+    return read_json(path) if path.exists() else None
 
 
 @dataclass(frozen=True)
@@ -33,10 +52,13 @@ class Staging:
         return self.film_dir(film_id) / PLAN_FILE
 
     def task_dir(self, film_id: str, task: int) -> Path:
-        return self.film_dir(film_id) / f"task-{task:05d}"
+        return self.film_dir(film_id) / f"{TASK_PREFIX}{task:05d}"
 
     def task_error_path(self, film_id: str, task: int) -> Path:
-        return self.film_dir(film_id) / f"task-{task:05d}.error.json"
+        return self.film_dir(film_id) / f"{TASK_PREFIX}{task:05d}.error.json"
+
+    def captions_path(self, film_id: str, task: int) -> Path:
+        return self.film_dir(film_id) / f"{TASK_PREFIX}{task:05d}.captions.json"
 
     def rejection_path(self, source: str) -> Path:
         return self.dir / "rejected" / (hashlib.sha1(source.encode()).hexdigest()[:16] + ".json")
@@ -44,40 +66,57 @@ class Staging:
     # ------------------------------------------------------------------ writing
     def write_plan(self, film_id: str, plan: dict) -> None:
         write_json_atomic(self.plan_path(film_id), plan)
+        self.rejection_path(plan["film"]["path"]).unlink(missing_ok=True)  # the file was fixed
 
     def write_rejection(self, record: dict) -> None:
         write_json_atomic(self.rejection_path(record["path"]), record)
+        self.plan_path(record["film_id"]).unlink(missing_ok=True)  # the file (or the settings) changed
 
     def write_task(self, film_id: str, task: int, clips: list[tuple[str, bytes, dict]], info: dict) -> None:
-        """Write a task's clips (key, mp4 bytes, meta) and info as one atomic folder."""
+        """Write a task's clips (key, mp4 bytes, meta) and info as one atomic folder (replacing an old one)."""
         with atomic_dir(self.task_dir(film_id, task)) as tmp:
             for key, mp4, meta in clips:
                 (tmp / f"{key}.mp4").write_bytes(mp4)
                 (tmp / f"{key}.json").write_text(json.dumps(meta, sort_keys=True))
             (tmp / TASK_FILE).write_text(json.dumps(info, sort_keys=True))
+
+    def write_captions(self, film_id: str, task: int, record: dict) -> None:
+        """A task's caption results (``captions``: clip key -> caption fields), after its clips."""
+        write_json_atomic(self.captions_path(film_id, task), record)
         self.task_error_path(film_id, task).unlink(missing_ok=True)
 
     def write_task_error(self, film_id: str, task: int, record: dict) -> None:
         write_json_atomic(self.task_error_path(film_id, task), record)
 
+    def remove_tasks_from(self, film_id: str, first: int) -> int:
+        """Delete staged tasks numbered ``first`` and above (a re-plan made fewer); returns how many."""
+        removed = set()
+        for path in self.film_dir(film_id).glob(f"{TASK_PREFIX}*"):
+            number = path.name[len(TASK_PREFIX):].split(".")[0]
+            if number.isdigit() and int(number) >= first:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                removed.add(int(number))
+        return len(removed)
+
     # ------------------------------------------------------------------ reading
-    def plan(self, film_id: str) -> dict | None:
-        path = self.plan_path(film_id)
-        return read_json(path) if path.exists() else None
+    def plan(self, film_id: str, fingerprint: str | None = None) -> dict | None:
+        return _current(_read(self.plan_path(film_id)), fingerprint)
 
-    def rejection(self, source: str) -> dict | None:
-        path = self.rejection_path(source)
-        return read_json(path) if path.exists() else None
+    def rejection(self, source: str, fingerprint: str | None = None) -> dict | None:
+        return _current(_read(self.rejection_path(source)), fingerprint)
 
-    def task_done(self, film_id: str, task: int) -> bool:
-        return (self.task_dir(film_id, task) / TASK_FILE).exists()
+    def task_done(self, film_id: str, task: int, fingerprint: str | None = None) -> bool:
+        path = self.task_dir(film_id, task) / TASK_FILE
+        return path.exists() and (fingerprint is None or _current(read_json(path), fingerprint) is not None)
 
     def task_info(self, film_id: str, task: int) -> dict:
         return read_json(self.task_dir(film_id, task) / TASK_FILE)
 
-    def task_error(self, film_id: str, task: int) -> dict | None:
-        path = self.task_error_path(film_id, task)
-        return read_json(path) if path.exists() else None
+    def captions(self, film_id: str, task: int, fingerprint: str | None = None) -> dict | None:
+        return _current(_read(self.captions_path(film_id, task)), fingerprint)
+
+    def task_error(self, film_id: str, task: int, fingerprint: str | None = None) -> dict | None:
+        return _current(_read(self.task_error_path(film_id, task)), fingerprint)
 
     def task_clips(self, film_id: str, task: int) -> list[tuple[str, Path, dict]]:
         """(key, mp4 path, meta) of a finished task, in key order."""

@@ -15,8 +15,10 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
+from data_pipeline.fingerprint import plan_fingerprint
 from data_pipeline.motion import LEVELS, MotionBins, compute_bins
-from data_pipeline.staging import Staging
+from data_pipeline.process import task_fingerprints
+from data_pipeline.staging import FINGERPRINT, Staging
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +49,18 @@ def _add_timings(total: dict[str, float], part: dict[str, float]) -> None:
         total[name] = total.get(name, 0.0) + seconds
 
 
-def collect(staging: Staging, films: dict[str, str]) -> Collected:
-    """Gather staged results of ``films`` (source path -> film id), sorted by film id and key."""
+def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captioner) -> Collected:
+    """Gather the staged results of ``films`` (source path -> film id) that the current settings,
+    input files and caption source made (their fingerprints), sorted by film id and key. Anything
+    staged under other fingerprints counts as pending: it is never gathered into shards."""
     out = Collected()
     for path, film_id in sorted(films.items(), key=lambda item: item[1]):
-        rejection = staging.rejection(path)
+        plan_fp = plan_fingerprint(path, cfg)
+        rejection = staging.rejection(path, plan_fp)
         if rejection is not None:
-            out.skipped.append(rejection)
+            out.skipped.append({k: v for k, v in rejection.items() if k != FINGERPRINT})
             continue
-        plan = staging.plan(film_id)
+        plan = staging.plan(film_id, plan_fp)
         if plan is None:
             out.pending.append(path)
             continue
@@ -63,10 +68,14 @@ def collect(staging: Staging, films: dict[str, str]) -> Collected:
         out.sources.append({k: film[k] for k in ("film_id", "path", "size", "sha256", "fps", "num_frames", "width", "height")})
         _add_timings(out.timings, plan["timings"])
         for task in range(len(plan["tasks"])):
-            if staging.task_done(film_id, task):
+            task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
+            captions = staging.captions(film_id, task, caption_fp)
+            if staging.task_done(film_id, task, task_fp) and captions is not None:
                 _add_timings(out.timings, staging.task_info(film_id, task)["timings"])
-                out.clips.extend(staging.task_clips(film_id, task))
-            elif (error := staging.task_error(film_id, task)) is not None:
+                _add_timings(out.timings, captions["timings"])
+                out.clips.extend((key, mp4, {**meta, **captions["captions"][key]})
+                                 for key, mp4, meta in staging.task_clips(film_id, task))
+            elif (error := staging.task_error(film_id, task, caption_fp)) is not None:
                 out.failed_tasks.append({k: error[k] for k in ("film_id", "task", "reason", "detail")})
             else:
                 out.pending.append(f"{path} (task {task})")
@@ -123,13 +132,17 @@ def save_histogram(bins: MotionBins, flows: list[float], path: Path) -> None:
     plt.close(fig)
 
 
-def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], extra_report: dict) -> dict:
-    """Write clip shards, manifest and report for ``films``; raises if some input is unfinished."""
+def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], extra_report: dict,
+             captioner) -> dict:
+    """Write clip shards, manifest and report for ``films``; raises if some input is unfinished.
+
+    ``captioner``: the run's caption backend (its version is part of each task's fingerprint)."""
     root = Path(cfg.output)
-    collected = collect(Staging(root), films)
+    collected = collect(Staging(root), films, cfg, captioner)
     if collected.pending:
         raise RuntimeError(
-            f"{len(collected.pending)} inputs are not processed yet (other parts still running?): "
+            f"{len(collected.pending)} inputs are not processed yet with the current settings and files "
+            "(other parts still running, or the process step not run since a change?): "
             + ", ".join(collected.pending[:10])
         )
     flows = [meta["motion"]["flow"] for _, _, meta in collected.clips]

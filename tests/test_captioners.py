@@ -555,3 +555,37 @@ def test_logging_only(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     with caplog.at_level(logging.INFO, logger="data_pipeline.captioners"):
         build_captioner(CaptionConfig(backend="jsonl", path=str(path)))
     assert any("caption import" in message for message in caplog.messages)
+
+
+# --------------------------------------------------------------------------- the pipeline's captioners
+def test_one_worker_captions_several_films_named_by_file_name(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker's cached captioner resolves the aliases of every film it handles, not only the first's,
+    and a worker (which sees only its own films) does not warn about the others."""
+    from data_pipeline import process
+
+    monkeypatch.setattr(process, "_CAPTIONERS", {})
+    monkeypatch.setattr(process, "_FILM_PATHS", {}, raising=False)
+    films = {"ep01": str(tmp_path / "films" / "ep01.mkv"), "ep02": str(tmp_path / "films" / "ep02.mp4")}
+    path = write_jsonl(tmp_path / "c.jsonl", [record("ep01.mkv", 0, 9, "Qiqi"), record("ep02.mp4", 0, 9, "Lulu")])
+    cfg = CaptionConfig(backend="jsonl", path=str(path))
+    with caplog.at_level(logging.WARNING, logger="data_pipeline.captioners"):
+        results = {film_id: process.captioner_for(cfg, {film_id: film_path}).caption(make_ctx(film_id))
+                   for film_id, film_path in films.items()}
+    assert {film_id: r.caption.character for film_id, r in results.items() if r.ok} == {"ep01": "Qiqi", "ep02": "Lulu"}
+    assert not [m for m in caplog.messages if "not among the inputs" in m]
+
+
+def test_run_captioner_warns_once_about_unknown_films(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """The run's pre-flight knows every film of the run: only a record naming none of them is warned about."""
+    from animegamer.config.schema import PipelineConfig
+    from data_pipeline.preflight import build_run_captioner
+
+    path = write_jsonl(tmp_path / "c.jsonl", [record("ep01.mkv", 0, 9), record("ep02", 0, 9), record("ep3", 0, 9)])
+    cfg = PipelineConfig(caption=CaptionConfig(backend="jsonl", path=str(path)))
+    films = {str(tmp_path / "ep01.mkv"): "ep01", str(tmp_path / "ep02.mp4"): "ep02"}
+    with caplog.at_level(logging.WARNING, logger="data_pipeline.captioners"):
+        build_run_captioner(cfg, films)
+    warnings = [m for m in caplog.messages if "not among the inputs" in m]
+    assert warnings == ["caption records name films that are not among the inputs: ['ep3']"]

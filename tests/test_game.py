@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -27,6 +28,7 @@ from animegamer.game import (
 from animegamer.mllm.predict import Prediction
 from animegamer.mllm.sequence import parse_states
 from animegamer.models.encoder import representation_tokens
+from page_helpers import broken_links, image_pixels, read_page
 
 HEIGHT, WIDTH, FRAMES = 32, 48, 17  # the tiny VAE compresses 4x in space: 8 x 12 latents
 SMALL = ["model=tiny", f"pipeline.clips.height={HEIGHT}", f"pipeline.clips.width={WIDTH}"]
@@ -175,11 +177,23 @@ def test_sliding_window(played):
             assert torch.equal(h.rep, rep)
 
 
-def test_index_html_references_every_clip(played):
-    page = (played.out / "index.html").read_text()
-    videos = re.findall(r'<video src="([^"]+)" controls loop muted', page)
-    assert videos == [f"turn_{i:03d}.mp4" for i in range(len(SCRIPT))]
-    assert "Qiqi" in page and re.search(r'style="width: 100%', page) and re.search(r'style="width: 0%', page)
+def test_index_html_shows_every_clip_with_its_first_frame_and_state_bars(played, tmp_path):
+    """The storyboard, moved elsewhere, still finds every clip and poster; each poster is the clip's
+    first frame; each turn card has one bar per state at the value game.json records."""
+    moved = tmp_path / "moved"
+    shutil.copytree(played.out, moved)
+    page = moved / "index.html"
+    assert broken_links(page) == []
+    cards = [c for c in read_page(page).cards if c.videos]
+    assert [c.videos[0]["src"] for c in cards] == [f"turn_{i:03d}.mp4" for i in range(len(SCRIPT))]
+    for card, turn in zip(cards, played.record["turns"]):
+        assert card.videos[0]["poster"] == f"turn_{turn['index']:03d}.jpg"
+        poster = image_pixels(moved / card.videos[0]["poster"]).astype(np.float64)
+        first = decode_mp4(moved / card.videos[0]["src"])[0].astype(np.float64)
+        assert poster.shape == first.shape and np.corrcoef(poster.ravel(), first.ravel())[0, 1] > 0.8
+        widths = [int(re.search(r"width: (\d+)%", bar).group(1)) for bar in card.bars]
+        assert widths == [turn["states_after"][k] for k in CHARACTER_STATES]
+    assert "Qiqi" in page.read_text() and {0, 100} <= {int(w) for w in re.findall(r"width: (\d+)%", page.read_text())}
 
 
 def test_turns_are_seeded(models, tmp_path):
@@ -362,3 +376,64 @@ def test_command_line(exports, tmp_path, monkeypatch):
     record = json.loads((tmp_path / "live" / "game.json").read_text())
     assert [t["instruction"] for t in record["turns"]] == instructions(2)
     assert (tmp_path / "live" / "index.html").exists()
+
+
+# The shared log format (animegamer.utils.logging): "HH:MM:SS LEVEL [rankN] logger: message".
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[rank\d+\] [\w.]+: ")
+
+
+def test_command_line_max_turns_limits_the_game_and_window_turns_sets_the_window(exports, tmp_path, monkeypatch,
+                                                                                  capfd):
+    """--max-turns is the number of turns played, --window-turns the MLLM's window; every line the
+    command writes is a log line in the one shared format."""
+    stub = StubPredict(exports.cfg)
+    monkeypatch.setattr("animegamer.game.predict_next", stub)
+    script = tmp_path / "instructions.txt"
+    script.write_text("\n".join(instructions(5)) + "\n")
+    common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"),
+              "--clips-manifest", str(exports.manifest), "--device", "cpu", *SMALL]
+    capfd.readouterr()
+    assert main([*common, "--instructions", str(script), "--out", str(tmp_path / "g"), "--max-turns", "3",
+                 "--window-turns", "2"]) == 0
+    record = json.loads((tmp_path / "g" / "game.json").read_text())
+    assert [t["instruction"] for t in record["turns"]] == instructions(3)
+    assert record["window_turns"] == 2 and record["turn_limit"] == 3
+    assert [c["max_turns"] for c in stub.calls] == [2, 2, 2]
+    assert [len(c["history"]) for c in stub.calls] == [0, 1, 1]  # window 2: one past turn at most
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert lines and [line for line in lines if not LOG_LINE.match(line)] == []
+    assert any("playing the first 3 of 5 instructions" in line for line in lines)
+
+    # Interactive: the limit stops the game before the next line is read.
+    stub.calls.clear()
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(instructions(4)) + "\n"))
+    assert main([*common, "--interactive", "--out", str(tmp_path / "live"), "--max-turns", "2"]) == 0
+    assert len(json.loads((tmp_path / "live" / "game.json").read_text())["turns"]) == 2 == len(stub.calls)
+    assert stub.calls[0]["max_turns"] == len(exports.cfg.data.window_weights)  # default window: K
+
+
+def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeypatch, capfd):
+    """A folder that already holds a game, a missing export, a wrong override: exit code 2, the
+    problem on stderr, no traceback."""
+    from animegamer.errors import USER_ERROR_EXIT_CODE
+
+    monkeypatch.setattr("animegamer.game.predict_next", StubPredict(exports.cfg))
+    script = tmp_path / "instructions.txt"
+    script.write_text(instructions(1)[0] + "\n")
+    common = ["--clips-manifest", str(exports.manifest), "--device", "cpu", "--instructions", str(script), *SMALL]
+    exports_ok = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a")]
+    assert main([*common, *exports_ok, "--out", str(tmp_path / "g")]) == 0
+    cases = {
+        "already holds a game": [*common, *exports_ok, "--out", str(tmp_path / "g")],
+        f"--renderer {tmp_path / 'nowhere'}: not an export folder": [
+            *common, "--mllm", str(exports.root / "b"), "--renderer", str(tmp_path / "nowhere"),
+            "--out", str(tmp_path / "h")],
+        "Could not override 'no_such_key'": [*common, *exports_ok, "--out", str(tmp_path / "i"), "no_such_key=1"],
+    }
+    for message, argv in cases.items():
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        err = capfd.readouterr().err
+        assert stopped.value.code == USER_ERROR_EXIT_CODE and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "h").exists() and not (tmp_path / "i").exists()

@@ -6,20 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from conftest import quickstart_overrides
+
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
 from animegamer.recipe import NOT_VALIDATED
-
-
-def _overrides(root):
-    return [f"pipeline.output={root}/pipeline", f"output_dir={root}/" + "${phase.name}"]
-
-
-@pytest.fixture(scope="module")
-def quickstart(tmp_path_factory):
-    from animegamer.quickstart import run_quickstart
-
-    root = tmp_path_factory.mktemp("quickstart")
-    return root, run_quickstart(_overrides(root))
 
 
 def test_quickstart_end_to_end(quickstart):
@@ -56,7 +46,7 @@ def test_quickstart_again_resumes_and_skips(quickstart):
     root, _ = quickstart
     read = lambda: {p.name: p.read_bytes() for p in sorted((root / "pipeline" / "representations").glob("*.tar"))}
     before = read()
-    run_quickstart(_overrides(root))
+    run_quickstart(quickstart_overrides(root))
     assert read() == before
 
 
@@ -67,10 +57,13 @@ def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
     root, _ = quickstart
     film = make_toy_film(tmp_path / "film_b", film_id="second_film", variant=1)
     summary = finetune(["--film", str(film.video_path), "--captions", str(film.captions_path), "--from", str(root),
-                        "--out", str(tmp_path / "ft"), "--model", "tiny", "--steps", "6", "6", "6", "--constrained-states",
-                        "pipeline.clips.height=96", "pipeline.clips.width=144"])
+                        "--out", str(tmp_path / "ft"), "--model", "tiny", "--steps", "6", "6", "6", "--constrained-states"])
     assert summary["phase a start"] == str(root / "a_joint" / "export")  # no warm-up: starts from the old export
     clips = read_manifest(summary["clip shards"])
+    # Cut at the size the quick start's exports were trained at (96x144), not the tiny preset's 480x720.
+    trained = read_manifest(root / "pipeline" / "clips")["config"]["pipeline"]["clips"]
+    assert {k: clips["config"]["pipeline"]["clips"][k] for k in ("frames", "height", "width", "fps")} == \
+        {k: trained[k] for k in ("frames", "height", "width", "fps")} == {"frames": 17, "height": 96, "width": 144, "fps": 8.0}
     assert clips["sources"][0]["film_id"] == "second_film" and clips["counts"]["clips"] > 0
     for phase in ("a_joint", "b", "c"):
         assert (tmp_path / "ft" / phase / "export" / "trained.safetensors").exists()
@@ -91,7 +84,7 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     scorer.model.save_pretrained(tmp_path / "clip")
     scorer.tokenizer.save_pretrained(tmp_path / "clip")
     result = run(compose_config("evaluate", [
-        "experiment=quickstart_eval", *_overrides(root), f"evaluation.clip_model={tmp_path / 'clip'}",
+        "experiment=quickstart_eval", *quickstart_overrides(root), f"evaluation.clip_model={tmp_path / 'clip'}",
         f"evaluation.mllm_export={summary['phase b export']}", f"evaluation.renderer_export={summary['phase c export']}",
         f"evaluation.reconstruction_export={summary['phase a2 export']}", f"evaluation.out={tmp_path / 'eval'}",
         "evaluation.games=1", "evaluation.turns=2"]))

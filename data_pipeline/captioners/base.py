@@ -185,18 +185,21 @@ def validate_caption_config(cfg: "CaptionConfig") -> None:
         _require(folder.is_dir(), f"caption.reference_images {cfg.reference_images!r} is not a folder")
 
 
-def build_captioner(cfg: "CaptionConfig", film_paths: Optional[FilmPaths] = None) -> Captioner:
+def build_captioner(
+    cfg: "CaptionConfig", film_paths: Optional[FilmPaths] = None, warn_unknown_films: bool = True
+) -> Captioner:
     """Build the backend named by ``cfg.backend``.
 
     ``film_paths`` maps the pipeline's film ids to their video files, so caption records and reference
-    images may name a film by file name or stem instead of its id.
+    images may name a film by file name or stem instead of its id. ``warn_unknown_films``: the jsonl
+    backend warns about records naming none of ``film_paths`` (off where only some films are known).
     """
     validate_caption_config(cfg)
     # Backends are imported here: ``vlm`` pulls in torch/transformers, which jsonl users never need.
     if cfg.backend == BACKEND_JSONL:
         from .jsonl import JsonlCaptioner
 
-        return JsonlCaptioner(cfg.path, film_paths=film_paths)
+        return JsonlCaptioner(cfg.path, film_paths=film_paths, warn_unknown_films=warn_unknown_films)
     if cfg.backend == BACKEND_VLM:
         from .vlm import build_vlm_captioner
 

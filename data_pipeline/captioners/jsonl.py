@@ -126,7 +126,7 @@ class JsonlCaptioner:
     name = BACKEND_JSONL
     needs_frames = False
 
-    def __init__(self, path: str | Path, film_paths: Optional[FilmPaths] = None) -> None:
+    def __init__(self, path: str | Path, film_paths: Optional[FilmPaths] = None, warn_unknown_films: bool = True) -> None:
         files = caption_files(path)
         self.version = files_version(files)
         self._film_paths = film_paths
@@ -140,16 +140,17 @@ class JsonlCaptioner:
         total = sum(len(r) for r in self._by_film.values())
         logger.info("caption import: %d records for %d films from %d file(s), version %s",
                     total, len(self._by_film), len(files), self.version)
-        self._warn_unknown_films()
-
-    def _warn_unknown_films(self) -> None:
-        """Records naming no known film are almost always a typo in the film name: say so early."""
-        if not self._film_paths:
-            return
-        known = {alias for film_id in self._film_paths for alias in film_aliases(film_id, self._film_paths)}
-        unknown = sorted(set(self._by_film) - known)
-        if unknown:
+        unknown = self.unknown_films()
+        if warn_unknown_films and unknown:
             logger.warning("caption records name films that are not among the inputs: %s", unknown)
+
+    def unknown_films(self) -> list[str]:
+        """Film names of records that match no known film (id, path, file name or stem): almost always
+        a typo in the film name. Empty when no films are known."""
+        if not self._film_paths:
+            return []
+        known = {alias for film_id in self._film_paths for alias in film_aliases(film_id, self._film_paths)}
+        return sorted(set(self._by_film) - known)
 
     def find_record(self, film_id: str, t: float) -> Optional[CaptionRecord]:
         """The covering record with the latest start among the film's aliases, or None."""

@@ -22,6 +22,8 @@ from animegamer.metrics.common import available, mean_metric, unavailable
 log = logging.getLogger(__name__)
 
 BENCHMARK_FILE = "benchmark.json"
+RECONSTRUCTION_FOLDER = "reconstruction"
+TRUTH_FOLDER = "truth"  # the held-out clips the benchmark games stand for, beside the generated ones
 STATE_KEYS = ("ML", "SC", "ET", "ST")
 STAGES = ("mllm", "sample", "vae_decode", "total")
 
@@ -57,6 +59,20 @@ def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
     return [m["instruction"] for m in longest[:turns]]
 
 
+def write_truth_clips(cfg: RunConfig, keys: set[str], folder: Path) -> dict[str, Path]:
+    """The benchmark's held-out clips, copied from the clip shards as ``folder/<key>.mp4`` (the gallery
+    shows each beside the clip generated for it, and stays self-contained)."""
+    from animegamer.utils.io import write_bytes_atomic
+
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in keys,
+                                video=False, allow_empty=True)
+    written = {}
+    for index, key in enumerate(clips.keys()):
+        written[key] = folder / f"{key}.mp4"
+        write_bytes_atomic(written[key], clips[index])
+    return written
+
+
 def first_frames(cfg: RunConfig, keys: set[str]) -> dict[str, np.ndarray]:
     """Ground-truth first frames (H, W, 3) of the benchmark clips, decoded from the clip shards."""
     clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"][0], lambda k: k in keys)
@@ -90,7 +106,9 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
     """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
     from animegamer.game import play_game
 
-    frames_by_key = first_frames(cfg, {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t})
+    keys = {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t}
+    frames_by_key = first_frames(cfg, keys)
+    truth_clips = write_truth_clips(cfg, keys, out / TRUTH_FOLDER)
     report_games, turns = [], []
     for game in benchmark["games"]:
         folder = out / "games" / game["id"]
@@ -106,6 +124,7 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
             turns.append({"truth": truth, "result": result, "scores": scores})
             rows.append({"instruction": truth["instruction"], "environment": truth["environment"],
                          "video": str(folder / f"turn_{result.index:03d}.mp4"), "states": result.predicted,
+                         **({"truth_video": str(truth_clips[truth["key"]])} if truth.get("key") in truth_clips else {}),
                          "target_states": truth["states"],
                          "metrics": {**scores, "target_level": truth["level"]}})
         report_games.append({"id": game["id"], "turns": rows, "completed": len(played), "planned": len(game["turns"])})
@@ -138,6 +157,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     import torch
 
     from animegamer.data.phase_a import phase_a_dataset
+    from animegamer.metrics.setup import describe_setup
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.phases.common import step_generator
     from animegamer.phases.phase_a import ClipBatch, PhaseA
@@ -158,9 +178,31 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
             latents = module.reconstruct(clips, step_generator(cfg.seed, index, 0), e.sampling_steps)
             frames = (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
         rows.append(scorers.turn(frames, truth[key], "", ""))
-    return {"clips": count, "export": e.reconstruction_export,
+    param = next(module.parameters())
+    setup = describe_setup(cfg.model.name, {"encoder + decoder": module.model, "VAE": vae}, param.device, param.dtype,
+                           sampling_steps=e.sampling_steps)
+    return {"clips": count, "export": e.reconstruction_export, "setup": setup,
             "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
             "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip")}
+
+
+def game_setup(cfg: RunConfig, models) -> dict:
+    """The model, precision and hardware the benchmark was played with (report.md's "Setup")."""
+    from animegamer.metrics.setup import describe_setup
+
+    parts = {"MLLM": models.mllm, "renderer (encoder + decoder)": models.renderer, "VAE": models.vae}
+    return describe_setup(cfg.model.name, parts, models.device, models.dtype,
+                          sampling_steps=cfg.evaluation.sampling_steps or cfg.model.diffusion.sampling_steps)
+
+
+def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: dict | None = None) -> dict:
+    """The Table 3 reconstruction metrics of ``evaluation.reconstruction_export``, written to ``out``
+    (metrics.json and report.md beside the paper's numbers); ``record`` adds entries to metrics.json."""
+    from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION, write_report
+
+    metrics = {**reconstruction_metrics(cfg, scorers), **(record or {})}
+    write_report(out, metrics, [], paper=PAPER_TABLE3_RECONSTRUCTION, title="AnimeGamer reconstruction (Table 3)")
+    return metrics
 
 
 def evaluate(cfg: RunConfig) -> dict:
@@ -182,12 +224,9 @@ def evaluate(cfg: RunConfig) -> dict:
     metrics["games"] = {"planned_turns": sum(g["planned"] for g in games),
                         "completed_turns": sum(g["completed"] for g in games),
                         "renderer": e.renderer_export, "mllm": e.mllm_export}
+    metrics["setup"] = game_setup(cfg, models)
     if e.reconstruction_export:
-        from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION
-
-        metrics["reconstruction"] = reconstruction_metrics(cfg, scorers)
-        write_report(out / "reconstruction", metrics["reconstruction"], [], paper=PAPER_TABLE3_RECONSTRUCTION,
-                     title="AnimeGamer reconstruction (Table 3)")
+        metrics["reconstruction"] = write_reconstruction(cfg, scorers, out / RECONSTRUCTION_FOLDER)
     files = write_report(out, metrics, games)
     log.info("evaluation: %d/%d turns played; report %s", metrics["games"]["completed_turns"],
              metrics["games"]["planned_turns"], files.get("report_md", out))

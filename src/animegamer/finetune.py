@@ -6,7 +6,8 @@
 ``--from`` is a run folder holding ``a_joint/export`` and ``b/export`` (the quick start's or the paper
 experiments' layout); ``--official-mllm`` starts phase (b) from the official release instead. The
 new film goes through the pipeline, then phases (a2), (b) and (c) train with shorter schedules from
-those weights (no phase (a1) warm-up: the encoder is already trained).
+those weights (no phase (a1) warm-up: the encoder is already trained). The film's clips are cut at the
+size (frames, height, width, fps) those exports were trained at, read from ``a_joint/export``.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from animegamer.config.trained_data import trained_clip_size
+from animegamer.errors import MissingInputError
+from animegamer.errors import exit_on_user_error
 from animegamer.recipe import Recipe, run_recipe
 from animegamer.utils.logging import setup_logging
 
@@ -22,8 +26,13 @@ DEFAULT_STEPS = (2000, 1500, 1000)  # phases a2, b, c: a tenth of the paper's sc
 
 def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
+    start_a = start / "a_joint" / "export"
+    size = trained_clip_size(start_a)
+    if size is None:
+        raise MissingInputError(f"{start_a}: not an export folder (no export.json); --from names a run folder "
+                                f"holding a_joint/export and b/export")
     common = ["experiment=finetune_film", f"model={model}", f"pipeline.output={out}/pipeline",
-              f"output_dir={out}/" + "${phase.name}"]
+              f"output_dir={out}/" + "${phase.name}", *size.overrides()]
     start_b = "" if official_mllm else str(start / "b" / "export")
     phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
     if official_mllm:
@@ -34,7 +43,7 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
         phase_b=phase_b,
         phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
         evaluation=[*common, "evaluation.games=2"],
-        start_a=str(start / "a_joint" / "export"),
+        start_a=str(start_a),
         start_b=start_b,
         extra=list(extra),
     )
@@ -61,4 +70,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_on_user_error(main)(sys.argv[1:])

@@ -20,6 +20,10 @@ Command line::
     python -m animegamer.game --mllm EXPORT --renderer EXPORT [--renderer EXPORT] --clips-manifest MANIFEST \\
         --instructions FILE.txt --out DIR [hydra overrides ...]
     python -m animegamer.game ... --interactive --out DIR      # instructions from stdin, one per line
+    python -m animegamer.game ... --max-turns 3 --window-turns 2   # play 3 turns; the MLLM sees 1 past turn
+
+``--max-turns`` limits the turns played (default: every instruction); ``--window-turns`` is the MLLM's
+window, the new turn included (default K). A wrong path or override exits with code 2 and a message.
 
 The output folder holds ``turn_000.mp4``, ``turn_001.mp4``, ..., ``game.json`` (the full log) and
 ``index.html`` (a storyboard), rewritten after every turn.
@@ -40,8 +44,10 @@ import numpy as np
 import torch
 
 from animegamer.config.schema import RunConfig
+from animegamer.errors import exit_on_user_error
 from animegamer.mllm.predict import HistoryTurn, Prediction, predict_next, window
 from animegamer.mllm.sequence import Turn
+from animegamer.pages import POSTER_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +65,7 @@ STATE_RANGE = (0, 100)
 MOTION_LEVELS = (1, 2, 3, 4, 5)
 GAME_FILE = "game.json"
 INDEX_FILE = "index.html"
-GAME_FORMAT_VERSION = 1
+GAME_FORMAT_VERSION = 2  # 2: "window_turns" (was "max_turns"), a poster (turn_NNN.jpg) beside each clip
 
 # predict_fn(model, tokenizer, ids, history, instruction, max_turns) -> Prediction (predict_next's signature)
 PredictFn = Callable[..., Prediction]
@@ -181,6 +187,9 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     level_flow = check_level_flow(level_flow)
+    from animegamer.config.trained_data import at_clip_size, renderer_clip_size
+
+    cfg = at_clip_size(cfg, renderer_clip_size(_as_list(renderer_export)))  # render at the trained clip size
 
     mllm_exports = _as_list(mllm_export)
     if not mllm_exports and not cfg.model.mllm.official_checkpoint:
@@ -407,15 +416,19 @@ class GameWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if (self.out_dir / GAME_FILE).exists():
             if not overwrite:
-                raise FileExistsError(f"{self.out_dir} already holds a game ({GAME_FILE}); choose another folder "
-                                      "or overwrite")
-            for old in [*self.out_dir.glob("turn_*.mp4"), self.out_dir / GAME_FILE, self.out_dir / INDEX_FILE]:
+                from animegamer.errors import OutputExistsError
+
+                raise OutputExistsError(f"{self.out_dir} already holds a game ({GAME_FILE}); choose another folder "
+                                        "or overwrite it (--overwrite)")
+            played = [*self.out_dir.glob("turn_*.mp4"), *self.out_dir.glob(f"turn_*{POSTER_SUFFIX}")]
+            for old in [*played, self.out_dir / GAME_FILE, self.out_dir / INDEX_FILE]:
                 old.unlink(missing_ok=True)
         self.turns: list[dict] = []
         self.error: Optional[str] = None
         self.write_index()
 
     def add(self, result: TurnResult) -> Path:
+        from animegamer.pages import poster_path, save_poster
         from animegamer.utils.io import write_bytes_atomic
         from data_pipeline.clips import encode_mp4
 
@@ -423,6 +436,7 @@ class GameWriter:
         t0 = time.perf_counter()
         path = self.out_dir / clip_name(result.index)
         write_bytes_atomic(path, encode_mp4(result.frames, clips.fps, clips))
+        save_poster(result.frames[0], poster_path(path))
         record = result.to_record()
         record["timings"]["encode_mp4"] = round(time.perf_counter() - t0, 4)
         self.turns.append(record)
@@ -436,7 +450,7 @@ class GameWriter:
         return {
             "format_version": GAME_FORMAT_VERSION,
             "seed": game.seed,
-            "max_turns": game.max_turns,
+            "window_turns": game.max_turns,
             "initial_states": {k: INITIAL_STATE for k in CHARACTER_STATES},
             "state_rule": f"clamp(value + {STATE_STEP} * delta, {STATE_RANGE[0]}, {STATE_RANGE[1]})",
             "states": game.states,
@@ -469,14 +483,16 @@ class GameWriter:
 
 def play_game(models: GameModels, instructions: Iterable[str], out_dir: str | Path, seed: int = 0, *,
               max_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0,
-              overwrite: bool = False, on_turn: Optional[Callable[[TurnResult], None]] = None) -> dict:
+              overwrite: bool = False, on_turn: Optional[Callable[[TurnResult], None]] = None,
+              extra: Optional[dict] = None) -> dict:
     """Play every instruction in order, writing the folder as it goes; returns game.json's content.
 
-    A malformed state generation raises ValueError naming the turn; game.json then records the error
-    and the turns played before it.
+    ``max_turns`` is the MLLM's window (``Game``), not a limit on the turns played: every instruction
+    is played. ``extra`` adds keys to game.json. A malformed state generation raises ValueError naming
+    the turn; game.json then records the error and the turns played before it.
     """
     game = Game(models, seed=seed, max_turns=max_turns, predict_fn=predict_fn, sampling_steps=sampling_steps)
-    writer = GameWriter(game, out_dir, overwrite=overwrite)
+    writer = GameWriter(game, out_dir, overwrite=overwrite, extra=extra)
     for instruction in instructions:
         try:
             result = game.play_turn(instruction)
@@ -508,12 +524,6 @@ def stdin_instructions(stream=None, prompt: bool = True) -> Iterable[str]:
         yield line.strip()
 
 
-def _print_turn(result: TurnResult) -> None:
-    bars = "  ".join(f"{k} {result.states_after[k]:3d} ({result.predicted[k]:+d})" for k in CHARACTER_STATES)
-    print(f"turn {result.index}: ML {result.motion_level} (flow {result.flow:.2f})  {bars}  "
-          f"[{result.timings['total']:.1f}s] -> {clip_name(result.index)}", file=sys.stderr, flush=True)
-
-
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -530,7 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--interactive", action="store_true", help="read instructions from stdin")
     parser.add_argument("--out", required=True, help="output folder (clips, game.json, index.html)")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: the config's seed)")
-    parser.add_argument("--max-turns", type=int, default=0, help="window of turns (default K of data.window_weights)")
+    parser.add_argument("--max-turns", type=int, default=0,
+                        help="stop after this many turns (default 0: play every instruction, or until an empty line)")
+    parser.add_argument("--window-turns", type=int, default=0,
+                        help="turns the MLLM sees, the new one included: the last N-1 played turns are its history "
+                             "(default K, the number of window lengths phase (b) trained on: data.window_weights)")
     parser.add_argument("--sampling-steps", type=int, default=0, help="DPM++ steps (default from the config)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
@@ -540,31 +554,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
+    """Every missing or mismatched input of the command line, found before any model is built."""
+    from animegamer.checkpoints.export import TRAINED_FILE
+    from animegamer.config.disk_checks import check_export_sizes
+
+    problems = []
+    if args.max_turns < 0 or args.window_turns < 0:
+        problems.append(f"--max-turns {args.max_turns} / --window-turns {args.window_turns}: must be >= 0")
+    exports = [("--mllm", args.mllm)] if args.mllm else []
+    exports += [("--renderer", folder) for folder in args.renderer]
+    for option, folder in exports:
+        if not (Path(folder) / TRAINED_FILE).is_file():
+            problems.append(f"{option} {folder}: not an export folder (no {TRAINED_FILE}; train the phase first)")
+        else:
+            problems += check_export_sizes(option, folder, cfg.model)
+    manifest = Path(args.clips_manifest)
+    if not (manifest / "manifest.json" if manifest.is_dir() else manifest).is_file():
+        problems.append(f"--clips-manifest {manifest}: no such manifest.json (run the pipeline first)")
+    if args.instructions and not Path(args.instructions).is_file():
+        problems.append(f"--instructions {args.instructions}: no such file")
+    return problems
+
+
+@exit_on_user_error
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line; returns 0, or 1 when a malformed generation stopped the game. A wrong input
+    (path, override, an --out that holds a game) exits with code 2 and its message, no traceback."""
+    from itertools import islice
+
     from omegaconf import OmegaConf
 
     from animegamer.config.compose import compose_config
+    from animegamer.config.validate import ConfigError
+    from animegamer.errors import UserError
+    from animegamer.utils.logging import setup_logging
 
     args = build_parser().parse_intermixed_args(argv)
     cfg: RunConfig = OmegaConf.to_object(compose_config("train", list(args.overrides)))
-    logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(cfg.log_level)
+    problems = _input_problems(args, cfg)
+    if problems:
+        raise ConfigError(problems)
     instructions = read_instructions(args.instructions) if args.instructions else None
     if instructions is not None and not instructions:
-        print(f"{args.instructions}: no instructions", file=sys.stderr)
-        return 2
+        raise UserError(f"{args.instructions}: no instructions")
+    if args.max_turns and instructions is not None and len(instructions) > args.max_turns:
+        log.info("--max-turns %d: playing the first %d of %d instructions", args.max_turns, args.max_turns,
+                 len(instructions))
+    script = instructions if instructions is not None else stdin_instructions()
     models = load_game_models(cfg, args.mllm, args.renderer, read_level_flow(args.clips_manifest),
                               device=args.device, dtype=DTYPES[args.dtype])
     seed = cfg.seed if args.seed is None else args.seed
     try:
-        record = play_game(models, instructions if instructions is not None else stdin_instructions(), args.out,
-                           seed, max_turns=args.max_turns or None, sampling_steps=args.sampling_steps,
-                           overwrite=args.overwrite, on_turn=_print_turn)
+        record = play_game(models, islice(script, args.max_turns or None), args.out, seed,
+                           max_turns=args.window_turns or None, sampling_steps=args.sampling_steps,
+                           overwrite=args.overwrite,
+                           extra={"turn_limit": args.max_turns or None})
     except ValueError as error:
-        print(f"game stopped: {error}", file=sys.stderr)
+        log.error("game stopped: %s", error)
         return 1
-    print(f"{len(record['turns'])} turns, final states {record['states']}: {Path(args.out) / INDEX_FILE}",
-          file=sys.stderr)
+    log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / INDEX_FILE)
     return 0
 
 

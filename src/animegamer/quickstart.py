@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from animegamer.errors import exit_on_user_error
 from animegamer.recipe import Recipe, run_recipe
 from animegamer.utils.logging import setup_logging
 
@@ -22,6 +23,7 @@ def run_quickstart(extra: list[str]) -> dict:
     return run_recipe(Recipe(**{**QUICKSTART.__dict__, "extra": list(extra)}))
 
 
+@exit_on_user_error  # a wrong override or a refused setting: its message and exit code 2, no traceback
 def main() -> None:
     setup_logging("INFO")
     run_quickstart(sys.argv[1:])

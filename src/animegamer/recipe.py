@@ -1,6 +1,12 @@
-"""The whole recipe as one call: pipeline -> phase (a1, a2) -> representations -> session shards ->
-phase (b) -> adaptation shards -> phase (c) -> evaluation (benchmark games, metrics, report). The quick start and fine-tuning on a new film are two
-parameterisations of it; every stage is the same code path as its own command.
+"""The whole recipe as one call: pipeline -> pre-flight -> phase (a1, a2) -> representations -> session
+shards -> phase (b) -> adaptation shards -> phase (c) -> evaluation (benchmark games, metrics, report).
+The quick start and fine-tuning on a new film are two parameterisations of it, and the Table 3 recipe
+(:mod:`animegamer.ablations`) runs its phase (a) stages; every stage is the same code path as its own
+command.
+
+After the pipeline and before the first training step, :func:`animegamer.preflight.check_recipe`
+checks that the data allows every stage (captioned clips, training sessions, held-out shots), so a run
+that cannot finish fails in seconds with what to change.
 """
 from __future__ import annotations
 
@@ -30,6 +36,35 @@ STORY_TURNS = 5
 NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
 
 
+def run_pipeline_step(overrides: list[str]) -> dict:
+    """``python -m data_pipeline <overrides>``."""
+    from data_pipeline.__main__ import run
+
+    return run(compose_config("pipeline", overrides))
+
+
+def train_stage(overrides: list[str]) -> dict:
+    """``train.py <overrides>``: validated, then trained (resumed, or skipped when already done)."""
+    from animegamer.training.runner import run
+
+    return run(compose_config("train", overrides))
+
+
+def evaluation_config(overrides: list[str]):
+    return compose_config("evaluate", overrides)
+
+
+def check_start_clip_size(phase_a, start: str) -> None:
+    """Training from an earlier export continues at the clip size it was trained at."""
+    from animegamer.config.trained_data import clip_size_of, trained_clip_size
+    from animegamer.config.validate import ConfigError
+
+    trained, configured = trained_clip_size(start), clip_size_of(phase_a.pipeline.clips)
+    if trained is not None and trained != configured:
+        raise ConfigError([f"{start} was trained on clips of {trained}, but this run cuts {configured}: "
+                           f"leave pipeline.clips at the trained size ({' '.join(trained.overrides())})"])
+
+
 def play_story(composed, out: Path) -> Path:
     """A demonstration game: the trained game plays the instructions of consecutive clips of the film."""
     from omegaconf import OmegaConf
@@ -49,14 +84,19 @@ def play_story(composed, out: Path) -> Path:
 
 
 def run_recipe(recipe: Recipe) -> dict:
-    from animegamer.training.runner import run as run_train
-    from data_pipeline.__main__ import run as run_pipeline
+    from animegamer.preflight import check_recipe
 
-    pipe = lambda *o: run_pipeline(compose_config("pipeline", [*recipe.pipeline, *o, *recipe.extra]))
-    train = lambda stage, *o: run_train(compose_config("train", [*stage, *o, *recipe.extra]))
+    extra = recipe.extra
+    pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *extra])
+    train = lambda stage, *o: train_stage([*stage, *o, *extra])
+    start_a = recipe.start_a
+    if start_a:
+        check_start_clip_size(compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra]), start_a)
 
     clips = pipe()
-    start_a = recipe.start_a
+    check_recipe(compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra]),
+                 compose_config("train", [*recipe.phase_b, *extra]),
+                 evaluation_config([*recipe.evaluation, *extra]) if recipe.evaluation else None)
     if not start_a:
         start_a = train(recipe.phase_a, "phase=a_warmup")["export"]
     joint = train(recipe.phase_a, "phase=a_joint", f"phase.init_from={start_a}")
@@ -70,10 +110,10 @@ def run_recipe(recipe: Recipe) -> dict:
         from animegamer.evaluation import run as run_evaluation
 
         root = Path(adapted["export"]).parent.parent
-        evaluation = compose_config("evaluate", [
+        evaluation = evaluation_config([
             *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
             f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
-            *recipe.extra, f"evaluation.out={root / 'eval'}"])
+            *extra, f"evaluation.out={root / 'eval'}"])
         report = run_evaluation(evaluation)
         story = play_story(evaluation, root / "game")
     summary = {

@@ -469,6 +469,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/train"
+    # Resume a run folder whose recorded config differs in settings that change the training
+    # (training/run_record.py); the change is recorded in <output_dir>/run_config.json.
+    resume_with_changes: bool = False
     seed: int = 0
     log_level: str = "INFO"
 

@@ -93,7 +93,8 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
         problems.append(f"pipeline.motion.fixed_edges={edges} must be {NUM_MOTION_LEVELS - 1} ascending values")
     if p.motion.estimator == "raft" and not Path(p.motion.raft_weights or "/nonexistent").is_file():
         problems.append(f"pipeline.motion.raft_weights={p.motion.raft_weights!r}: estimator=raft needs a local weights file")
-    problems += _check_caption(p)
+    if set(p.steps or PIPELINE_STEPS) & set(CAPTION_STEPS):  # later steps never caption
+        problems += _check_caption(p)
     problems += _choice("pipeline.representations.dtype", p.representations.dtype, ("float16", "bfloat16", "float32"))
     if p.representations.export and not (Path(p.representations.export) / "trained.safetensors").is_file():
         problems.append(f"pipeline.representations.export={p.representations.export!r}: not a phase (a) export folder")
@@ -127,6 +128,8 @@ def _check_caption(p: PipelineConfig) -> list[str]:
 
 PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations", "session_shards",
                   "adaptation")
+# Steps that read the films and the caption source (finalize: its version is part of each task's fingerprint).
+CAPTION_STEPS = ("process", "finalize")
 
 
 def validate_pipeline_run(cfg) -> None:
@@ -374,5 +377,15 @@ def validate_eval_run(cfg) -> None:
     problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
     for key in ("mllm_export", "renderer_export", "reconstruction_export"):
         problems += check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
+    problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
     if problems:
         raise ConfigError(problems)
+
+
+def check_evaluated_exports(cfg, keys: tuple[str, ...]) -> list[str]:
+    """The held-out split and clip size each evaluated export was trained with, against this evaluation's."""
+    from animegamer.config.trained_data import clip_size_problems, split_problems
+
+    exports = [(f"evaluation.{key}", getattr(cfg.evaluation, key)) for key in keys]
+    renderers = [(k, f) for k, f in exports if not k.endswith("mllm_export")]
+    return split_problems(cfg, exports) + clip_size_problems(cfg, renderers)

@@ -4,27 +4,30 @@
 ``metrics`` holds the headline metrics under the keys of ``METRIC_INFO`` (plain numbers or
 ``available``/``unavailable`` dicts) and optionally the detail dicts ``"motion"`` (from
 ``motion_accuracy``) and ``"states"`` (from ``state_accuracy``); a headline ACC-F/MAE-F/ACC-S/MAE-S
-missing at the top level is read from those. ``games`` is a list of
-``{"id": str (optional), "turns": [{"instruction", "video" (mp4 path), "states" (predicted),
-"target_states" (optional), "environment" (optional), "metrics" {per-turn metrics}}]}``; the per-turn
-keys the plots read are ``clip_i``, ``dreamsim``, ``clip_t``, ``clip_t_env`` and, when there is no
-``metrics["motion"]``, ``motion_level`` / ``target_level``.
+missing at the top level is read from those. ``metrics["setup"]`` (``animegamer.metrics.setup``)
+says what produced the numbers; ``metrics["clips"]`` counts the clips of a report without games (the
+reconstruction report). ``games`` is a list of
+``{"id": str (optional), "turns": [{"instruction", "video" (generated mp4), "truth_video" (optional:
+the held-out clip the turn stands for), "states" (predicted), "target_states" (optional),
+"environment" (optional), "metrics" {per-turn metrics}}]}``; clip paths are as this process sees them
+(absolute, or relative to the current directory) and are written relative to the report folder, so
+the folder can be moved. The per-turn keys the plots read are ``clip_i``, ``dreamsim``, ``clip_t``,
+``clip_t_env`` and, when there is no ``metrics["motion"]``, ``motion_level`` / ``target_level``.
 """
 from __future__ import annotations
 
-import html
 import json
 import logging
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-from urllib.parse import quote
 
 import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
+from animegamer.metrics.setup import format_count
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,13 @@ PAPER_TABLE1 = {
 }
 # The paper's Table 3: reconstruction of ground-truth clips through the phase (a) encoder/decoder.
 PAPER_TABLE3_RECONSTRUCTION = {"clip_i": 0.8672, "dreamsim": 0.7928}
+# Where the paper's numbers come from (DESIGN section 5's sizes: the `paper` model preset).
+PAPER_SETUP = ("the full-size AnimeGamer (a Mistral-7B MLLM and a CogVideoX-2B decoder, this framework's "
+               "`model=paper` preset), measured by the paper's authors on their hardware")
+VIDEO_KEYS = ("video", "truth_video")  # per-turn clip paths: generated, ground truth
+CLIP_LABELS = {"video": "generated", "truth_video": "ground truth (held-out clip)"}
+GALLERY_FILE = "gallery.html"
+GALLERY_TEMPLATE = "gallery.html.j2"
 
 # key -> (label, higher is better, decimals), in report order.
 METRIC_INFO = {
@@ -218,11 +228,42 @@ def plot_state_accuracy(per_state: Mapping[str, Mapping], path: Path, paper_acc:
 
 
 # --------------------------------------------------------------------------- markdown
-def _metrics_table(ours: Mapping[str, dict], paper: Mapping[str, float], paper_name: str) -> list[str]:
+def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
+    """What the numbers were measured on: "2 games, 4 turns" or "2 clips"."""
+    if games:
+        return f"{len(games)} games, {sum(len(g.get('turns', [])) for g in games)} turns"
+    return f"{int(metrics.get('clips') or 0)} clips"
+
+
+def _scope(metrics: Mapping, games: Sequence[Mapping]) -> str:
+    if games:
+        return (f"{_scope_counts(metrics, games)}. Clips: [{GALLERY_FILE}]({GALLERY_FILE}) (each generated clip "
+                "beside the held-out clip it stands for, where the benchmark has one).")
+    return (f"{_scope_counts(metrics, games)}: held-out clips, each decoded from its own representation and "
+            "compared with the true clip.")
+
+
+def _setup_lines(setup: Mapping | None, counts: str) -> list[str]:
+    """Who produced which numbers: ours (preset, parameters, precision, hardware) and the paper's."""
+    if setup:
+        sizes = ", ".join(f"{label} {format_count(int(n))}" for label, n in setup["parameters"].items())
+        steps = f", {setup['sampling_steps']} sampling steps per clip" if setup.get("sampling_steps") else ""
+        cpu = f"; CPU {setup['cpu']}" if setup.get("cpu") and setup["cpu"] != setup["hardware"] else ""
+        ours = (f"- Ours: model preset `{setup['model']}` ({sizes} parameters), {setup['dtype']} on "
+                f"{setup['device']} ({setup['hardware']}{cpu}), torch {setup['torch']}{steps}; {counts}.")
+    else:
+        ours = f"- Ours: {counts} (model and hardware not recorded)."
+    paper = (f"- Paper: {PAPER_SETUP}. Unless ours is the `paper` preset on similar GPUs, \"Ours - paper\" "
+             "compares models of different sizes, and Time (s/turn) also compares different hardware.")
+    return ["## Setup", "", ours, paper, ""]
+
+
+def _metrics_table(ours: Mapping[str, dict], paper: Mapping[str, float], paper_name: str,
+                   ours_name: str = "Ours") -> list[str]:
     keys = [k for k in METRIC_INFO if k in paper or k in ours]
     keys += [k for k in paper if k not in METRIC_INFO]
     lines = [
-        f"| Metric | Ours | {paper_name} | Ours - paper | Better |",
+        f"| Metric | {ours_name} | {paper_name} | Ours - paper | Better |",
         "|---|---|---|---|---|",
     ]
     for key in keys:
@@ -247,9 +288,10 @@ def _markdown(
     paper_name: str,
     plots: Mapping[str, Path],
 ) -> str:
-    n_turns = sum(len(g.get("turns", [])) for g in games)
-    lines = [f"# {title}", "", f"{len(games)} games, {n_turns} turns. Clips: [gallery.html](gallery.html).", ""]
-    lines += ["## Metrics", ""] + _metrics_table(ours, paper, paper_name) + [""]
+    setup = metrics.get("setup")
+    lines = [f"# {title}", "", _scope(metrics, games), ""] + _setup_lines(setup, _scope_counts(metrics, games))
+    ours_name = f"Ours (`{setup['model']}`)" if setup else "Ours"
+    lines += ["## Metrics", ""] + _metrics_table(ours, paper, paper_name, ours_name) + [""]
     shown = set(ours) | set(paper)
     notes = [text for keys, text in _NOTES if shown & set(keys)]
     notes.append('"n/a (reason)" marks a metric that could not be measured (e.g. missing local weights): '
@@ -280,68 +322,71 @@ def _markdown(
 
 
 # --------------------------------------------------------------------------- gallery
-def _video_src(video: Any, out_dir: Path) -> str:
-    """A URL relative to the report folder; relative paths are taken as relative to it already."""
-    path = Path(str(video))
-    if path.is_absolute():
-        path = Path(os.path.relpath(path, out_dir.resolve()))
-    return quote(path.as_posix())
+def _turn_clips(turn: Mapping) -> dict[str, str]:
+    """The turn's clip paths by key (``video``, ``truth_video``); ``video_path`` is read as ``video``."""
+    clips = {"video": turn.get("video") or turn.get("video_path"), "truth_video": turn.get("truth_video")}
+    return {key: str(path) for key, path in clips.items() if path}
+
+
+def _portable(games: Sequence[Mapping], out_dir: Path) -> list[dict]:
+    """The games with every clip path relative to the report folder (what metrics.json records)."""
+    def turn_paths(turn: Mapping) -> dict:
+        paths = {k: Path(os.path.relpath(Path(p).resolve(), out_dir.resolve())).as_posix()
+                 for k, p in _turn_clips(turn).items()}
+        return {**{k: v for k, v in turn.items() if k != "video_path"}, **paths}
+
+    return [{**game, "turns": [turn_paths(t) for t in game.get("turns", [])]} for game in games]
 
 
 def _kv(mapping: Mapping | None) -> str:
-    if not mapping:
-        return "-"
-    return ", ".join(f"{html.escape(str(k))}={html.escape(str(v))}" for k, v in mapping.items())
+    return ", ".join(f"{k}={v}" for k, v in mapping.items()) if mapping else "-"
 
 
-def _turn_metrics(mapping: Mapping | None) -> str:
-    if not mapping:
-        return "-"
+def _not_measured(games: Sequence[Mapping]) -> list[dict]:
+    """The per-turn metrics that were unavailable, grouped by reason: the gallery says each reason once."""
+    by_reason: dict[str, list[str]] = {}
+    for game in games:
+        for turn in game.get("turns", []):
+            for key, value in (turn.get("metrics") or {}).items():
+                if is_metric(value) and not value["available"]:
+                    labels = by_reason.setdefault(str(value.get("reason") or "unavailable"), [])
+                    if _label(key) not in labels:
+                        labels.append(_label(key))
+    return [{"metrics": labels, "reason": reason} for reason, labels in by_reason.items()]
+
+
+def _turn_metrics(mapping: Mapping | None) -> list[str]:
+    """The measured per-turn values (unavailable ones are in the page's note, not on every card)."""
     parts = []
-    for key, value in mapping.items():
-        if is_metric(value) or (isinstance(value, float)):
-            text = _fmt(key, value)
-        else:  # levels and counts (ints), labels, anything else as it is
-            text = str(value)
-        parts.append(f"{html.escape(_label(key))} {html.escape(text)}")
-    return "; ".join(parts)
+    for key, value in (mapping or {}).items():
+        if is_metric(value) and not value["available"]:
+            continue
+        # levels and counts (ints) and labels as they are
+        text = _fmt(key, value) if is_metric(value) or isinstance(value, float) else str(value)
+        parts.append(f"{_label(key)} {text}")
+    return parts
 
 
-def _gallery(title: str, games: Sequence[Mapping], out_dir: Path) -> str:
-    rows = []
-    for g, game in enumerate(games):
-        cells = []
-        for t, turn in enumerate(game.get("turns", []), start=1):
-            video = turn.get("video") or turn.get("video_path")
-            media = (
-                f'<video src="{html.escape(_video_src(video, out_dir))}" controls loop muted '
-                f'preload="metadata"></video>' if video else '<div class="novideo">no clip</div>'
-            )
-            target = turn.get("target_states")
-            cells.append(
-                '<div class="turn">'
-                f"<h3>Turn {t}</h3>{media}"
-                f'<p class="instr">{html.escape(str(turn.get("instruction", "")))}</p>'
-                + (f'<p class="env">environment: {html.escape(str(turn["environment"]))}</p>'
-                   if turn.get("environment") else "")
-                + f'<p class="states">states: {_kv(turn.get("states"))}</p>'
-                + (f'<p class="states">target: {_kv(target)}</p>' if target else "")
-                + f'<p class="metrics">{_turn_metrics(turn.get("metrics"))}</p>'
-                "</div>"
-            )
-        name = html.escape(str(game.get("id", game.get("name", f"game {g + 1}"))))
-        rows.append(f'<section class="game"><h2>{name}</h2><div class="turns">{"".join(cells)}</div></section>')
-    style = (
-        "body{font-family:sans-serif;margin:1em}.turns{display:flex;gap:12px;overflow-x:auto}"
-        ".turn{flex:0 0 260px;border:1px solid #ccc;border-radius:6px;padding:6px;font-size:13px}"
-        ".turn video{width:100%}.turn h3{margin:0 0 4px 0;font-size:14px}.instr{font-weight:bold}"
-        ".metrics{color:#555}.novideo{height:140px;background:#eee;text-align:center;line-height:140px}"
-    )
-    return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(title)}</title><style>{style}</style></head>\n<body>"
-        f"<h1>{html.escape(title)}</h1>\n" + "\n".join(rows) + "\n</body></html>\n"
-    )
+def _gallery_turn(number: int, turn: Mapping, out_dir: Path) -> dict:
+    from animegamer.pages import clip_entry
+
+    clips = _turn_clips(turn)
+    return {"number": number, "instruction": str(turn.get("instruction", "")),
+            "clips": [clip_entry(clips[key], out_dir, CLIP_LABELS[key]) for key in VIDEO_KEYS if key in clips],
+            "environment": turn.get("environment"), "states": _kv(turn.get("states")),
+            "target": _kv(turn["target_states"]) if turn.get("target_states") else None,
+            "metrics": _turn_metrics(turn.get("metrics"))}
+
+
+def write_gallery(path: Path, title: str, games: Sequence[Mapping], meta: Sequence[str] = ()) -> Path:
+    """Every game as a row of turn cards: the generated clip beside the ground truth, with posters."""
+    from animegamer.pages import write_page
+
+    rows = [{"name": str(game.get("id", game.get("name", f"game {g + 1}"))),
+             "turns": [_gallery_turn(t, turn, path.parent) for t, turn in enumerate(game.get("turns", []), start=1)]}
+            for g, game in enumerate(games)]
+    return write_page(path, GALLERY_TEMPLATE, title=title, meta=list(meta), not_measured=_not_measured(games),
+                      games=rows)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -354,7 +399,8 @@ def write_report(
     title: str = "AnimeGamer evaluation",
     paper_name: str = "Paper (AnimeGamer)",
 ) -> dict[str, Path]:
-    """Write metrics.json, report.md, gallery.html and the plots that have data; return their paths."""
+    """Write metrics.json, report.md, the plots that have data and, when there are games, gallery.html;
+    return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ours = headline(metrics)
@@ -371,12 +417,12 @@ def write_report(
     if per_state and plot_state_accuracy(per_state, out / PLOT_FILES["states_plot"], paper.get("acc_s")):
         plots["states_plot"] = out / PLOT_FILES["states_plot"]
 
-    payload = {"headline": ours, "paper": dict(paper), "metrics": metrics, "games": list(games)}
+    payload = {"headline": ours, "paper": dict(paper), "metrics": metrics, "games": _portable(games, out)}
     written["metrics_json"] = out / "metrics.json"
     written["metrics_json"].write_text(json.dumps(_jsonable(payload), indent=2, allow_nan=False) + "\n")
     written["report_md"] = out / "report.md"
     written["report_md"].write_text(_markdown(title, ours, metrics, games, paper, paper_name, plots) + "\n")
-    written["gallery_html"] = out / "gallery.html"
-    written["gallery_html"].write_text(_gallery(title, games, out))
+    if games:
+        written["gallery_html"] = write_gallery(out / GALLERY_FILE, title, games, [_scope_counts(metrics, games)])
     written.update(plots)
     return written

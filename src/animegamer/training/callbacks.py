@@ -1,4 +1,5 @@
-"""Callbacks: portable exports beside checkpoints, and validation videos (ground truth | sample)."""
+"""Callbacks: portable exports beside checkpoints, validation videos (ground truth | sample), the step
+progress bar, and the optimizer settings of a run resumed with changes."""
 from __future__ import annotations
 
 import logging
@@ -7,10 +8,40 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 log = logging.getLogger(__name__)
 
 EXPORT_DIR = "export"
+TRAIN_BAR = "steps"  # the training bar's description
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Training progress as optimizer steps out of ``phase.max_steps``, across epochs and restarts.
+
+    Training is step-based (``max_epochs=-1``), so Lightning's default bars count batches of an epoch
+    and read ``Epoch 0/-2``; this one reads ``steps 30/60`` and starts a resumed run at its step."""
+
+    @property
+    def train_description(self) -> str:
+        return TRAIN_BAR
+
+    def on_train_start(self, trainer: L.Trainer, *_) -> None:
+        super().on_train_start()
+        bar = self.train_progress_bar
+        bar.total = trainer.max_steps
+        bar.initial = bar.n = trainer.global_step  # a resumed run starts at its step; its rate counts its own
+        bar.refresh()
+
+    def on_train_epoch_start(self, *_) -> None:
+        """Steps count on across epochs: nothing to reset."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step, bar = trainer.global_step, self.train_progress_bar
+        # Under gradient accumulation several micro-batches end on one step: count the step once.
+        if bar.n != step and self._should_update(step, bar.total):
+            bar.n = step
+            bar.set_postfix(self.get_metrics(trainer, module))  # and redraws
 
 
 class ExportCallback(L.Callback):
@@ -44,6 +75,27 @@ class ExportCallback(L.Callback):
 
     def on_train_end(self, trainer, module) -> None:
         self._export(trainer, module)
+
+
+OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "initial_lr")
+
+
+class ResumeSettings(L.Callback):
+    """A run resumed with ``resume_with_changes=true``: the optimizer and LR schedule restored from the
+    checkpoint take this config's hyper-parameters (lr, betas, eps, weight decay; the schedule's shape
+    is already this config's), so a changed ``phase.lr`` applies from the resumed step on."""
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        fresh = module.configure_optimizers()  # this config's optimizer, over the same parameters
+        optimizer, scheduler = trainer.optimizers[0], trainer.lr_scheduler_configs[0].scheduler
+        for group, new in zip(optimizer.param_groups, fresh["optimizer"].param_groups, strict=True):
+            group.update({key: new[key] for key in OPTIMIZER_SETTINGS})
+        scheduler.base_lrs = list(fresh["lr_scheduler"]["scheduler"].base_lrs)
+        lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
+        scheduler._last_lr = lrs
+        log.info("optimizer settings from the config from step %d on: lr %s", trainer.global_step, lrs)
 
 
 def model_state(state: dict) -> dict:

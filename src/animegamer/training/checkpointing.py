@@ -58,6 +58,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             fs.rm(path, recursive=True)
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The step in a checkpoint's name (``step-0000060.ckpt`` -> 60)."""
+    match = _STEP.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path}: not a checkpoint name like {checkpoint_name(0)}")
+    return int(match.group(1))
+
+
 def is_complete(path: Path) -> bool:
     if path.is_file():
         return True

@@ -15,12 +15,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
 from animegamer.training.bad_data import BadDataBudget
-from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, ValidationVideos
+from animegamer.training.callbacks import (EXPORT_DIR, ExportCallback, ResumeSettings, StepProgressBar,
+                                           ValidationVideos)
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCheckpointIO, checkpoint_name,
-                                               clean_partials, resume_checkpoint)
+                                               checkpoint_step, clean_partials, resume_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
 from animegamer.training.profiling import make_profiler, summarise_traces
+from animegamer.training.run_record import check_run_folder
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
                                             module_init)
@@ -128,8 +130,39 @@ def plugins(cfg: RunConfig) -> list:
     return found
 
 
+# Lightning's advertisements for its cloud services, at every start: nothing the user has to act on.
+_LIGHTNING_TIPS = "💡 Tip:"
+_EXPECTED_WARNINGS = (
+    # torch >= 2.10 deprecates the pytree check Lightning 2.6 still uses; harmless, not the user's to fix.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # A resumed run writes into its own folders, which hold the earlier attempt's files by design (the
+    # CSV logger's earlier rows are kept as logs/metrics.attempt-N.csv: loggers.keep_earlier_attempt).
+    r"Checkpoint directory .* exists and is not empty",
+    r"Experiment logs directory .* exists and is not empty",
+    # An empty held-out split: ShardData.val_dataloader has said so in words that name the cause.
+    r"Total length of `list` across ranks is zero",
+)
+
+
+def _not_a_tip(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_LIGHTNING_TIPS)
+
+
+def quiet_lightning() -> None:
+    """Drop what Lightning prints at every start that is expected and needs nothing from the user."""
+    import warnings
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        tips = logging.getLogger(name)  # rank_zero_info logs through whichever was imported last
+        if _not_a_tip not in tips.filters:
+            tips.addFilter(_not_a_tip)
+    for message in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
     t = cfg.trainer
+    quiet_lightning()
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=make_strategy(cfg),
         plugins=plugins(cfg), precision=lightning_precision(cfg),
@@ -138,7 +171,7 @@ def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
         gradient_clip_val=cfg.phase.grad_clip or None, max_steps=cfg.phase.max_steps,
         val_check_interval=cfg.phase.val_every_n_steps, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps, deterministic=t.deterministic, benchmark=t.benchmark,
-        logger=make_logger(cfg), callbacks=callbacks, default_root_dir=cfg.output_dir,
+        logger=make_logger(cfg), callbacks=[*callbacks, StepProgressBar()], default_root_dir=cfg.output_dir,
         enable_progress_bar=True, num_sanity_val_steps=0, profiler=make_profiler(cfg),
     )
 
@@ -149,6 +182,10 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     out = Path(cfg.output_dir)
     folder = out / CHECKPOINT_DIR
     resolved = OmegaConf.to_container(resolved, resolve=True) if isinstance(resolved, DictConfig) else resolved
+    # Pre-flight, before anything is built: the run folder's record against this config.
+    clean_partials(folder)
+    resume = resume_checkpoint(folder)
+    changes = check_run_folder(out, resolved, checkpoint_step(resume) if resume else None, cfg.resume_with_changes)
     checkpoints = ModelCheckpoint(dirpath=str(folder), every_n_train_steps=cfg.checkpoint.every_n_steps,
                                   save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max",
                                   filename=PATTERN, auto_insert_metric_name=False)
@@ -157,12 +194,12 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
+    if changes and cfg.resume_with_changes:
+        callbacks.append(ResumeSettings())
     trainer = make_trainer(cfg, callbacks)
     module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
     # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
     trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])
-    clean_partials(folder)
-    resume = resume_checkpoint(folder)
     if resume is not None:
         log.info("resuming from %s", resume)
         # FSDP and DeepSpeed read checkpoints past the weights-only CheckpointIO: refuse pickled code first.
@@ -185,8 +222,10 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 def run(cfg: DictConfig) -> dict:
     """Validate a composed config (every problem at once) and train; what ``train.py`` calls."""
     from animegamer.config.validate import validate_train_run
+    from animegamer.training.sweep import job_output_dir
     from animegamer.utils.logging import setup_logging
 
     setup_logging(cfg.log_level)
+    cfg.output_dir = job_output_dir(cfg.output_dir)  # a --multirun job trains into its own sub-folder
     validate_train_run(cfg)
     return train(OmegaConf.to_object(cfg), cfg)

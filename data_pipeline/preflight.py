@@ -1,0 +1,134 @@
+"""Pre-flight of a pipeline run, and the dataset counts that later pre-flights read.
+
+:func:`check_run` runs in the main process before any work: every input exists and holds videos, the
+output folder is writable, the caption source exists and parses (its records naming no input film
+are warned about once, here), and every step that reads an earlier step's output finds it, current.
+It raises :class:`ConfigError` listing every problem, in seconds.
+
+:func:`dataset_counts` reads a finished pipeline output folder and says how much training and
+held-out material it holds (clips, captioned clips, shots, sessions, held-out shots and sessions for
+a given ``val_fraction``), so a training pre-flight need not recompute it.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import tempfile
+from pathlib import Path
+
+from animegamer.config.schema import PipelineConfig
+from animegamer.config.validate import ConfigError
+from animegamer.data.split import SESSIONS_FILE, TRAIN, VAL, HeldOut, session_key
+from animegamer.utils.io import read_json
+from data_pipeline.ingest import find_inputs
+from data_pipeline.lineage import PRODUCER, SOURCES, stale_reason
+from data_pipeline.writer import CLIPS_DIR, MANIFEST
+
+log = logging.getLogger(__name__)
+
+# The artefact each step writes (the step reading it may come later in the same run).
+STEP_ARTEFACT = {step: name for name, step in PRODUCER.items()}
+
+
+def input_problems(cfg: PipelineConfig) -> list[str]:
+    """Each entry of ``pipeline.inputs`` must name at least one video file."""
+    problems = []
+    for pattern in cfg.inputs:
+        if find_inputs([pattern], cfg.ingest.extensions):
+            continue
+        path = Path(pattern)
+        if path.is_dir():
+            problems.append(f"pipeline.inputs: folder {pattern} holds no video file "
+                            f"(searched recursively for {', '.join(cfg.ingest.extensions)})")
+        elif not glob.glob(pattern, recursive=True):
+            problems.append(f"pipeline.inputs: {pattern} does not exist (no file, folder or glob match)")
+        else:
+            problems.append(f"pipeline.inputs: {pattern} matches no file")
+    return problems
+
+
+def output_problems(cfg: PipelineConfig) -> list[str]:
+    output = Path(cfg.output)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as error:
+        return [f"pipeline.output={cfg.output}: cannot write there ({error.strerror or error})"]
+    return []
+
+
+def toy_problems(cfg: PipelineConfig, toy_dir: Path) -> list[str]:
+    """The toy film is the default input (data=toy): never let it replace the clips of real films."""
+    manifest = Path(cfg.output) / CLIPS_DIR / MANIFEST
+    if not manifest.exists():
+        return []
+    others = [s["path"] for s in read_json(manifest)["sources"] if Path(s["path"]).parent != toy_dir.resolve()]
+    if not others:
+        return []
+    return [f"pipeline.output={cfg.output} holds clips of other films ({', '.join(others[:3])}), but this run "
+            "uses the toy film (data=toy, the default): add data=films 'pipeline.inputs=[...]', or choose "
+            "another pipeline.output"]
+
+
+def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
+    """The run's caption backend, knowing every film of the run (id -> path); warns once about caption
+    records that name no input film. Raises ConfigError when the caption source is unusable."""
+    from data_pipeline.captioners.base import build_captioner
+
+    try:
+        return build_captioner(cfg.caption, {film_id: path for path, film_id in films.items()})
+    except (OSError, ValueError) as error:
+        raise ConfigError([f"pipeline.caption ({cfg.caption.backend}): {error}"]) from None
+
+
+def step_problems(cfg: PipelineConfig, running: list[str], requested: list[str]) -> list[str]:
+    """Steps asked for that cannot run, and steps whose input (made by a step not in this run) is
+    missing or made from inputs that changed since."""
+    problems = []
+    for step, key in (("representations", "representations"), ("adaptation", "adaptation")):
+        if step in requested and step not in running:
+            problems.append(f"pipeline.steps names {step} but pipeline.{key}.export is empty: name the export")
+    for step in running:
+        for source in SOURCES.get(STEP_ARTEFACT.get(step, ""), ()):
+            if PRODUCER[source] not in running and (reason := stale_reason(cfg.output, source)):
+                problems.append(f"step {step}: {reason}")
+    return problems
+
+
+def check_run(cfg: PipelineConfig, running: list[str], requested: list[str], films: dict[str, str]):
+    """Everything that can be known before work; returns the run's captioner (None when no step
+    captions). ``running``: the steps that will run; ``requested``: pipeline.steps as given."""
+    needs_films = {"process", "finalize"} & set(running)
+    problems = output_problems(cfg)
+    if needs_films:
+        problems += input_problems(cfg)
+    problems += step_problems(cfg, running, requested)
+    if problems:
+        raise ConfigError(problems)
+    return build_run_captioner(cfg, films) if needs_films else None
+
+
+def dataset_counts(output: str | Path, val_fraction: float) -> dict[str, int]:
+    """Counts of a pipeline output folder (after its sessions step) under ``val_fraction``.
+
+    Returns clips, captioned_clips, films, shots, captioned_shots, held_out_shots (captioned shots
+    that the held-out split of animegamer.data.split keeps for validation), train_shots, longest_run,
+    turns, sessions, held_out_sessions and train_sessions (sessions that mix both are in neither).
+    Raises FileNotFoundError naming the missing index when the sessions step has not run.
+    """
+    root = Path(output)
+    index_path = root / SESSIONS_FILE
+    if not index_path.exists():
+        raise FileNotFoundError(f"{index_path} does not exist: run the pipeline's sessions step first")
+    index = read_json(index_path)
+    stats = index["stats"]
+    held = HeldOut(root, CLIPS_DIR, val_fraction)
+    shot_keys = stats["captioned_shots"].values()
+    held_shots = sum(held.clip(key) for key in shot_keys)
+    keys = [session_key(s["keys"]) for s in index["sessions"]]
+    in_val, in_train = held.keep_session(VAL), held.keep_session(TRAIN)
+    counts = {k: stats[k] for k in ("clips", "captioned_clips", "films", "shots", "longest_run", "turns", "sessions")}
+    return {**counts, "captioned_shots": len(shot_keys), "held_out_shots": held_shots,
+            "train_shots": len(shot_keys) - held_shots,
+            "held_out_sessions": sum(map(in_val, keys)), "train_sessions": sum(map(in_train, keys))}

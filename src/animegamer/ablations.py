@@ -1,0 +1,227 @@
+"""Table 3 of the paper in one command: every tokenizer/de-tokenizer variant trained as its own model,
+then scored with the reconstruction metrics into one comparison table.
+
+    python -m animegamer.ablations [--out outputs/paper/table3] [--only addition no_warmup ...] \\
+        [--steps A1 A2] [hydra overrides for every stage]
+
+The variants are the baseline (``paper_a_joint``) and every ``configs/experiment/ablation_a_*.yaml``.
+For each, phase (a1) (the warm-up) then phase (a2) train into ``<out>/<variant>/a_warmup`` and
+``<out>/<variant>/a_joint``:
+
+- a variant whose experiment clears ``phase.init_from`` (``no_warmup``) skips the warm-up;
+- a variant whose warm-up would train exactly what the baseline's does (same model, phase and data
+  settings) starts from the baseline's warm-up;
+- every other variant (a changed encoder, decoder or conditioning frame) warms up on its own, since
+  the warm-up trains the very modules it changes.
+
+Each a2 export is then scored like ``evaluate.py``'s reconstruction report (held-out clips decoded
+from their own representation; CLIP-I and DreamSim) into ``<out>/<variant>/reconstruction/``, and
+``<out>/table3.md`` / ``table3.json`` set all variants beside the paper's numbers. Running it again
+resumes an interrupted stage, skips finished ones and re-scores only exports that changed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from animegamer.config.compose import compose_config, config_dir
+from animegamer.recipe import evaluation_config, train_stage
+
+log = logging.getLogger(__name__)
+
+BASELINE = "baseline"
+BASELINE_EXPERIMENT = "paper_a_joint"
+ABLATION_PREFIX = "ablation_a_"
+DEFAULT_OUT = Path("outputs/paper/table3")
+TABLE_NAME = "table3"
+OWN, NONE = "own", "none"  # warm-up: its own, none; else the name of the variant whose warm-up it shares
+# What the warm-up trains on, and with: two variants equal here share one warm-up.
+WARMUP_KEYS = ("model", "phase", "data", "pipeline")
+METRICS = ("clip_i", "dreamsim")
+
+
+def variant_names() -> list[str]:
+    """The baseline first, then every phase (a) ablation experiment of ``configs/experiment``."""
+    found = sorted(p.stem.removeprefix(ABLATION_PREFIX) for p in (config_dir() / "experiment").glob(f"{ABLATION_PREFIX}*.yaml"))
+    return [BASELINE, *found]
+
+
+def experiment_of(name: str) -> str:
+    return BASELINE_EXPERIMENT if name == BASELINE else ABLATION_PREFIX + name
+
+
+@dataclass
+class Variant:
+    name: str
+    warmup: str  # OWN, NONE or the variant whose warm-up it shares
+    folder: Path
+
+    @property
+    def experiment(self) -> str:
+        return experiment_of(self.name)
+
+    def stage(self, phase: str, extra: list[str], steps: int = 0, init_from: str = "") -> list[str]:
+        """train.py overrides of one stage of this variant, into its own folder."""
+        return [f"experiment={self.experiment}", f"phase={phase}", f"phase.init_from='{init_from}'", *extra,
+                *([f"phase.max_steps={steps}"] if steps else []), f"output_dir={self.folder / phase}"]
+
+    def export(self, phase: str) -> str:
+        return str(self.folder / phase / "export")
+
+
+def _trained(cfg) -> dict:
+    return {key: OmegaConf.to_container(cfg[key], resolve=True) for key in WARMUP_KEYS}
+
+
+def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
+    """Which warm-up each variant starts from; the baseline is always planned (others may share its warm-up)."""
+    names = [BASELINE, *[n for n in names if n != BASELINE]]
+    unknown = sorted(set(names) - set(variant_names()))
+    if unknown:
+        from animegamer.config.validate import ConfigError
+
+        raise ConfigError([f"unknown Table 3 variant(s) {unknown}: choose from {variant_names()}"])
+    warmup = lambda name: _trained(compose_config("train", [f"experiment={experiment_of(name)}", "phase=a_warmup",
+                                                            "phase.init_from=''", *extra, "output_dir=."]))
+    baseline = warmup(BASELINE)
+    variants = []
+    for name in names:
+        joint = compose_config("train", [f"experiment={experiment_of(name)}", *extra])
+        if not joint.phase.init_from:
+            kind = NONE
+        elif name != BASELINE and warmup(name) == baseline:
+            kind = BASELINE
+        else:
+            kind = OWN
+        variants.append(Variant(name, kind, out / name))
+    return variants
+
+
+def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int]) -> None:
+    """Every stage's config and data, checked before the first one trains (the a2 stages without
+    the warm-up export they will start from, which does not exist yet)."""
+    from animegamer.config.validate import ConfigError, validate_train_run
+    from animegamer.preflight import check_recipe
+
+    problems: list[str] = []
+    for v in variants:
+        stages = [("a_joint", steps[1])] + ([("a_warmup", steps[0])] if v.warmup == OWN else [])
+        for phase, n in stages:
+            try:
+                validate_train_run(compose_config("train", v.stage(phase, extra, n)))
+            except ConfigError as error:
+                problems += [f"{v.name} {phase}: {p}" for p in error.problems]
+    if problems:
+        raise ConfigError(problems)
+    for v in variants:
+        check_recipe(compose_config("train", v.stage("a_joint", extra, steps[1])),
+                     evaluation=evaluation_config([f"experiment={v.experiment}", *extra]))
+
+
+def score(v: Variant, extra: list[str]) -> dict:
+    """The reconstruction metrics of the variant's a2 export (kept while the export is unchanged)."""
+    from animegamer.checkpoints.export import TRAINED_FILE
+    from animegamer.config.disk_checks import check_export_sizes
+    from animegamer.config.validate import ConfigError, check_evaluated_exports
+    from animegamer.evaluation import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
+    from animegamer.utils.io import read_json, sha256_file
+
+    export = v.export("a_joint")
+    digest = sha256_file(Path(export) / TRAINED_FILE)
+    out = v.folder / RECONSTRUCTION_FOLDER
+    composed = evaluation_config([f"experiment={v.experiment}", *extra, f"evaluation.reconstruction_export={export}",
+                                  f"evaluation.out={v.folder}"])
+    settings = OmegaConf.to_container(composed.evaluation, resolve=True)
+    done = out / "metrics.json"
+    if done.exists():
+        saved = read_json(done)["metrics"]
+        if saved.get("export_sha256") == digest and saved.get("evaluation") == settings:
+            log.info("%s: reconstruction metrics of this export are already in %s", v.name, done)
+            return saved
+    problems = check_export_sizes("evaluation.reconstruction_export", export, composed.model)
+    problems += check_evaluated_exports(composed, ("reconstruction_export",))
+    if problems:
+        raise ConfigError(problems)
+    cfg = OmegaConf.to_object(composed)
+    return write_reconstruction(cfg, Scorers(cfg), out, {"export_sha256": digest, "evaluation": settings})
+
+
+def _cell(metric: dict | None) -> str:
+    if not metric:
+        return "n/a"
+    return f"{metric['value']:.4f}" if metric.get("available") else f"n/a ({metric.get('reason', 'unavailable')})"
+
+
+def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> dict[str, Path]:
+    """``table3.md`` and ``table3.json``: every variant's metrics beside the paper's Table 3 numbers."""
+    from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION
+    from animegamer.utils.io import write_json_atomic
+
+    paper = {BASELINE: PAPER_TABLE3_RECONSTRUCTION}
+    warmups = {v.name: v.warmup for v in variants}
+    table = {"paper": paper, "variants": {
+        name: {"warmup": warmups[name], "export": row["export"], "clips": row["clips"],
+               **{m: row[m] for m in METRICS}} for name, row in rows.items()}}
+    lines = ["# AnimeGamer Table 3: tokenizer / de-tokenizer ablations (reconstruction)", "",
+             "Held-out clips decoded from their own representation by each variant's phase (a2) export.", "",
+             "| variant | warm-up | clips | CLIP-I | DreamSim | paper CLIP-I | paper DreamSim |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name, row in table["variants"].items():
+        ref = paper.get(name, {})
+        shown = [f"{ref[m]:.4f}" if m in ref else "not recorded" for m in METRICS]
+        lines.append(f"| {name} | {row['warmup']} | {row['clips']} | {_cell(row['clip_i'])} | {_cell(row['dreamsim'])} "
+                     f"| {shown[0]} | {shown[1]} |")
+    lines += ["", "warm-up: own = the variant's own phase (a1); none = no warm-up; baseline = the baseline's "
+              "(the variant's warm-up would train the same). The repository records the paper's numbers for "
+              "the baseline only; its ablation rows are left \"not recorded\" rather than copied by hand."]
+    files = {"md": out / f"{TABLE_NAME}.md", "json": out / f"{TABLE_NAME}.json"}
+    files["md"].write_text("\n".join(lines) + "\n")
+    write_json_atomic(files["json"], table)
+    return files
+
+
+def run_table3(out: Path, names: list[str], extra: list[str], steps: tuple[int, int] = (0, 0)) -> dict:
+    """Train what is missing, score every variant and write the comparison table; returns its content."""
+    out.mkdir(parents=True, exist_ok=True)
+    variants = plan(names, out, extra)
+    preflight(variants, extra, steps)
+    rows: dict[str, dict] = {}
+    by_name = {v.name: v for v in variants}
+    for v in variants:
+        start = ""
+        if v.warmup == OWN:
+            start = train_stage(v.stage("a_warmup", extra, steps[0]))["export"]
+        elif v.warmup != NONE:
+            start = by_name[v.warmup].export("a_warmup")
+        train_stage(v.stage("a_joint", extra, steps[1], init_from=start))
+        rows[v.name] = score(v, extra)
+    files = write_table(out, rows, variants)
+    log.info("Table 3: %s (%s)", files["md"], ", ".join(f"{n}: CLIP-I {_cell(r['clip_i'])}" for n, r in rows.items()))
+    return json.loads(files["json"].read_text())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from animegamer.utils.logging import setup_logging
+
+    parser = argparse.ArgumentParser(prog="python -m animegamer.ablations", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="one folder per variant, and the table")
+    parser.add_argument("--only", nargs="+", default=None, metavar="VARIANT",
+                        help=f"these variants (and the baseline) only; all: {' '.join(variant_names())}")
+    parser.add_argument("--steps", type=int, nargs=2, default=(0, 0), metavar=("A1", "A2"),
+                        help="phase.max_steps of the warm-up and joint stages (0: the experiments')")
+    args, overrides = parser.parse_known_args(argv)
+    setup_logging("INFO")
+    return run_table3(args.out, args.only or variant_names(), overrides, tuple(args.steps))
+
+
+if __name__ == "__main__":
+    from animegamer.errors import exit_on_user_error
+
+    exit_on_user_error(main)(sys.argv[1:])

@@ -1,0 +1,56 @@
+"""Errors a user can fix (a wrong setting, a wrong path, a folder already used) and how entry points show them.
+
+Raise :class:`UserError` (or a subclass) for a problem the message alone explains; the configuration
+check's ``ConfigError`` counts as one too. An entry point wrapped in :func:`exit_on_user_error` prints
+such an error as one clean message (no traceback) and exits with :data:`USER_ERROR_EXIT_CODE`; any
+other exception keeps its traceback, because it is a bug to report.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, TypeVar
+
+USER_ERROR_EXIT_CODE = 2  # what argparse uses for a wrong command line
+
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """A problem the user fixes from its message alone (entry points print it without a traceback)."""
+
+
+class OutputExistsError(UserError, FileExistsError):
+    """The output folder already holds a result that the command would overwrite."""
+
+
+class MissingInputError(UserError, FileNotFoundError):
+    """A file or folder the command reads is missing or is not what it should be."""
+
+
+def is_user_error(error: BaseException) -> bool:
+    """True for :class:`UserError`, the configuration check's ``ConfigError`` and Hydra's refusal of an
+    override (unknown group or key, wrong type, bad syntax) in a config composed by the command."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    from animegamer.config.validate import ConfigError  # late: the config package may raise UserError too
+
+    return isinstance(error, (UserError, ConfigError, ConfigCompositionException, MissingConfigException,
+                              OverrideParseException))
+
+
+def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:
+    """Run an entry point; a user error becomes ``error: <message>`` on stderr and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - only user errors are caught, the rest re-raised as is
+            if not is_user_error(error):
+                raise
+            sys.stderr.write(f"error: {error}\n")
+            sys.stderr.flush()
+            raise SystemExit(USER_ERROR_EXIT_CODE) from None
+
+    return wrapper

@@ -1,0 +1,166 @@
+"""Pre-flight of the recipe paths (quick start, fine-tuning, the Table 3 recipe, evaluation): what a
+pipeline output folder allows, checked after the pipeline and before any training.
+
+A run that cannot finish should fail in seconds with what to change, not after hours of training:
+every phase needs captioned clips outside the held-out shots, phase (b) needs at least one session
+made only of such clips, and evaluation needs held-out shots to play. The counts come from the files
+the pipeline writes (the clip shards' json, ``shots.json``, ``sessions.json``) and the held-out rule
+of :mod:`animegamer.data.split`, at each stage's own ``data.val_fraction``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from animegamer.config.validate import ConfigError
+from animegamer.data.indexed import key_fraction
+from animegamer.data.split import SESSIONS_FILE, VAL, TRAIN, HeldOut, consecutive_runs, session_key
+
+log = logging.getLogger(__name__)
+
+CAPTION_OK = "ok"
+
+
+@dataclass(frozen=True)
+class SplitCounts:
+    """What one pipeline output folder holds for one held-out fraction."""
+
+    folder: str  # the clip shards
+    val_fraction: float
+    clips: int
+    captioned: int
+    shots: dict[str, float]  # shot (or clip key, without shots.json) holding a captioned clip -> its split hash
+    train_clips: int  # captioned clips outside held-out shots
+    held_out_clips: int  # captioned clips of held-out shots
+    longest_train_run: int  # consecutive captioned training clips of one film: the longest session possible
+    turns: int  # pipeline.sessions.turns of sessions.json (0: no sessions index)
+    train_sessions: int
+    held_out_sessions: int
+
+    @property
+    def held_out_shots(self) -> int:
+        return sum(f < self.val_fraction for f in self.shots.values())
+
+
+@lru_cache(maxsize=8)
+def _clip_metas(folder: str, manifest_mtime: float) -> tuple[dict, ...]:
+    """The json of every clip in a shard folder (no video decoded); cached per manifest version."""
+    from animegamer.data.shards import iter_samples, shard_urls
+
+    return tuple(s["json"] for s in iter_samples(shard_urls(folder), video=False))
+
+
+def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> SplitCounts:
+    """Counts of the pipeline output at ``root`` under the held-out split at ``val_fraction``."""
+    from animegamer.data.shards import MANIFEST
+    from animegamer.utils.io import read_json
+
+    folder = Path(root) / clips_dir
+    manifest = folder / MANIFEST
+    if not manifest.exists():
+        raise ConfigError([f"{manifest}: missing; the pipeline has not written clip shards there"])
+    metas = _clip_metas(str(folder), manifest.stat().st_mtime)
+    split = HeldOut(root, clips_dir, val_fraction)
+    captioned = [m for m in metas if m["captioner"]["status"] == CAPTION_OK]
+    unit = (lambda key: split.shot_of.get(key, key)) if split.shot_of is not None else (lambda key: key)
+    shots = {unit(m["key"]): key_fraction(unit(m["key"])) for m in captioned}
+    held = [split.clip(m["key"]) for m in captioned]
+    runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
+    index = Path(root) / SESSIONS_FILE
+    sessions = read_json(index) if index.exists() else {"turns": 0, "sessions": []}
+    keys = [session_key(s["keys"]) for s in sessions["sessions"]]
+    return SplitCounts(
+        folder=str(folder), val_fraction=val_fraction, clips=len(metas), captioned=len(captioned), shots=shots,
+        train_clips=held.count(False), held_out_clips=held.count(True),
+        longest_train_run=max((len(r) for r in runs), default=0), turns=int(sessions["turns"]),
+        train_sessions=sum(map(split.keep_session(TRAIN), keys)),
+        held_out_sessions=sum(map(split.keep_session(VAL), keys)))
+
+
+def counts_of(cfg) -> SplitCounts:
+    return split_counts(cfg.data.root, cfg.data.clips, cfg.data.val_fraction)
+
+
+# --------------------------------------------------------------------------- what each use needs
+def _too_few_shots(c: SplitCounts) -> list[str]:
+    if len(c.shots) > 1:
+        return []
+    return [f"{c.folder}: the captioned clips come from {len(c.shots)} shot(s); whole shots are held out, so "
+            f"training needs a shot outside the held-out split and validation/evaluation one inside it: add "
+            f"footage with more cuts (or more films), or captions covering more of the film"]
+
+
+def captions_problems(c: SplitCounts) -> list[str]:
+    if c.captioned:
+        return []
+    return [f"{c.folder}: none of the {c.clips} clips has a caption (see report.json's caption failures): the "
+            f"caption file must name each film (its id, file name or stem) and its time spans must cover the "
+            f"clips' midpoints"]
+
+
+def training_problems(c: SplitCounts, what: str) -> list[str]:
+    """Clips to train on: captioned clips outside the held-out shots."""
+    if not c.captioned or c.train_clips:
+        return []
+    problems = _too_few_shots(c)
+    return problems or [f"{what}: every shot is held out at data.val_fraction={c.val_fraction} (shot hashes from "
+                        f"{min(c.shots.values()):.3f}): lower data.val_fraction below {max(c.shots.values()):.3f}"]
+
+
+def held_out_problems(c: SplitCounts, what: str) -> list[str]:
+    """Held-out clips to validate or evaluate on."""
+    if not c.captioned or c.held_out_clips:
+        return []
+    problems = _too_few_shots(c)
+    return problems or [f"{what}: no shot is held out at data.val_fraction={c.val_fraction} (the {len(c.shots)} "
+                        f"shots hash from {min(c.shots.values()):.3f}): raise data.val_fraction above "
+                        f"{min(c.shots.values()):.3f}"]
+
+
+def session_problems(c: SplitCounts) -> list[str]:
+    """Phase (b) trains on sessions of ``turns`` consecutive captioned clips, none of a held-out shot."""
+    if not c.captioned or not c.train_clips or c.train_sessions:
+        return []
+    if not c.turns:
+        return [f"{Path(c.folder).parent / SESSIONS_FILE}: missing; run the pipeline's sessions step"]
+    return [f"phase b: no training session: a session is pipeline.sessions.turns={c.turns} consecutive captioned "
+            f"clips of one film outside the held-out shots, and the longest such run here has "
+            f"{c.longest_train_run} clip(s): lower pipeline.sessions.turns to {max(c.longest_train_run, 1)} or less, "
+            f"lower pipeline.clips.stride_seconds for more clips, lower data.val_fraction, or add captions "
+            f"covering more of the film"]
+
+
+def raise_problems(problems: list[str]) -> None:
+    unique = list(dict.fromkeys(problems))
+    if unique:
+        raise ConfigError(unique)
+
+
+def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCounts]:
+    """Everything the recipe's stages need from the pipeline output, before the first one trains.
+
+    Each argument is that stage's composed config (None: the stage does not run). Raises
+    :class:`ConfigError` listing every problem; warns where a stage will run without validation."""
+    counts = {"phase a": counts_of(phase_a)}
+    c = counts["phase a"]
+    problems = captions_problems(c) + training_problems(c, "phase a")
+    if phase_a.phase.val_clips > 0 and not c.held_out_clips and not held_out_problems(c, ""):
+        log.warning("phase a: no held-out clip at data.val_fraction=%s: validation is skipped", c.val_fraction)
+    if phase_b is not None:
+        counts["phase b"] = b = counts_of(phase_b)
+        problems += training_problems(b, "phase b") + session_problems(b)
+        if b.train_sessions and not b.held_out_sessions:
+            log.warning("phase b: no session is made only of held-out clips at data.val_fraction=%s: it will not be "
+                        "validated (%d held-out clip(s) in %d shot(s))", b.val_fraction, b.held_out_clips,
+                        b.held_out_shots)
+    if evaluation is not None:
+        counts["evaluation"] = e = counts_of(evaluation)
+        problems += held_out_problems(e, "evaluation")
+    raise_problems(problems)
+    for stage, n in counts.items():
+        log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "
+                 "and %d held-out session(s)", stage, n.clips, n.captioned, len(n.shots), n.train_clips,
+                 n.held_out_clips, n.train_sessions, n.held_out_sessions)
+    return counts

@@ -1,0 +1,98 @@
+"""One log format, each line once: Lightning's own console handlers do not print a second copy, whichever
+is imported first; expected errors of the entry points are one message and exit code 2, no traceback."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d INFO \[rank0\] (lightning[\w.]*|animegamer[\w.]*): ")
+
+# Each snippet logs through Lightning's loggers (seed_everything, rank_zero_info) and through ours.
+LIGHTNING_LINES = """
+import logging
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+pl.seed_everything(7)
+rank_zero_info("lightning says hello")
+logging.getLogger("animegamer.check").info("framework says hello")
+"""
+SETUP = "from animegamer.utils.logging import setup_logging; setup_logging('INFO')\n"
+IMPORT_ORDERS = {"setup_logging first": SETUP + LIGHTNING_LINES,
+                 "lightning first": "import lightning\n" + SETUP + LIGHTNING_LINES}
+
+
+def _python(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_every_lightning_line_is_printed_once_in_the_shared_format():
+    running = {name: _python(code) for name, code in IMPORT_ORDERS.items()}  # both at once: imports dominate
+    for name, process in running.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+        lines = [line for line in (out + err).splitlines() if line.strip()]
+        for message in ("Seed set to 7", "lightning says hello", "framework says hello"):
+            matching = [line for line in lines if message in line]
+            assert len(matching) == 1, (name, message, lines)
+            assert LOG_LINE.match(matching[0]), (name, matching[0])
+
+
+def test_user_errors_print_one_message_and_other_errors_keep_their_traceback(capsys):
+    from animegamer.config.validate import ConfigError
+    from animegamer.errors import USER_ERROR_EXIT_CODE, MissingInputError, exit_on_user_error
+
+    def refuse(error):
+        raise error
+
+    for error in (ConfigError(["model.decoder.width=7 must be a multiple of 8", "data.root: no such folder"]),
+                  MissingInputError("outputs/x/export: not an export folder")):
+        with pytest.raises(SystemExit) as stopped:
+            exit_on_user_error(refuse)(error)
+        assert stopped.value.code == USER_ERROR_EXIT_CODE
+        assert capsys.readouterr().err == f"error: {error}\n"
+    with pytest.raises(RuntimeError, match="a bug"):
+        exit_on_user_error(refuse)(RuntimeError("a bug"))
+    assert exit_on_user_error(lambda x: x + 1)(1) == 2
+
+
+# Each entry point with a setting the validation refuses (clip width not a multiple of 16) or a path
+# that does not exist: the problem on stderr, exit code 2, no traceback.
+ENTRY_POINTS = {
+    "train.py": ([sys.executable, str(REPO / "train.py"), "experiment=quickstart_a", "phase.init_from=/nonexistent/export"],
+                 "phase.init_from='/nonexistent/export'"),
+    "evaluate.py": ([sys.executable, str(REPO / "evaluate.py"), "experiment=quickstart_eval",
+                     "evaluation.mllm_export=/nonexistent/b"], "evaluation.mllm_export='/nonexistent/b'"),
+    "python -m data_pipeline": ([sys.executable, "-m", "data_pipeline", "pipeline.clips.width=100"],
+                                "width must be a multiple of 16"),
+    "python -m animegamer.quickstart": ([sys.executable, "-m", "animegamer.quickstart", "pipeline.clips.width=100"],
+                                        "width must be a multiple of 16"),
+    "python -m animegamer.finetune": ([sys.executable, "-m", "animegamer.finetune", "--film", "f.mp4", "--captions",
+                                       "f.jsonl", "--from", "/nonexistent", "--out", "/tmp/never"], "/nonexistent"),
+    "python -m animegamer.game": ([sys.executable, "-m", "animegamer.game", "--mllm", "/nonexistent/b", "--renderer",
+                                   "/nonexistent/c", "--clips-manifest", "/nonexistent/manifest.json",
+                                   "--instructions", "/nonexistent/turns.txt", "--out", "/tmp/never"],
+                                  "--mllm /nonexistent/b: not an export folder"),
+}
+
+
+def test_entry_points_print_expected_errors_without_a_traceback(tmp_path):
+    """Run from another directory (relative output folders land in tmp_path, not in the repository)."""
+    import os
+
+    from animegamer.errors import USER_ERROR_EXIT_CODE
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    running = {name: subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env)
+               for name, (argv, _) in ENTRY_POINTS.items()}  # all at once: start-up (imports) dominates
+    for name, process in running.items():
+        out, err = process.communicate(timeout=600)
+        expected = ENTRY_POINTS[name][1]
+        assert process.returncode == USER_ERROR_EXIT_CODE, (name, err[-2000:])
+        assert "Traceback" not in out + err and "error: " in err and expected in err, (name, err[-2000:])

@@ -1,0 +1,73 @@
+"""The pipeline's pre-flight: steps that need no films write no toy film and need no caption file; the
+toy film never replaces real clips; a step never reads a derived folder made from older inputs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_pipeline
+
+from animegamer.config.compose import compose_config
+from animegamer.config.validate import ConfigError, check_pipeline
+from animegamer.utils.io import write_json_atomic
+
+TOY_DIR = "toy_film"
+
+
+def _shards(*names: str) -> list[dict]:
+    return [{"name": name, "count": 1, "sha256": name * 4} for name in names]
+
+
+def test_steps_that_need_no_films_write_no_toy_film(tmp_path):
+    output = tmp_path / "pipeline"
+    with pytest.raises(ConfigError, match="representations/manifest.json does not exist"):
+        run_pipeline([f"pipeline.output='{output}'", "pipeline.steps=[session_shards]"])
+    assert not (output / TOY_DIR).exists()
+
+
+def test_only_captioning_steps_need_the_caption_file():
+    def caption_problems(steps: str) -> list[str]:
+        cfg = compose_config("pipeline", ["data=films", "pipeline.inputs=[/films]", f"pipeline.steps=[{steps}]"])
+        return [p for p in check_pipeline(cfg.pipeline) if "pipeline.caption" in p]
+
+    for steps in ("adaptation", "sessions", "representations,session_shards", "precompute"):
+        assert caption_problems(steps) == [], steps
+    for steps in ("process", "finalize"):
+        assert len(caption_problems(steps)) == 1, steps
+
+
+def test_toy_film_never_replaces_the_clips_of_real_films(tmp_path):
+    output = tmp_path / "pipeline"
+    film = "/data/films/ep01.mp4"
+    write_json_atomic(output / "clips" / "manifest.json", {"sources": [{"path": film}], "shards": []})
+    with pytest.raises(ConfigError, match=f"holds clips of other films \\({film}\\)"):
+        run_pipeline([f"pipeline.output='{output}'", "pipeline.steps=[process,finalize]"])
+    assert not (output / TOY_DIR).exists()
+
+
+def test_a_step_refuses_inputs_made_from_older_ones(tmp_path):
+    """Representations made from features that have been recomputed since are refused, naming the step."""
+    from data_pipeline.fingerprint import shards_digest
+    from data_pipeline.lineage import MADE_FROM, stale_reason
+
+    output = tmp_path / "pipeline"
+    clips = {"sources": [], "shards": _shards("a")}
+    features = {"shards": _shards("b"), MADE_FROM: {"clips": shards_digest(clips)}}
+    old_features = {"shards": _shards("c")}
+    representations = {"shards": _shards("d"), MADE_FROM: {"features": shards_digest(old_features)}}
+    sessions = {"sessions": [], MADE_FROM: {"clips": shards_digest(clips)}}
+    for name, data in (("clips", clips), ("features", features), ("representations", representations)):
+        write_json_atomic(output / name / "manifest.json", data)
+    (output / "sessions.json").write_text(json.dumps(sessions))
+
+    assert stale_reason(output, "features") is None and stale_reason(output, "sessions") is None
+    reason = stale_reason(output, "representations")
+    assert reason == (f"{output}/representations/manifest.json was made from other features than the current "
+                      "ones: run pipeline.steps=[representations] again")
+    with pytest.raises(ConfigError) as caught:
+        run_pipeline(["data=films", f"pipeline.output='{output}'", "pipeline.steps=[session_shards]"])
+    assert caught.value.problems == [f"step session_shards: {reason}"]
+
+    representations[MADE_FROM] = {"features": shards_digest(features)}
+    write_json_atomic(output / "representations" / "manifest.json", representations)
+    assert stale_reason(output, "representations") is None

@@ -1,0 +1,58 @@
+"""Evaluation never plays shots a model trained on, and the game renders at the trained clip size."""
+from __future__ import annotations
+
+import pytest
+from conftest import quickstart_overrides
+from omegaconf import OmegaConf
+
+from animegamer.config.compose import compose_config
+from animegamer.config.trained_data import ClipSize, lineage, trained_clip_size
+from animegamer.config.validate import ConfigError, validate_eval_run
+
+QUICKSTART_CLIPS = ClipSize(frames=17, height=96, width=144, fps=8.0)  # configs/experiment/quickstart*.yaml
+
+
+def _evaluation(root, summary, *extra):
+    return compose_config("evaluate", [
+        "experiment=quickstart_eval", *quickstart_overrides(root), f"evaluation.mllm_export={summary['phase b export']}",
+        f"evaluation.renderer_export={summary['phase c export']}",
+        f"evaluation.reconstruction_export={summary['phase a2 export']}", *extra])
+
+
+def test_evaluation_refuses_a_larger_held_out_split_than_training(quickstart):
+    root, summary = quickstart
+    validate_eval_run(_evaluation(root, summary))  # every phase held out 0.2, as the evaluation does
+    chain = [folder for folder, _ in lineage(summary["phase c export"])]
+    assert chain == [summary["phase c export"], summary["phase a2 export"], summary["phase a start"]]
+
+    with pytest.raises(ConfigError) as error:
+        validate_eval_run(_evaluation(root, summary, "data.val_fraction=0.75"))
+    problems = error.value.problems
+    assert len(problems) == 3  # the MLLM, the renderer and the reconstruction export
+    assert all("data.val_fraction=0.2" in p and "data.val_fraction=0.75" in p for p in problems)
+    validate_eval_run(_evaluation(root, summary, "data.val_fraction=0.1"))  # a subset of the held-out shots
+
+
+def test_evaluation_refuses_exports_trained_at_another_clip_size(quickstart, toy_run):
+    """The toy_run pipeline cut the same toy film at 64x96: neither its clips nor its split fit."""
+    root, summary = quickstart
+    output, _ = toy_run
+    with pytest.raises(ConfigError) as error:
+        validate_eval_run(_evaluation(root, summary, f"data.root={output}"))
+    sizes = [p for p in error.value.problems if "trained on clips of" in p]
+    assert len(sizes) == 2 and all("17 frames of 144x96 at 8 fps" in p and "17 frames of 96x64" in p for p in sizes)
+
+
+def test_game_renders_at_the_size_its_renderer_was_trained_at(quickstart, tmp_path):
+    from animegamer.game import load_game_models, play_game, read_level_flow
+
+    root, summary = quickstart
+    assert trained_clip_size(summary["phase c export"]) == QUICKSTART_CLIPS
+    cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "model.mllm.constrained_states=true"]))
+    assert (cfg.pipeline.clips.height, cfg.pipeline.clips.width) == (480, 720)  # the preset's paper size
+    models = load_game_models(cfg, summary["phase b export"], summary["phase c export"],
+                              read_level_flow(root / "pipeline" / "clips"))
+    record = play_game(models, ["Character: Qiqi; Motion: slowly walk; Background: morning forest."], tmp_path / "g",
+                       sampling_steps=1)
+    assert record["clips"] == {"fps": 8.0, "frames": 17, "height": 96, "width": 144}
+    assert record["turns"][0]["frames"] == [17, 96, 144, 3]
