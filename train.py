@@ -15,9 +15,8 @@ from animegamer.training.runner import run
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")
-@exit_on_user_error  # a configuration problem: its message and exit code 2, no traceback
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    exit_on_user_error(run)(cfg)  # a configuration problem: its message and exit code 2, no traceback
 
 
 if __name__ == "__main__":

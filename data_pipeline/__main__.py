@@ -27,9 +27,8 @@ def run(cfg: DictConfig) -> dict:
 
 
 @hydra.main(config_path=str(config_dir()), config_name="pipeline", version_base="1.3")
-@exit_on_user_error  # a configuration problem or a wrong input path: its message and exit code 2, no traceback
 def _hydra_main(cfg: DictConfig) -> None:
-    report = run(cfg)
+    report = exit_on_user_error(run)(cfg)  # a configuration problem or a wrong path: its message, exit code 2
     if "counts" in report:
         counts = report["counts"]
         log.info("clip shards: %s (%s clips, %s inputs skipped)", report["output"], counts["clips"],

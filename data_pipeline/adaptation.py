@@ -22,10 +22,10 @@ from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
 from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR, LATENTS
 from data_pipeline.session_shards import SESSION_SHARDS_DIR
-from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 ADAPTATION_DIR = "adaptation"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -11,6 +12,8 @@ import numpy as np
 from animegamer.config.schema import ClipsConfig
 from data_pipeline.ingest import FilmInfo
 from data_pipeline.shots import Shot
+
+log = logging.getLogger(__name__)
 
 _PIX_FMT = "yuv420p"
 _FPS_MAX_DENOMINATOR = 1001  # NTSC-style rates stay exact
@@ -81,14 +84,31 @@ class FrameSource:
     def __init__(self, film: FilmInfo, cfg: ClipsConfig) -> None:
         import decord
 
-        w, h = cover_size(film.width, film.height, cfg.width, cfg.height)
+        self._cover = cover_size(film.width, film.height, cfg.width, cfg.height)
+        w, h = self._cover
         self._reader = decord.VideoReader(film.path, width=w, height=h, num_threads=1)
+        self._host_resize = False
+        try:
+            self._reader.get_batch([0])
+        except decord.DECORDError as error:
+            # decord 0.6's scaler hands back 4 bytes per pixel at a few sizes (e.g. 48x40 and 72x60
+            # from a 176x144 film) and fails its own size check: decode at the film's size instead.
+            log.info("%s: decord cannot scale to %dx%d (%s); resizing with OpenCV", film.path, w, h,
+                     str(error).splitlines()[0][:120])
+            self._reader = decord.VideoReader(film.path, num_threads=1)
+            self._host_resize = True
         self._cfg = cfg
+
+    def _decode(self, indices: list[int]) -> np.ndarray:
+        frames = self._reader.get_batch(indices).asnumpy()
+        if not self._host_resize:
+            return frames
+        return np.stack([cv2.resize(f, self._cover, interpolation=cv2.INTER_AREA) for f in frames])
 
     def clip_frames(self, window: ClipWindow) -> np.ndarray:
         """(frames, H_out, W_out, 3) uint8 RGB of one window."""
         unique = sorted(set(window.frame_indices))
-        decoded = dict(zip(unique, self._reader.get_batch(unique).asnumpy()))
+        decoded = dict(zip(unique, self._decode(unique)))
         frames = np.stack([decoded[i] for i in window.frame_indices])
         return np.ascontiguousarray(center_crop(frames, self._cfg.height, self._cfg.width))
 

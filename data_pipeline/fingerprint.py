@@ -21,6 +21,7 @@ STAGING_FORMAT = 2
 # Motion settings that shape a clip's flow value (bins and edges only matter at finalize).
 FLOW_FIELDS = ("estimator", "raft_weights", "threshold", "analysis_width")
 REUSED, RECOMPUTED = "reused", "recomputed"
+FINGERPRINT = "fingerprint"  # the key under which every staged record and manifest keeps its fingerprint
 
 
 def fingerprint(*parts: object) -> str:
@@ -54,6 +55,13 @@ def caption_fingerprint(task_fp: str, captioner_name: str, captioner_version: st
     """Captions of one clip task: its clip windows (the task), the backend, its version (for jsonl the
     hash of the caption files, for models the model and prompt) and the retry budget."""
     return fingerprint(task_fp, captioner_name, captioner_version, retries)
+
+
+def task_fingerprints(plan: dict, task: int, cfg: PipelineConfig, captioner) -> tuple[str, str]:
+    """(clips fingerprint, captions fingerprint) of one task of a staged ``plan`` under ``cfg`` and
+    the run's ``captioner``."""
+    task_fp = task_fingerprint(plan[FINGERPRINT], task, cfg)
+    return task_fp, caption_fingerprint(task_fp, captioner.name, captioner.version, cfg.caption.retries)
 
 
 def shards_digest(manifest: dict) -> str:

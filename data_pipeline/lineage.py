@@ -13,8 +13,7 @@ from pathlib import Path
 
 from animegamer.data.split import SESSIONS_FILE
 from animegamer.utils.io import read_json
-from data_pipeline.fingerprint import fingerprint, reuse_counts, shards_digest
-from data_pipeline.staging import FINGERPRINT
+from data_pipeline.fingerprint import FINGERPRINT, fingerprint, reuse_counts, shards_digest
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,8 @@ from tqdm import tqdm
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
-from data_pipeline.fingerprint import RECOMPUTED, REUSED, fingerprint, reuse_counts
+from data_pipeline.fingerprint import FINGERPRINT, RECOMPUTED, REUSED, fingerprint, reuse_counts
 from data_pipeline.lineage import MADE_FROM, made_from
-from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import CLIPS_DIR, MANIFEST, shard_writer
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ from omegaconf import OmegaConf
 from animegamer.config.schema import PipelineConfig
 from data_pipeline.clips import ClipWindow, FrameSource, encode_mp4, plan_windows
 from data_pipeline.errors import BadInput
-from data_pipeline.fingerprint import caption_fingerprint, plan_fingerprint, task_fingerprint
+from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
 from data_pipeline.ingest import FilmInfo, probe
 from data_pipeline.motion import clip_flow, make_estimator
 from data_pipeline.shots import Shot, detect_cuts, shots_from_cuts
-from data_pipeline.staging import FINGERPRINT, Staging
+from data_pipeline.staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +160,6 @@ def captioner_for(caption_cfg, film_paths: dict[str, str]):
     return _CAPTIONERS[key]
 
 
-def task_fingerprints(plan: dict, task: int, cfg: PipelineConfig, captioner) -> tuple[str, str]:
-    """(clips fingerprint, captions fingerprint) of one task under ``cfg`` and ``captioner``."""
-    task_fp = task_fingerprint(plan[FINGERPRINT], task, cfg)
-    return task_fp, caption_fingerprint(task_fp, captioner.name, captioner.version, cfg.caption.retries)
-
-
 def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineConfig, captioner,
                      with_clips: bool) -> tuple[list[tuple[str, bytes, dict]], dict[str, dict], dict]:
     """Caption every window, and (``with_clips``) measure and encode it; frames are decoded only when
@@ -187,22 +181,23 @@ def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineCon
         captions[window.key] = caption_fields(captioner.caption(context))
         t3 = time.perf_counter()
         if with_clips:
-            staged.append((window.key, encode_mp4(frames, cfg.clips.fps, cfg.clips), clip_meta(film, window, cfg, flow)))
+            mp4 = encode_mp4(frames, cfg.clips.fps, cfg.clips)
+            staged.append((window.key, mp4, clip_meta(film, window, cfg, flow)))
         t4 = time.perf_counter()
         for name, dt in zip(TASK_TIMINGS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             timings[name] += dt
     return staged, captions, timings
 
 
-def run_task(film_id: str, task: int, cfg_dict: dict, root: str, film_paths: dict[str, str] | None = None) -> dict:
+def run_task(film_id: str, task: int, cfg_dict: dict, root: str) -> dict:
     """Cut, measure, caption and encode the clips of one task; staged atomically as a folder, then
     its captions. Whatever is current (same fingerprint) is kept: clips made with the same settings
-    are only re-captioned when the caption source changed. ``film_paths``: the run's films (id -> path)."""
+    are only re-captioned when the caption source changed."""
     cfg = as_pipeline_config(cfg_dict)
     staging = Staging(Path(root))
     plan = staging.plan(film_id)
     film, _ = film_from_plan(plan)
-    captioner = captioner_for(cfg.caption, film_paths or {film.film_id: film.path})
+    captioner = captioner_for(cfg.caption, {film.film_id: film.path})
     task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
     clips_current = staging.task_done(film_id, task, task_fp)
     if clips_current and staging.captions(film_id, task, caption_fp) is not None:

@@ -22,9 +22,9 @@ from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, shard_urls
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
+from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR, IMAGE, TEXT, _batches
-from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import MANIFEST, shard_writer
 
 log = logging.getLogger(__name__)

@@ -14,11 +14,11 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS, ConfigError
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
-from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts
+from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
 from data_pipeline.lineage import stale_reason
 from data_pipeline.preflight import check_run, toy_problems
-from data_pipeline.process import plan_film, run_task, task_fingerprints
+from data_pipeline.process import plan_film, run_task
 from data_pipeline.staging import Staging
 from data_pipeline.writer import REPORT
 
@@ -75,9 +75,12 @@ def assigned_films(cfg: PipelineConfig, all_parts: bool) -> dict[str, str]:
 
 def _plan_jobs(staging: Staging, cfg: PipelineConfig, films: dict[str, str]) -> list[tuple[str, str]]:
     """(path, film id) of the films whose staged plan is missing or was made by other files or settings."""
-    return [(path, film_id) for path, film_id in films.items()
-            if staging.plan(film_id, plan_fingerprint(path, cfg)) is None
-            and staging.rejection(path, plan_fingerprint(path, cfg)) is None]
+    jobs = []
+    for path, film_id in films.items():
+        plan_fp = plan_fingerprint(path, cfg)
+        if staging.plan(film_id, plan_fp) is None and staging.rejection(path, plan_fp) is None:
+            jobs.append((path, film_id))
+    return jobs
 
 
 def _task_jobs(staging: Staging, cfg: PipelineConfig, film_id: str, plan: dict, captioner) -> tuple[list[int], int]:
@@ -93,7 +96,7 @@ def _task_jobs(staging: Staging, cfg: PipelineConfig, film_id: str, plan: dict, 
     return todo, captions_only
 
 
-def process(cfg: PipelineConfig, films: dict[str, str], all_films: dict[str, str], captioner) -> dict:
+def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
     """Plan every film, then run every clip task; both reuse what is current (same fingerprint) and
     redo the rest. Returns reused/recomputed counts per stage (plans, clip tasks, caption tasks)."""
     staging = Staging(Path(cfg.output))
@@ -102,7 +105,6 @@ def process(cfg: PipelineConfig, films: dict[str, str], all_films: dict[str, str
     root = str(cfg.output)
     plan_jobs = _plan_jobs(staging, cfg, films)
     _map(plan_film, [(path, film_id, cfg_dict, root) for path, film_id in plan_jobs], cfg.workers, "shots")
-    film_paths = {film_id: path for path, film_id in all_films.items()}
     jobs, total_tasks, captions_only = [], 0, 0
     for path, film_id in films.items():
         plan = staging.plan(film_id, plan_fingerprint(path, cfg))
@@ -111,7 +113,7 @@ def process(cfg: PipelineConfig, films: dict[str, str], all_films: dict[str, str
         clean_stale_temps(staging.film_dir(film_id))
         staging.remove_tasks_from(film_id, len(plan["tasks"]))
         todo, only_captions = _task_jobs(staging, cfg, film_id, plan, captioner)
-        jobs += [(film_id, t, cfg_dict, root, film_paths) for t in todo]
+        jobs += [(film_id, t, cfg_dict, root) for t in todo]
         total_tasks += len(plan["tasks"])
         captions_only += only_captions
     _map(run_task, jobs, cfg.workers, "clips")
@@ -130,16 +132,21 @@ def running_steps(cfg: PipelineConfig) -> list[str]:
         "precompute": cfg.precompute.enabled,
         "representations": bool(cfg.representations.export),
         # Without a representation step in this run, session shards need an earlier one's output.
-        "session_shards": bool(cfg.representations.export) or "session_shards" in cfg.steps
+        "session_shards": _session_shards_asked(cfg)
         or (Path(cfg.output) / "representations" / "manifest.json").exists(),
         "adaptation": bool(cfg.adaptation.export),
     }
     return [s for s in steps if optional.get(s, True)]
 
 
+def _session_shards_asked(cfg: PipelineConfig) -> bool:
+    """Named in pipeline.steps, or following a representation step of this run."""
+    return "session_shards" in cfg.steps or bool(cfg.representations.export)
+
+
 def _session_shards_wanted(cfg: PipelineConfig) -> bool:
     """Session shards run by default only over current representations; asked for, they must be."""
-    if "session_shards" in cfg.steps or cfg.representations.export:
+    if _session_shards_asked(cfg):
         return True
     reason = stale_reason(cfg.output, "representations")
     if reason is not None:
@@ -166,12 +173,14 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         resolved["pipeline"]["inputs"] = list(cfg.inputs)
         resolved["pipeline"]["caption"]["path"] = cfg.caption.path
     all_films = assigned_films(cfg, all_parts=True) if needs_films else {}
-    captioner = check_run(cfg, steps, list(cfg.steps), all_films)
+    # A session-shard step that is only on by default checks its input when its turn comes.
+    checked = [s for s in steps if s != "session_shards" or _session_shards_asked(cfg)]
+    captioner = check_run(cfg, checked, list(cfg.steps), all_films)
     report: dict = {"output": str(cfg.output)}
     reuse: dict = {}
     started = time.perf_counter()
     if "process" in steps:
-        reuse.update(process(cfg, assigned_films(cfg, all_parts=False), all_films, captioner))
+        reuse.update(process(cfg, assigned_films(cfg, all_parts=False), captioner))
     if "finalize" in steps:
         from data_pipeline.writer import finalize
 

@@ -18,10 +18,10 @@ from animegamer.config.schema import PipelineConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import session_key
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
+from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
 from data_pipeline.representations import REP, REPRESENTATIONS_DIR
 from data_pipeline.sessions import SESSIONS_FILE
-from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 SESSION_SHARDS_DIR = "session_shards"

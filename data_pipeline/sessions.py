@@ -17,8 +17,8 @@ from animegamer.config.schema import PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
 from animegamer.data.split import SESSIONS_FILE, shot_id
 from animegamer.utils.io import sha256_file, write_json_atomic
+from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, index, reused_summary, step_fingerprint
-from data_pipeline.staging import FINGERPRINT
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from animegamer.utils.io import atomic_dir, read_json, write_json_atomic
+from data_pipeline.fingerprint import FINGERPRINT
 
 STAGING_DIR = ".staging"
 PLAN_FILE = "plan.json"
 TASK_FILE = "task.json"
-FINGERPRINT = "fingerprint"
 TASK_PREFIX = "task-"
 
 
@@ -94,7 +94,10 @@ class Staging:
         for path in self.film_dir(film_id).glob(f"{TASK_PREFIX}*"):
             number = path.name[len(TASK_PREFIX):].split(".")[0]
             if number.isdigit() and int(number) >= first:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
                 removed.add(int(number))
         return len(removed)
 

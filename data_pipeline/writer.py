@@ -15,10 +15,9 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
-from data_pipeline.fingerprint import plan_fingerprint
+from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
 from data_pipeline.motion import LEVELS, MotionBins, compute_bins
-from data_pipeline.process import task_fingerprints
-from data_pipeline.staging import FINGERPRINT, Staging
+from data_pipeline.staging import Staging
 
 log = logging.getLogger(__name__)
 

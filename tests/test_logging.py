@@ -62,16 +62,16 @@ def test_user_errors_print_one_message_and_other_errors_keep_their_traceback(cap
 
 
 # Each entry point with a setting the validation refuses (clip width not a multiple of 16) or a path
-# that does not exist: the problem on stderr, exit code 2, no traceback.
+# that does not exist: the problem on stderr, exit code 2, no traceback. The quick start is run in
+# this process (test below): its main() is the console script itself.
 ENTRY_POINTS = {
-    "train.py": ([sys.executable, str(REPO / "train.py"), "experiment=quickstart_a", "phase.init_from=/nonexistent/export"],
+    "train.py": ([sys.executable, str(REPO / "train.py"), "experiment=quickstart_a",
+                  "phase.init_from=/nonexistent/export"],
                  "phase.init_from='/nonexistent/export'"),
     "evaluate.py": ([sys.executable, str(REPO / "evaluate.py"), "experiment=quickstart_eval",
                      "evaluation.mllm_export=/nonexistent/b"], "evaluation.mllm_export='/nonexistent/b'"),
     "python -m data_pipeline": ([sys.executable, "-m", "data_pipeline", "pipeline.clips.width=100"],
                                 "width must be a multiple of 16"),
-    "python -m animegamer.quickstart": ([sys.executable, "-m", "animegamer.quickstart", "pipeline.clips.width=100"],
-                                        "width must be a multiple of 16"),
     "python -m animegamer.finetune": ([sys.executable, "-m", "animegamer.finetune", "--film", "f.mp4", "--captions",
                                        "f.jsonl", "--from", "/nonexistent", "--out", "/tmp/never"], "/nonexistent"),
     "python -m animegamer.game": ([sys.executable, "-m", "animegamer.game", "--mllm", "/nonexistent/b", "--renderer",
@@ -96,3 +96,16 @@ def test_entry_points_print_expected_errors_without_a_traceback(tmp_path):
         expected = ENTRY_POINTS[name][1]
         assert process.returncode == USER_ERROR_EXIT_CODE, (name, err[-2000:])
         assert "Traceback" not in out + err and "error: " in err and expected in err, (name, err[-2000:])
+
+
+def test_quickstart_prints_a_refused_setting_without_a_traceback(tmp_path, monkeypatch, capsys):
+    from animegamer.errors import USER_ERROR_EXIT_CODE
+    from animegamer.quickstart import main
+
+    monkeypatch.setattr(sys, "argv", ["animegamer-quickstart", f"pipeline.output={tmp_path}/pipeline",
+                                      "pipeline.clips.width=100"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == USER_ERROR_EXIT_CODE and "width must be a multiple of 16" in err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())

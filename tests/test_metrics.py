@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -301,3 +302,50 @@ def test_reconstruction_report_lists_table3(tmp_path):
     assert "n/a (dreamsim package not installed)" in report
     assert "ACC-F" not in report
     assert not math.isnan(json.loads((tmp_path / "metrics.json").read_text())["headline"]["clip_i"]["value"])
+
+
+SETUP = {"model": "tiny", "parameters": {"MLLM": 1_234_567, "renderer (encoder + decoder)": 62_800, "VAE": 164_771},
+         "dtype": "float32", "device": "cpu", "hardware": "Example CPU, 2 cores", "cpu": "Example CPU, 2 cores",
+         "torch": "2.13.0", "sampling_steps": 4}
+
+
+def test_reconstruction_report_counts_clips_and_names_the_models(tmp_path):
+    """A report without games (Table 3 reconstruction) says how many clips it scored, never "0 games",
+    and writes no empty gallery; the setup beside the paper says which model and hardware."""
+    metrics = {"clips": 2, "clip_i": 0.85, "dreamsim": unavailable("no DreamSim weights"), "setup": SETUP}
+    written = write_report(tmp_path, metrics, [], PAPER_TABLE3_RECONSTRUCTION, title="Reconstruction")
+    report = (tmp_path / "report.md").read_text()
+    assert "2 clips" in report and "games" not in report and "gallery" not in report
+    assert "gallery_html" not in written and not (tmp_path / "gallery.html").exists()
+    ours = next(line for line in report.splitlines() if line.startswith("- Ours:"))
+    assert ours == ("- Ours: model preset `tiny` (MLLM 1.23 M, renderer (encoder + decoder) 62.8 K, VAE 165 K "
+                    "parameters), float32 on cpu (Example CPU, 2 cores), torch 2.13.0, 4 sampling steps per clip; "
+                    "2 clips.")
+    assert "- Paper: the full-size AnimeGamer" in report and "| Metric | Ours (`tiny`) |" in report
+
+
+def test_gallery_says_each_unavailable_reason_once_and_shows_the_truth_beside_each_clip(tmp_path):
+    from animegamer.pages import save_poster
+
+    clips = tmp_path / "clips"
+    games = [{"id": f"game-{g}", "turns": []} for g in range(2)]
+    for g, game in enumerate(games):
+        for t in range(3):
+            paths = {}
+            for side, shade in (("video", 60), ("truth_video", 200)):
+                paths[side] = clips / f"{side}-{g}-{t}.mp4"
+                paths[side].parent.mkdir(exist_ok=True)
+                paths[side].write_bytes(b"not decoded: its poster is newer")
+                save_poster(np.full((8, 12, 3), shade, np.uint8), paths[side].with_suffix(".jpg"))
+            game["turns"].append({"instruction": f"turn {t}", **{k: str(v) for k, v in paths.items()},
+                                  "states": {"ML": 1}, "metrics": {
+                                      "clip_i": unavailable("no CLIP weights configured"),
+                                      "dreamsim": unavailable("no DreamSim weights"), "acc": 0.5}})
+    write_report(tmp_path / "report", {"clip_i": unavailable("no CLIP weights configured")}, games)
+    page = (tmp_path / "report" / "gallery.html").read_text()
+    assert page.count("no CLIP weights configured") == 1 and page.count("no DreamSim weights") == 1
+    assert "n/a" not in page
+    pairs = re.findall(r'<video src="([^"]+)" poster="([^"]+)"', page)
+    assert len(pairs) == 12
+    assert pairs[:2] == [("../clips/video-0-0.mp4", "../clips/video-0-0.jpg"),
+                         ("../clips/truth_video-0-0.mp4", "../clips/truth_video-0-0.jpg")]

@@ -5,7 +5,9 @@ and records them; the jobs of a ``--multirun`` sweep get distinct folders. Also 
 progress bar."""
 from __future__ import annotations
 
+import copy
 import csv
+import functools
 import json
 from pathlib import Path
 
@@ -19,8 +21,14 @@ from animegamer.training import run_record
 from animegamer.training.run_record import RECORD_FILE, Change, RunFolderChanged, check_run_folder, diff, refused
 
 
-def _resolved(*overrides: str) -> dict:
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]) -> dict:
     return OmegaConf.to_container(compose_config("train", ["experiment=quickstart_a", *overrides]), resolve=True)
+
+
+def _resolved(*overrides: str) -> dict:
+    """The resolved quick-start phase (a) config with ``overrides`` (a fresh copy of a cached composition)."""
+    return copy.deepcopy(_composed(overrides))
 
 
 def _refused_keys(old: dict, new: dict) -> list[str]:

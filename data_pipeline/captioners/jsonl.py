@@ -126,7 +126,9 @@ class JsonlCaptioner:
     name = BACKEND_JSONL
     needs_frames = False
 
-    def __init__(self, path: str | Path, film_paths: Optional[FilmPaths] = None, warn_unknown_films: bool = True) -> None:
+    def __init__(
+        self, path: str | Path, film_paths: Optional[FilmPaths] = None, warn_unknown_films: bool = True
+    ) -> None:
         files = caption_files(path)
         self.version = files_version(files)
         self._film_paths = film_paths

@@ -165,15 +165,15 @@ def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> di
 
     paper = {BASELINE: PAPER_TABLE3_RECONSTRUCTION}
     warmups = {v.name: v.warmup for v in variants}
-    table = {"paper": paper, "variants": {
-        name: {"warmup": warmups[name], "export": row["export"], "clips": row["clips"],
-               **{m: row[m] for m in METRICS}} for name, row in rows.items()}}
+    table = {"paper": paper, "variants": [
+        {"variant": name, "warmup": warmups[name], "export": row["export"], "clips": row["clips"],
+         **{m: row[m] for m in METRICS}} for name, row in rows.items()]}
     lines = ["# AnimeGamer Table 3: tokenizer / de-tokenizer ablations (reconstruction)", "",
              "Held-out clips decoded from their own representation by each variant's phase (a2) export.", "",
              "| variant | warm-up | clips | CLIP-I | DreamSim | paper CLIP-I | paper DreamSim |",
              "|---|---|---:|---:|---:|---:|---:|"]
-    for name, row in table["variants"].items():
-        ref = paper.get(name, {})
+    for row in table["variants"]:
+        name, ref = row["variant"], paper.get(row["variant"], {})
         shown = [f"{ref[m]:.4f}" if m in ref else "not recorded" for m in METRICS]
         lines.append(f"| {name} | {row['warmup']} | {row['clips']} | {_cell(row['clip_i'])} | {_cell(row['dreamsim'])} "
                      f"| {shown[0]} | {shown[1]} |")

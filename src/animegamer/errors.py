@@ -28,6 +28,10 @@ class MissingInputError(UserError, FileNotFoundError):
     """A file or folder the command reads is missing or is not what it should be."""
 
 
+class InvalidInputError(UserError, ValueError):
+    """A file the command reads exists but holds something it cannot use."""
+
+
 def is_user_error(error: BaseException) -> bool:
     """True for :class:`UserError`, the configuration check's ``ConfigError`` and Hydra's refusal of an
     override (unknown group or key, wrong type, bad syntax) in a config composed by the command."""

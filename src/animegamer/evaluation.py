@@ -180,7 +180,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
         rows.append(scorers.turn(frames, truth[key], "", ""))
     param = next(module.parameters())
     setup = describe_setup(cfg.model.name, {"encoder + decoder": module.model, "VAE": vae}, param.device, param.dtype,
-                           sampling_steps=e.sampling_steps)
+                           sampling_steps=e.sampling_steps or cfg.model.diffusion.sampling_steps)
     return {"clips": count, "export": e.reconstruction_export, "setup": setup,
             "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
             "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip")}

@@ -44,12 +44,12 @@ import numpy as np
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.errors import exit_on_user_error
+from animegamer.errors import InvalidInputError, OutputExistsError, UserError, exit_on_user_error
 from animegamer.mllm.predict import HistoryTurn, Prediction, predict_next, window
 from animegamer.mllm.sequence import Turn
-from animegamer.pages import POSTER_SUFFIX
+from animegamer.pages import POSTER_SUFFIX, poster_path, save_poster
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("animegamer.game")  # the same name under ``python -m animegamer.game``
 
 __all__ = [
     "CHARACTER_STATES", "INITIAL_STATE", "STATE_STEP", "STATE_RANGE", "GameModels", "TurnResult", "Game",
@@ -121,7 +121,8 @@ def read_level_flow(manifest: str | Path) -> dict[int, float]:
     try:
         table = data["motion_bins"]["level_flow"]
     except (KeyError, TypeError):
-        raise ValueError(f"{path}: no motion_bins.level_flow (not a clips/features/sessions manifest?)") from None
+        message = f"{path}: no motion_bins.level_flow (not a clips/features/sessions manifest?)"
+        raise InvalidInputError(message) from None
     return check_level_flow(table)
 
 
@@ -416,8 +417,6 @@ class GameWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if (self.out_dir / GAME_FILE).exists():
             if not overwrite:
-                from animegamer.errors import OutputExistsError
-
                 raise OutputExistsError(f"{self.out_dir} already holds a game ({GAME_FILE}); choose another folder "
                                         "or overwrite it (--overwrite)")
             played = [*self.out_dir.glob("turn_*.mp4"), *self.out_dir.glob(f"turn_*{POSTER_SUFFIX}")]
@@ -428,7 +427,6 @@ class GameWriter:
         self.write_index()
 
     def add(self, result: TurnResult) -> Path:
-        from animegamer.pages import poster_path, save_poster
         from animegamer.utils.io import write_bytes_atomic
         from data_pipeline.clips import encode_mp4
 
@@ -574,6 +572,8 @@ def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
         problems.append(f"--clips-manifest {manifest}: no such manifest.json (run the pipeline first)")
     if args.instructions and not Path(args.instructions).is_file():
         problems.append(f"--instructions {args.instructions}: no such file")
+    if (Path(args.out) / GAME_FILE).exists() and not args.overwrite:
+        problems.append(f"--out {args.out} already holds a game ({GAME_FILE}); choose another folder or --overwrite")
     return problems
 
 
@@ -587,7 +587,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from animegamer.config.compose import compose_config
     from animegamer.config.validate import ConfigError
-    from animegamer.errors import UserError
     from animegamer.utils.logging import setup_logging
 
     args = build_parser().parse_intermixed_args(argv)

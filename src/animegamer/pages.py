@@ -48,11 +48,15 @@ def write_page(path: str | Path, template: str, **context: Any) -> Path:
     return path
 
 
+def relative_path(target: str | Path, folder: str | Path) -> str:
+    """``target`` (a path as this process sees it: absolute, or relative to the current directory)
+    relative to ``folder``, with forward slashes."""
+    return Path(os.path.relpath(Path(target).resolve(), Path(folder).resolve())).as_posix()
+
+
 def relative_url(target: str | Path, page_dir: str | Path) -> str:
-    """The URL of ``target`` (a path as this process sees it: absolute, or relative to the current
-    directory) from a page in ``page_dir``."""
-    relative = os.path.relpath(Path(target).resolve(), Path(page_dir).resolve())
-    return quote(Path(relative).as_posix())
+    """The URL of ``target`` from a page in ``page_dir``."""
+    return quote(relative_path(target, page_dir))
 
 
 # --------------------------------------------------------------------------- posters
@@ -101,6 +105,10 @@ def ensure_poster(video: str | Path) -> Optional[Path]:
 
 def clip_entry(video: str | Path, page_dir: str | Path, label: str = "") -> dict:
     """What a template needs to show one clip: its URL, its poster's URL (or None) and a label."""
-    poster = ensure_poster(video) if Path(video).exists() else None
+    poster = None
+    if Path(video).is_file():
+        poster = ensure_poster(video)
+    else:
+        log.warning("%s: no such clip; the page links to it anyway", video)
     return {"src": relative_url(video, page_dir), "poster": relative_url(poster, page_dir) if poster else None,
             "label": label}

@@ -132,6 +132,12 @@ def session_problems(c: SplitCounts) -> list[str]:
             f"covering more of the film"]
 
 
+def evaluation_problems(cfg) -> list[str]:
+    """What an evaluation needs from its data: captioned clips of held-out shots to play."""
+    c = counts_of(cfg)
+    return captions_problems(c) + held_out_problems(c, "evaluation")
+
+
 def raise_problems(problems: list[str]) -> None:
     unique = list(dict.fromkeys(problems))
     if unique:
@@ -156,8 +162,8 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
                         "validated (%d held-out clip(s) in %d shot(s))", b.val_fraction, b.held_out_clips,
                         b.held_out_shots)
     if evaluation is not None:
-        counts["evaluation"] = e = counts_of(evaluation)
-        problems += held_out_problems(e, "evaluation")
+        counts["evaluation"] = counts_of(evaluation)
+        problems += evaluation_problems(evaluation)
     raise_problems(problems)
     for stage, n in counts.items():
         log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "

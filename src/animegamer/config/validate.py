@@ -378,6 +378,10 @@ def validate_eval_run(cfg) -> None:
     for key in ("mllm_export", "renderer_export", "reconstruction_export"):
         problems += check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
     problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
+    if not e.benchmark and (root / cfg.data.clips / "manifest.json").exists():
+        from animegamer.preflight import evaluation_problems
+
+        problems += evaluation_problems(cfg)
     if problems:
         raise ConfigError(problems)
 

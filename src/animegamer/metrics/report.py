@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +27,7 @@ import numpy as np
 from animegamer.config.schema import NUM_MOTION_LEVELS
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
+from animegamer.pages import clip_entry, relative_path, write_page
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def headline(metrics: Mapping[str, Any]) -> dict[str, dict]:
 
 
 def _label(key: str) -> str:
-    return METRIC_INFO[key][0] if key in METRIC_INFO else key
+    return METRIC_INFO[key][0] if key in METRIC_INFO else key.replace("_", " ")
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -331,8 +331,7 @@ def _turn_clips(turn: Mapping) -> dict[str, str]:
 def _portable(games: Sequence[Mapping], out_dir: Path) -> list[dict]:
     """The games with every clip path relative to the report folder (what metrics.json records)."""
     def turn_paths(turn: Mapping) -> dict:
-        paths = {k: Path(os.path.relpath(Path(p).resolve(), out_dir.resolve())).as_posix()
-                 for k, p in _turn_clips(turn).items()}
+        paths = {k: relative_path(p, out_dir) for k, p in _turn_clips(turn).items()}
         return {**{k: v for k, v in turn.items() if k != "video_path"}, **paths}
 
     return [{**game, "turns": [turn_paths(t) for t in game.get("turns", [])]} for game in games]
@@ -368,8 +367,6 @@ def _turn_metrics(mapping: Mapping | None) -> list[str]:
 
 
 def _gallery_turn(number: int, turn: Mapping, out_dir: Path) -> dict:
-    from animegamer.pages import clip_entry
-
     clips = _turn_clips(turn)
     return {"number": number, "instruction": str(turn.get("instruction", "")),
             "clips": [clip_entry(clips[key], out_dir, CLIP_LABELS[key]) for key in VIDEO_KEYS if key in clips],
@@ -380,8 +377,6 @@ def _gallery_turn(number: int, turn: Mapping, out_dir: Path) -> dict:
 
 def write_gallery(path: Path, title: str, games: Sequence[Mapping], meta: Sequence[str] = ()) -> Path:
     """Every game as a row of turn cards: the generated clip beside the ground truth, with posters."""
-    from animegamer.pages import write_page
-
     rows = [{"name": str(game.get("id", game.get("name", f"game {g + 1}"))),
              "turns": [_gallery_turn(t, turn, path.parent) for t, turn in enumerate(game.get("turns", []), start=1)]}
             for g, game in enumerate(games)]

@@ -1,22 +1,25 @@
 """Rank-aware logging: every rank logs to its own records, only rank 0 speaks at INFO by default.
 
-One handler on the root logger writes every line in one format. Libraries that install their own
-console handler (Lightning adds one to ``lightning`` whenever it is imported, and to
-``lightning.pytorch`` / ``lightning.fabric`` when the root logger has none yet) would print each of
-their lines a second time, in their own format: :func:`setup_logging` imports them and removes those
-handlers, so their records reach the root handler only.
+One handler on the root logger writes every line in one format. Lightning installs console handlers of
+its own when it is imported (on ``lightning`` always, on ``lightning.pytorch`` / ``lightning.fabric``
+when the root logger has none yet), which would print each of its lines a second time, in its own
+format. :func:`setup_logging` removes them: at once if Lightning is already imported, otherwise right
+after its import (a one-shot import hook, so that commands which never use Lightning do not pay for
+importing it).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import importlib.abc
+import importlib.machinery
 import logging
 import os
+import sys
 
 _RANK_ENV_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK")
 _CHATTY_LIBRARIES = ("matplotlib", "PIL", "pyscenedetect", "urllib3", "httpx")
-# Packages whose import adds console handlers, and the loggers they add them to.
-_OWN_HANDLER_PACKAGES = {"lightning": ("lightning", "lightning.pytorch", "lightning.fabric")}
+# A package whose import adds console handlers, and the loggers it adds them to.
+_OWN_HANDLER_PACKAGE = "lightning"
+_OWN_HANDLER_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 _FORMAT = "%(asctime)s %(levelname)s [rank%(rank)s] %(name)s: %(message)s"
 _DATE_FORMAT = "%H:%M:%S"
 
@@ -40,17 +43,40 @@ class _RankFilter(logging.Filter):
         return True
 
 
-def _route_to_root(package: str, loggers: tuple[str, ...]) -> None:
-    """Import ``package`` (when installed) so its import-time handlers exist, then remove them: its
-    records propagate to the root handler, at the root's level."""
-    if importlib.util.find_spec(package) is None:
-        return
-    importlib.import_module(package)
-    for name in loggers:
+def _route_to_root() -> None:
+    """Lightning's loggers keep no handler of their own: their records reach the root handler, at its level."""
+    for name in _OWN_HANDLER_LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
         logger.setLevel(logging.NOTSET)
+
+
+class _RouteAfterImport(importlib.abc.MetaPathFinder):
+    """Finds Lightning like the default path finder does, and runs :func:`_route_to_root` once its
+    ``__init__`` (which adds the handlers) has run; then takes itself out of ``sys.meta_path``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _OWN_HANDLER_PACKAGE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module) -> None:
+                load(module)
+                _route_to_root()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _route_lightning() -> None:
+    if _OWN_HANDLER_PACKAGE in sys.modules:
+        _route_to_root()
+    elif not any(isinstance(finder, _RouteAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RouteAfterImport())
 
 
 def setup_logging(level: str | int = "INFO") -> None:
@@ -63,7 +89,6 @@ def setup_logging(level: str | int = "INFO") -> None:
     root.handlers[:] = [handler]
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     root.setLevel(numeric if rank == 0 else max(numeric, logging.WARNING))
-    for package, loggers in _OWN_HANDLER_PACKAGES.items():
-        _route_to_root(package, loggers)
+    _route_lightning()
     for chatty in _CHATTY_LIBRARIES:
         logging.getLogger(chatty).setLevel(max(numeric, logging.WARNING))

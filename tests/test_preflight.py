@@ -1,0 +1,52 @@
+"""The recipe pre-flight: counts of a pipeline output under a held-out split, and what each shortfall says."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from animegamer.config.compose import compose_config
+from animegamer.config.validate import ConfigError
+from animegamer.data.indexed import key_fraction
+from animegamer.preflight import check_recipe, session_problems, split_counts
+from animegamer.utils.io import read_json
+
+
+def _train(output, *extra):
+    return compose_config("train", ["model=tiny", f"data.root={output}", *extra])
+
+
+def test_counts_follow_the_held_out_split(toy_run):
+    output, report = toy_run
+    shots = read_json(output / "clips" / "shots.json")
+    hashes = {shot: key_fraction(shot) for shot in set(shots.values())}
+    for fraction in (0.2, 0.5):
+        c = split_counts(output, "clips", fraction)
+        held = [key for key, shot in shots.items() if hashes[shot] < fraction]
+        assert c.clips == c.captioned == report["counts"]["clips"] == len(shots)  # the toy film is fully captioned
+        assert c.held_out_clips == len(held) and c.train_clips == len(shots) - len(held)
+        assert c.held_out_shots == sum(h < fraction for h in hashes.values())
+        # A session trains when none of its clips is held out, validates when all are.
+        sessions = [[key in held for key in s["keys"]] for s in read_json(output / "sessions.json")["sessions"]]
+        assert c.train_sessions == sum(not any(s) for s in sessions) > 0
+        assert c.held_out_sessions == sum(all(s) for s in sessions)
+
+
+def test_each_shortfall_is_refused_with_what_to_change(toy_run):
+    output, _ = toy_run
+    hashes = sorted(key_fraction(s) for s in set(read_json(output / "clips" / "shots.json").values()))
+    check_recipe(_train(output, "data.val_fraction=0.2"), _train(output, "phase=b", "data.val_fraction=0.2"))
+
+    with pytest.raises(ConfigError) as error:  # nothing held out: nothing to evaluate
+        check_recipe(_train(output), evaluation=_train(output, f"data.val_fraction={hashes[0] / 2}"))
+    assert error.value.problems == [f"evaluation: no shot is held out at data.val_fraction={hashes[0] / 2} (the "
+                                    f"{len(hashes)} shots hash from {hashes[0]:.3f}): raise data.val_fraction above "
+                                    f"{hashes[0]:.3f}"]
+    with pytest.raises(ConfigError, match=rf"lower data.val_fraction below {hashes[-1]:.3f}"):  # all held out
+        check_recipe(_train(output, "data.val_fraction=0.999"))
+
+    counts = split_counts(output, "clips", 0.2)
+    too_long = replace(counts, train_sessions=0, turns=counts.longest_train_run + 3)
+    [message] = session_problems(too_long)
+    assert f"pipeline.sessions.turns={counts.longest_train_run + 3}" in message
+    assert f"lower pipeline.sessions.turns to {counts.longest_train_run} or less" in message
