@@ -100,23 +100,26 @@ def captions_problems(c: SplitCounts) -> list[str]:
             f"clips' midpoints"]
 
 
+def _split_side_problems(c: SplitCounts, what: str, held: bool) -> list[str]:
+    """Captioned clips on one side of the split: to train on (``held`` False) or held out."""
+    if not c.captioned or (c.held_out_clips if held else c.train_clips):
+        return []
+    low, high = min(c.shots.values()), max(c.shots.values())
+    fix = (f"no shot is held out at data.val_fraction={c.val_fraction} (the {len(c.shots)} shots hash from "
+           f"{low:.3f}): raise data.val_fraction above {low:.3f}") if held else (
+           f"every shot is held out at data.val_fraction={c.val_fraction} (shot hashes from {low:.3f}): lower "
+           f"data.val_fraction below {high:.3f}")
+    return _too_few_shots(c) or [f"{what}: {fix}"]
+
+
 def training_problems(c: SplitCounts, what: str) -> list[str]:
     """Clips to train on: captioned clips outside the held-out shots."""
-    if not c.captioned or c.train_clips:
-        return []
-    problems = _too_few_shots(c)
-    return problems or [f"{what}: every shot is held out at data.val_fraction={c.val_fraction} (shot hashes from "
-                        f"{min(c.shots.values()):.3f}): lower data.val_fraction below {max(c.shots.values()):.3f}"]
+    return _split_side_problems(c, what, held=False)
 
 
 def held_out_problems(c: SplitCounts, what: str) -> list[str]:
     """Held-out clips to validate or evaluate on."""
-    if not c.captioned or c.held_out_clips:
-        return []
-    problems = _too_few_shots(c)
-    return problems or [f"{what}: no shot is held out at data.val_fraction={c.val_fraction} (the {len(c.shots)} "
-                        f"shots hash from {min(c.shots.values()):.3f}): raise data.val_fraction above "
-                        f"{min(c.shots.values()):.3f}"]
+    return _split_side_problems(c, what, held=True)
 
 
 def session_problems(c: SplitCounts) -> list[str]:

@@ -11,19 +11,11 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from animegamer.config.disk_checks import _read_json as _read
+
 log = logging.getLogger(__name__)
 
 CLIP_SIZE_KEYS = ("frames", "height", "width", "fps")
-
-
-def _read(path: Path) -> dict | None:
-    from animegamer.utils.io import read_json
-
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def export_config(folder: str | Path) -> dict | None:
