@@ -1,13 +1,12 @@
-"""Pre-flight of a pipeline run, and the dataset counts that later pre-flights read.
+"""Pre-flight of a pipeline run.
 
 :func:`check_run` runs in the main process before any work: every input exists and holds videos, the
 output folder is writable, the caption source exists and parses (its records naming no input film
 are warned about once, here), and every step that reads an earlier step's output finds it, current.
 It raises :class:`ConfigError` listing every problem, in seconds.
 
-:func:`dataset_counts` reads a finished pipeline output folder and says how much training and
-held-out material it holds (clips, captioned clips, shots, sessions, held-out shots and sessions for
-a given ``val_fraction``), so a training pre-flight need not recompute it.
+What a finished output folder holds for training and held-out use is counted by
+:func:`animegamer.preflight.split_counts`, which the training recipes' pre-flight reads.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import ConfigError
-from animegamer.data.split import SESSIONS_FILE, TRAIN, VAL, HeldOut, session_key
 from animegamer.utils.io import read_json
 from data_pipeline.ingest import find_inputs
 from data_pipeline.lineage import PRODUCER, SOURCES, stale_reason
@@ -107,28 +105,3 @@ def check_run(cfg: PipelineConfig, running: list[str], requested: list[str], fil
     if problems:
         raise ConfigError(problems)
     return build_run_captioner(cfg, films) if needs_films else None
-
-
-def dataset_counts(output: str | Path, val_fraction: float) -> dict[str, int]:
-    """Counts of a pipeline output folder (after its sessions step) under ``val_fraction``.
-
-    Returns clips, captioned_clips, films, shots, captioned_shots, held_out_shots (captioned shots
-    that the held-out split of animegamer.data.split keeps for validation), train_shots, longest_run,
-    turns, sessions, held_out_sessions and train_sessions (sessions that mix both are in neither).
-    Raises FileNotFoundError naming the missing index when the sessions step has not run.
-    """
-    root = Path(output)
-    index_path = root / SESSIONS_FILE
-    if not index_path.exists():
-        raise FileNotFoundError(f"{index_path} does not exist: run the pipeline's sessions step first")
-    index = read_json(index_path)
-    stats = index["stats"]
-    held = HeldOut(root, CLIPS_DIR, val_fraction)
-    shot_keys = stats["captioned_shots"].values()
-    held_shots = sum(held.clip(key) for key in shot_keys)
-    keys = [session_key(s["keys"]) for s in index["sessions"]]
-    in_val, in_train = held.keep_session(VAL), held.keep_session(TRAIN)
-    counts = {k: stats[k] for k in ("clips", "captioned_clips", "films", "shots", "longest_run", "turns", "sessions")}
-    return {**counts, "captioned_shots": len(shot_keys), "held_out_shots": held_shots,
-            "train_shots": len(shot_keys) - held_shots,
-            "held_out_sessions": sum(map(in_val, keys)), "train_sessions": sum(map(in_train, keys))}

