@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.utils.logging import setup_logging
 from data_pipeline.clips import center_crop, cover_size, encode_mp4, plan_windows
 from data_pipeline.ingest import probe
 from data_pipeline.motion import clip_flow
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging("WARNING")
     cv2.setNumThreads(1)
     import torch
 

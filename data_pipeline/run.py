@@ -14,6 +14,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS, ConfigError
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
+from animegamer.utils.logging import setup_logging
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
 from data_pipeline.lineage import stale_reason
@@ -40,7 +41,9 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
         bar.close()
         return results
     # spawn, not fork: decoders and BLAS thread pools do not survive a fork reliably.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # Spawned workers start with no logging set up: give them the parent's format and level.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=setup_logging,
+                             initargs=(logging.getLogger().getEffectiveLevel(),)) as pool:
         futures = [pool.submit(fn, *job) for job in jobs]
         for future in futures:
             future.result()

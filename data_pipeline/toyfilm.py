@@ -825,7 +825,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from animegamer.utils.logging import setup_logging
+
+    setup_logging("INFO")
     film = make_toy_film(
         args.out_dir, film_id=args.film_id, seed=args.seed, width=args.width,
         height=args.height, fps=args.fps, variant=args.variant,

@@ -69,5 +69,10 @@ def main(argv: list[str] | None = None) -> dict:
     return run_recipe(recipe)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``animegamer-finetune`` console script: a user error is one message and exit code 2."""
     exit_on_user_error(main)(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    cli()
