@@ -163,11 +163,11 @@ class PredictOrFixed:
     def __init__(self):
         self.calls, self.fallbacks, self.prompt_tokens, self.generated_tokens = 0, 0, 0, 0
 
-    def __call__(self, model, tokenizer, ids, history, text, max_turns):
+    def __call__(self, model, tokenizer, ids, history, text, window_turns):
         from animegamer.mllm.predict import Prediction, generate, prompt_batch
         from animegamer.mllm.sequence import parse_states
 
-        batch = prompt_batch(model, tokenizer, ids, history, text, max_turns)
+        batch = prompt_batch(model, tokenizer, ids, history, text, window_turns)
         tokens, rep = generate(model, ids, batch)
         self.prompt_tokens, self.generated_tokens = int(batch["input_ids"].shape[1]), len(tokens)
         try:
@@ -205,7 +205,7 @@ def run_framework(args, cfg, record) -> dict:
     record["build_s"] = round(time.perf_counter() - t0, 1)
 
     predict = PredictOrFixed()
-    game = Game(models, seed=cfg.seed, max_turns=HISTORY_TURNS + 1, predict_fn=predict,
+    game = Game(models, seed=cfg.seed, window_turns=HISTORY_TURNS + 1, predict_fn=predict,
                 sampling_steps=args.steps)
     n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
     generator = torch.Generator().manual_seed(1)

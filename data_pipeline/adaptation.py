@@ -21,6 +21,7 @@ from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
+from animegamer.training.run_record import ALLOWED, flatten
 from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
@@ -30,6 +31,15 @@ from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
 
 ADAPTATION_DIR = "adaptation"
 PRED_REP = "pred_rep.npy"
+MODEL_PREFIX = "model."
+# Model settings that schedule the same computation differently (compilation, attention kernels,
+# gradient checkpointing): what a training run may change on resume changes no prediction either.
+PERFORMANCE_ONLY = frozenset(key for key in ALLOWED if key.startswith(MODEL_PREFIX))
+
+
+def model_settings(model: ModelConfig) -> dict:
+    """The model settings a prediction depends on (flattened), without the performance-only ones."""
+    return {key: value for key, value in flatten(asdict(model), MODEL_PREFIX).items() if key not in PERFORMANCE_ONLY}
 
 
 def load_phase_b(model_cfg: ModelConfig, export: str | Path, device: str):
@@ -69,7 +79,7 @@ def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: d
     root = Path(cfg.output)
     export_sha = sha256_file(Path(settings.export) / TRAINED_FILE)
     sources, step_fp = step_fingerprint(root, "adaptation", {
-        "export_sha256": export_sha, "model": asdict(model), "maxcount": cfg.writer.maxcount})
+        "export_sha256": export_sha, "model": model_settings(model), "maxcount": cfg.writer.maxcount})
     reused = reused_summary(root, "adaptation", step_fp)
     if reused is not None:
         return reused

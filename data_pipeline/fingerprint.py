@@ -5,6 +5,10 @@ representations, session and adaptation shards) records the fingerprint of its i
 fields that step reads, the identity of its input files and the caption source's version. A re-run
 reuses an artefact only when its recorded fingerprint equals the current one and recomputes it
 otherwise, so a changed setting never leaves old results in the shards.
+
+An input film's identity is its content (size and sha256), not its path or modification time: a film
+copied, moved or mounted elsewhere (another machine of ``num_parts``) keeps its staged work. The hash
+is cached by (path, size, modification time) under the staging folder, so a film is read once.
 """
 from __future__ import annotations
 
@@ -14,12 +18,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 
 FINGERPRINT_HEX_CHARS = 16
 # Bumped when the staged format or the meaning of a step changes: older staging is then recomputed.
-STAGING_FORMAT = 2
+STAGING_FORMAT = 3
 # Motion settings that shape a clip's flow value (bins and edges only matter at finalize).
 FLOW_FIELDS = ("estimator", "raft_weights", "threshold", "analysis_width")
+# Ingest settings that probing reads (extensions only decide which files are found).
+PROBE_FIELDS = ("min_side", "max_aspect", "vfr_tolerance")
+# Shot settings that each detector reads (besides the decode width and the minimum shot length).
+DETECTOR_FIELDS = {"content": ("threshold",), "adaptive": ("adaptive_threshold", "min_content_val")}
+SHOT_FIELDS = ("detector", "min_scene_frames", "analysis_width")
 REUSED, RECOMPUTED = "reused", "recomputed"
 FINGERPRINT = "fingerprint"  # the key under which every staged record and manifest keeps its fingerprint
 
@@ -30,19 +40,34 @@ def fingerprint(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
-def file_identity(path: str | Path) -> dict:
-    """A file's cheap identity: resolved path, size and modification time (the manifest adds sha256)."""
+def path_key(path: str | Path) -> str:
+    """A short, file-name-safe key of a path (staged records about one input file)."""
+    return hashlib.sha1(str(path).encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def file_identity(path: str | Path, cache_dir: Path) -> dict:
+    """A file's identity: its size and the sha256 of its bytes. The hash is cached in ``cache_dir``
+    under the file's (resolved path, size, modification time) and recomputed when any of them changed."""
     path = Path(path).resolve()
     stat = path.stat()
-    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    stamp = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    cache = cache_dir / f"{path_key(path)}.json"
+    cached = read_json(cache) if cache.exists() else {}
+    if {key: cached.get(key) for key in stamp} != stamp:
+        cached = {**stamp, "sha256": sha256_file(path)}
+        write_json_atomic(cache, cached)
+    return {"size": stat.st_size, "sha256": cached["sha256"]}
 
 
-def plan_fingerprint(path: str | Path, cfg: PipelineConfig) -> str:
-    """Probe + shot detection + task split of one film: its file, ingest and shots settings, the clip
-    duration (probing rejects films shorter than one clip) and the shots per task."""
+def plan_fingerprint(path: str | Path, cfg: PipelineConfig, cache_dir: Path) -> str:
+    """Probe + shot detection + task split of one film: its content, the ingest and shot settings that
+    probing and its detector read, the clip duration (probing rejects films shorter than one clip) and
+    the shots per task. ``cache_dir``: where file hashes are cached (:meth:`Staging.hash_cache`)."""
+    probing = {name: getattr(cfg.ingest, name) for name in PROBE_FIELDS}
+    shots = {name: getattr(cfg.shots, name) for name in SHOT_FIELDS + DETECTOR_FIELDS.get(cfg.shots.detector, ())}
     clip_duration = {"frames": cfg.clips.frames, "fps": cfg.clips.fps}
-    return fingerprint(STAGING_FORMAT, file_identity(path), asdict(cfg.ingest), asdict(cfg.shots),
-                       clip_duration, cfg.shots_per_task)
+    return fingerprint(STAGING_FORMAT, file_identity(path, cache_dir), probing, shots, clip_duration,
+                       cfg.shots_per_task)
 
 
 def task_fingerprint(plan_fp: str, task: int, cfg: PipelineConfig) -> str:

@@ -2,9 +2,11 @@
 
 Phase (a)'s fast path reads these instead of running T5, CLIP and the VAE in the training step.
 Feature shards mirror the clip shards one to one (same names, same keys minus uncaptioned clips) and
-carry the clip json, so a training reader needs only this folder. Each feature shard records the hash
-of its clip shard and the encoders' fingerprint; a re-run recomputes exactly the shards whose clip
-shard or encoders changed.
+carry the clip json, so a training reader needs only this folder. Each feature shard records the
+fingerprint of what its features are computed from (per clip: whether it is captioned, its mp4 bytes
+and its motion text) and of the encoders; a re-run recomputes exactly the shards where one of these
+changed. A shard whose clips changed only in other json fields (another caption's instruction, a
+caption file's version, the motion level) keeps its features and has its json rewritten.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tqdm import tqdm
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
+from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, RECOMPUTED, REUSED, fingerprint, reuse_counts
 from data_pipeline.lineage import MADE_FROM, made_from
 from data_pipeline.writer import CLIPS_DIR, MANIFEST, shard_writer
@@ -29,6 +32,9 @@ log = logging.getLogger(__name__)
 FEATURES_DIR = "features"
 # Member names of a feature sample (DESIGN section 3).
 LATENTS, TEXT, IMAGE = "latents.npy", "text.npy", "image.npy"
+FEATURE_MEMBERS = (LATENTS, TEXT, IMAGE)
+INPUTS = "inputs"  # per-shard record key: the fingerprint of its feature inputs (:func:`feature_inputs`)
+SOURCE_SHA256 = "source_sha256"  # per-shard record key: the hash of the clip shard it was written from
 
 
 def folder_fingerprint(path: str) -> list:
@@ -75,10 +81,28 @@ def encode_batch(encoders, batch: list[dict]) -> dict[str, np.ndarray]:
 def _captioned(samples, skipped: list[str]):
     """Clips whose caption failed have no motion_text to encode: listed, not encoded."""
     for sample in samples:
-        if sample["json"]["captioner"]["status"] == "ok":
+        if sample["json"]["captioner"]["status"] == STATUS_OK:
             yield sample
         else:
             skipped.append(sample["__key__"])
+
+
+def feature_inputs(clip_url: str) -> str:
+    """Fingerprint of everything the features of a clip shard are computed from: each clip's key,
+    whether it is encoded (captioned), its mp4 bytes and its motion text."""
+    return fingerprint([(s["__key__"], s["json"]["captioner"]["status"] == STATUS_OK,
+                         hashlib.sha256(s["mp4"]).hexdigest(), s["json"]["motion_text"])
+                        for s in iter_samples([clip_url], video=False)])
+
+
+def _feature_record(sample: dict, features: dict[str, np.ndarray]) -> dict:
+    record = {"__key__": sample["__key__"], "json": json.dumps(sample["json"], sort_keys=True).encode()}
+    record.update({name: npy_bytes(features[name]) for name in FEATURE_MEMBERS})
+    return record
+
+
+def _shard_record(out_path: Path, written: int, skipped: list[str]) -> dict:
+    return {"name": out_path.name, "count": written, "skipped": skipped, "sha256": sha256_file(out_path)}
 
 
 def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int) -> dict:
@@ -88,30 +112,43 @@ def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int
         for batch in _batches(_captioned(iter_samples([clip_url]), skipped), batch_size):
             features = encode_batch(encoders, batch)
             for i, sample in enumerate(batch):
-                record = {"__key__": sample["__key__"], "json": json.dumps(sample["json"], sort_keys=True).encode()}
-                record.update({name: npy_bytes(array[i]) for name, array in features.items()})
-                tar.write(record)
+                tar.write(_feature_record(sample, {name: array[i] for name, array in features.items()}))
                 written += 1
-    return {"name": out_path.name, "count": written, "skipped": skipped, "sha256": sha256_file(out_path)}
+    return _shard_record(out_path, written, skipped)
+
+
+def rewrite_json(clip_url: str, out_path: Path) -> dict:
+    """The feature shard at ``out_path`` with the clip shard's json and its own features: for a clip
+    shard whose feature inputs are unchanged (same clips, mp4 bytes and motion texts, in order)."""
+    written, skipped = 0, []
+    old = iter_samples([str(out_path)], video=False)
+    with shard_writer(out_path) as tar:  # written beside the old shard, renamed over it when complete
+        for sample, features in zip(_captioned(iter_samples([clip_url], video=False), skipped), old, strict=True):
+            if sample["__key__"] != features["__key__"]:
+                raise RuntimeError(f"{out_path}: holds {features['__key__']} where {clip_url} has {sample['__key__']}")
+            tar.write(_feature_record(sample, features))
+            written += 1
+    return _shard_record(out_path, written, skipped)
 
 
 def _settings(model: ModelConfig, cfg: PipelineConfig) -> dict:
     return {"encoders": encoders_fingerprint(model), "dtype": cfg.precompute.dtype}
 
 
-def _current_record(done_path: Path, out_path: Path, source: dict, settings_fp: str) -> dict | None:
-    """The per-shard record of a feature shard made from this very clip shard with these settings."""
+def _current_record(done_path: Path, out_path: Path, inputs_fp: str, settings_fp: str) -> dict | None:
+    """The per-shard record of a feature shard made from the same feature inputs with these settings."""
     if not (out_path.exists() and done_path.exists()):
         return None
     record = read_json(done_path)
-    current = record.get("source_sha256") == source["sha256"] and record.get(FINGERPRINT) == settings_fp
+    current = record.get(INPUTS) == inputs_fp and record.get(FINGERPRINT) == settings_fp
     return record if current else None
 
 
 def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
-    """Feature shards for every clip shard. A feature shard is reused when its clip shard (by hash),
-    the encoders and the dtype are unchanged, recomputed otherwise; shards of clip shards that no
-    longer exist are deleted."""
+    """Feature shards for every clip shard. A feature shard is reused when its feature inputs
+    (:func:`feature_inputs`), the encoders and the dtype are unchanged (its json rewritten when the
+    clip shard changed otherwise), recomputed otherwise; shards of clip shards that no longer exist
+    are deleted."""
     import torch
 
     from animegamer.models.frozen_encoders import build_frozen_encoders
@@ -128,18 +165,23 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     encoders = None
     shards, reused = [], 0
     for source in tqdm(clip_shards, desc="precompute", unit="shard", disable=None):
-        out_path = out_dir / source["name"]
+        clip_url, out_path = str(clip_dir / source["name"]), out_dir / source["name"]
         done_path = out_dir / f".{out_path.name}.json"  # per-shard record, written after the shard
-        record = _current_record(done_path, out_path, source, settings_fp)
+        inputs_fp = feature_inputs(clip_url)
+        record = _current_record(done_path, out_path, inputs_fp, settings_fp)
         if record is None:
             if encoders is None:
                 encoders = build_frozen_encoders(model.encoders, device=cfg.precompute.device,
                                                  dtype=getattr(torch, cfg.precompute.dtype))
-            record = write_feature_shard(encoders, str(clip_dir / source["name"]), out_path, cfg.precompute.batch_size)
-            record.update({"source_sha256": source["sha256"], FINGERPRINT: settings_fp})
-            write_json_atomic(done_path, record)
+            record = write_feature_shard(encoders, clip_url, out_path, cfg.precompute.batch_size)
         else:
             reused += 1
+            if record[SOURCE_SHA256] == source["sha256"]:
+                shards.append(record)
+                continue
+            record = rewrite_json(clip_url, out_path)
+        record.update({SOURCE_SHA256: source["sha256"], INPUTS: inputs_fp, FINGERPRINT: settings_fp})
+        write_json_atomic(done_path, record)
         shards.append(record)
     sources = made_from(cfg.output, "features")
     manifest = {
@@ -150,7 +192,7 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
         **settings,
         MADE_FROM: sources,
         FINGERPRINT: fingerprint(sources, settings),
-        "members": [LATENTS, TEXT, IMAGE],
+        "members": list(FEATURE_MEMBERS),
         "counts": {"clips": sum(s["count"] for s in shards), "skipped_uncaptioned": sum(len(s["skipped"]) for s in shards)},
         "shards": [{k: s[k] for k in ("name", "count", "sha256")} for s in shards],
     }

@@ -1,9 +1,10 @@
 """Pre-flight of a pipeline run.
 
-:func:`check_run` runs in the main process before any work: every input exists and holds videos, the
-output folder is writable, the caption source exists and parses (its records naming no input film
-are warned about once, here), and every step that reads an earlier step's output finds it, current.
-It raises :class:`ConfigError` listing every problem, in seconds.
+:func:`early_problems` runs first (the output folder is writable and, with the toy film, holds no clips
+of other films), then :func:`check_run`, in the main process before any work: every input exists and
+holds videos, the caption source exists and parses (its records naming no input film are warned about
+once, here), every step asked for can run, and every step that reads an earlier step's output finds
+it, current. It raises :class:`ConfigError` listing every problem of both, in seconds.
 
 What a finished output folder holds for training and held-out use is counted by
 :func:`animegamer.preflight.split_counts`, which the training recipes' pre-flight reads.
@@ -18,14 +19,22 @@ from pathlib import Path
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import ConfigError
 from animegamer.utils.io import read_json
+from data_pipeline.fingerprint import file_identity
 from data_pipeline.ingest import find_inputs
 from data_pipeline.lineage import PRODUCER, SOURCES, stale_reason
+from data_pipeline.staging import Staging
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
 
 log = logging.getLogger(__name__)
 
 # The artefact each step writes (the step reading it may come later in the same run).
 STEP_ARTEFACT = {step: name for name, step in PRODUCER.items()}
+# Steps that do not run unless switched on, and what switches them on.
+_SWITCHED_OFF = {
+    "precompute": "pipeline.precompute.enabled is false: set it to true",
+    "representations": "pipeline.representations.export is empty: name the export",
+    "adaptation": "pipeline.adaptation.export is empty: name the export",
+}
 
 
 def input_problems(cfg: PipelineConfig) -> list[str]:
@@ -57,16 +66,28 @@ def output_problems(cfg: PipelineConfig) -> list[str]:
 
 
 def toy_problems(cfg: PipelineConfig, toy_dir: Path) -> list[str]:
-    """The toy film is the default input (data=toy): never let it replace the clips of real films."""
+    """The toy film is the default input (data=toy): never let it replace the clips of real films.
+    Films are told apart by content, so an output folder moved elsewhere still holds the toy film."""
     manifest = Path(cfg.output) / CLIPS_DIR / MANIFEST
     if not manifest.exists():
         return []
-    others = [s["path"] for s in read_json(manifest)["sources"] if Path(s["path"]).parent != toy_dir.resolve()]
+    hash_cache = Staging(Path(cfg.output)).hash_cache
+    toy = {file_identity(path, hash_cache)["sha256"] for path in toy_dir.glob("*.mp4")}
+    others = [s["path"] for s in read_json(manifest)["sources"] if s["sha256"] not in toy]
     if not others:
         return []
     return [f"pipeline.output={cfg.output} holds clips of other films ({', '.join(others[:3])}), but this run "
             "uses the toy film (data=toy, the default): add data=films 'pipeline.inputs=[...]', or choose "
             "another pipeline.output"]
+
+
+def early_problems(cfg: PipelineConfig, toy_dir: Path | None) -> list[str]:
+    """What must hold before the toy film (in ``toy_dir``, None when not used) is written: a writable
+    output folder that holds no clips of other films."""
+    problems = output_problems(cfg)
+    if toy_dir is not None and not problems:
+        problems += toy_problems(cfg, toy_dir)
+    return problems
 
 
 def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
@@ -83,10 +104,8 @@ def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
 def step_problems(cfg: PipelineConfig, running: list[str], requested: list[str]) -> list[str]:
     """Steps asked for that cannot run, and steps whose input (made by a step not in this run) is
     missing or made from inputs that changed since."""
-    problems = []
-    for step, key in (("representations", "representations"), ("adaptation", "adaptation")):
-        if step in requested and step not in running:
-            problems.append(f"pipeline.steps names {step} but pipeline.{key}.export is empty: name the export")
+    problems = [f"pipeline.steps names {step} but {why}" for step, why in _SWITCHED_OFF.items()
+                if step in requested and step not in running]
     for step in running:
         for source in SOURCES.get(STEP_ARTEFACT.get(step, ""), ()):
             if PRODUCER[source] not in running and (reason := stale_reason(cfg.output, source)):
@@ -94,11 +113,13 @@ def step_problems(cfg: PipelineConfig, running: list[str], requested: list[str])
     return problems
 
 
-def check_run(cfg: PipelineConfig, running: list[str], requested: list[str], films: dict[str, str]):
+def check_run(cfg: PipelineConfig, running: list[str], requested: list[str], films: dict[str, str],
+              early: list[str]):
     """Everything that can be known before work; returns the run's captioner (None when no step
-    captions). ``running``: the steps that will run; ``requested``: pipeline.steps as given."""
+    captions). ``running``: the steps that will run; ``requested``: pipeline.steps as given;
+    ``early``: the problems :func:`early_problems` found."""
     needs_films = {"process", "finalize"} & set(running)
-    problems = output_problems(cfg)
+    problems = list(early)
     if needs_films:
         problems += input_problems(cfg)
     problems += step_problems(cfg, running, requested)

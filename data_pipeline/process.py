@@ -52,7 +52,7 @@ def plan_film(path: str, film_id: str, cfg_dict: dict, root: str) -> dict:
     A staged record made with the same file and settings (its fingerprint) is returned as it is."""
     cfg = as_pipeline_config(cfg_dict)
     staging = Staging(Path(root))
-    plan_fp = plan_fingerprint(path, cfg)
+    plan_fp = plan_fingerprint(path, cfg, staging.hash_cache)
     existing = staging.plan(film_id, plan_fp) or staging.rejection(path, plan_fp)
     if existing is not None:
         return _with_clip_count(existing, cfg)
@@ -146,18 +146,24 @@ _CAPTIONERS: dict[str, object] = {}
 _FILM_PATHS: dict[str, str] = {}
 
 
-def captioner_for(caption_cfg, film_paths: dict[str, str]):
+def captioner_for(caption_cfg, film_paths: dict[str, str], version: str | None = None):
     """One captioner per worker process and config: a VLM is loaded once, not once per task.
 
-    The run's pre-flight warns (once, in the main process) about caption records naming no input
-    film; workers see only the films they handle, so they do not warn."""
+    ``version``: the caption source's version the run's main process read; a cached captioner of
+    another version (the caption file was edited since it was built) is built again. The run's
+    pre-flight warns (once, in the main process) about caption records naming no input film; workers
+    see only the films they handle, so they do not warn."""
     from data_pipeline.captioners.base import build_captioner
 
     _FILM_PATHS.update(film_paths)
     key = repr(caption_cfg)
-    if key not in _CAPTIONERS:
-        _CAPTIONERS[key] = build_captioner(caption_cfg, _FILM_PATHS, warn_unknown_films=False)
-    return _CAPTIONERS[key]
+    cached = _CAPTIONERS.get(key)
+    if cached is None or (version is not None and cached.version != version):
+        cached = _CAPTIONERS[key] = build_captioner(caption_cfg, _FILM_PATHS, warn_unknown_films=False)
+    if version is not None and cached.version != version:
+        raise RuntimeError(f"the caption source ({caption_cfg.path}) changed while the run was going "
+                           f"(version {version} at the start, {cached.version} now): run again")
+    return cached
 
 
 def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineConfig, captioner,
@@ -189,15 +195,16 @@ def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineCon
     return staged, captions, timings
 
 
-def run_task(film_id: str, task: int, cfg_dict: dict, root: str) -> dict:
+def run_task(film_id: str, task: int, cfg_dict: dict, root: str, captioner_version: str | None = None) -> dict:
     """Cut, measure, caption and encode the clips of one task; staged atomically as a folder, then
     its captions. Whatever is current (same fingerprint) is kept: clips made with the same settings
-    are only re-captioned when the caption source changed."""
+    are only re-captioned when the caption source changed. ``captioner_version``: the caption
+    source's version as the run's main process read it (see :func:`captioner_for`)."""
     cfg = as_pipeline_config(cfg_dict)
     staging = Staging(Path(root))
     plan = staging.plan(film_id)
     film, _ = film_from_plan(plan)
-    captioner = captioner_for(cfg.caption, {film.film_id: film.path})
+    captioner = captioner_for(cfg.caption, {film.film_id: film.path}, captioner_version)
     task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
     clips_current = staging.task_done(film_id, task, task_fp)
     if clips_current and staging.captions(film_id, task, caption_fp) is not None:

@@ -5,20 +5,21 @@ import logging
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.config.validate import PIPELINE_STEPS, ConfigError
+from animegamer.config.validate import PIPELINE_STEPS
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
 from data_pipeline.lineage import stale_reason
-from data_pipeline.preflight import check_run, toy_problems
+from data_pipeline.preflight import check_run, early_problems
 from data_pipeline.process import plan_film, run_task
 from data_pipeline.staging import Staging
 from data_pipeline.writer import REPORT
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 TOY_DIR = "toy_film"
 # Report keys of the steps after finalize (each reports its output, counts and reuse).
 DERIVED_KEYS = ("features", "sessions", "representations", "session_shards", "adaptation")
+STEP_SECONDS = "step_seconds"  # report key: wall seconds of each step's latest run
+# Report keys kept per step across runs: a run of some steps updates only their entries.
+MERGED_KEYS = ("reuse", STEP_SECONDS)
 
 
 def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
@@ -52,15 +56,11 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
     return [f.result() for f in futures]
 
 
-def prepare_toy_film(cfg: PipelineConfig, generate: bool) -> None:
-    """Point inputs/captions at the toy film in the output folder, generating it first (once) when
-    ``generate``. Refuses an output folder that holds clips of other films."""
+def use_toy_film(cfg: PipelineConfig, toy_dir: Path, generate: bool) -> None:
+    """Point inputs/captions at the toy film in ``toy_dir``, generating it first (once) when
+    ``generate``. The pre-flight (:func:`early_problems`) has checked the output folder before."""
     from data_pipeline.toyfilm import make_toy_film
 
-    toy_dir = Path(cfg.output) / TOY_DIR
-    problems = toy_problems(cfg, toy_dir)
-    if problems:
-        raise ConfigError(problems)
     if generate and not any(toy_dir.glob("*.truth.json")):
         make_toy_film(toy_dir)
         log.info("toy film written to %s", toy_dir)
@@ -80,7 +80,7 @@ def _plan_jobs(staging: Staging, cfg: PipelineConfig, films: dict[str, str]) -> 
     """(path, film id) of the films whose staged plan is missing or was made by other files or settings."""
     jobs = []
     for path, film_id in films.items():
-        plan_fp = plan_fingerprint(path, cfg)
+        plan_fp = plan_fingerprint(path, cfg, staging.hash_cache)
         if staging.plan(film_id, plan_fp) is None and staging.rejection(path, plan_fp) is None:
             jobs.append((path, film_id))
     return jobs
@@ -110,13 +110,14 @@ def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
     _map(plan_film, [(path, film_id, cfg_dict, root) for path, film_id in plan_jobs], cfg.workers, "shots")
     jobs, total_tasks, captions_only = [], 0, 0
     for path, film_id in films.items():
-        plan = staging.plan(film_id, plan_fingerprint(path, cfg))
+        plan = staging.plan(film_id, plan_fingerprint(path, cfg, staging.hash_cache))
         if plan is None:  # rejected
             continue
+        plan = staging.relocate(film_id, plan, path)  # its tasks decode the film where it is now
         clean_stale_temps(staging.film_dir(film_id))
         staging.remove_tasks_from(film_id, len(plan["tasks"]))
         todo, only_captions = _task_jobs(staging, cfg, film_id, plan, captioner)
-        jobs += [(film_id, t, cfg_dict, root) for t in todo]
+        jobs += [(film_id, t, cfg_dict, root, captioner.version) for t in todo]
         total_tasks += len(plan["tasks"])
         captions_only += only_captions
     _map(run_task, jobs, cfg.workers, "clips")
@@ -157,12 +158,20 @@ def _session_shards_wanted(cfg: PipelineConfig) -> bool:
     return reason is None
 
 
+@contextmanager
+def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    seconds[step] = time.perf_counter() - started
+
+
 def update_report(root: Path, report: dict) -> None:
     """report.json always describes the latest run of every step (finalize writes it first)."""
     path = root / REPORT
     if path.exists():
         previous = read_json(path)
-        write_json_atomic(path, {**previous, **report, "reuse": {**previous.get("reuse", {}), **report["reuse"]}})
+        merged = {key: {**previous.get(key, {}), **report[key]} for key in MERGED_KEYS}
+        write_json_atomic(path, {**previous, **report, **merged})
 
 
 def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
@@ -171,45 +180,54 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     Fails in seconds (ConfigError) when something the steps need is missing, before any work."""
     steps = running_steps(cfg)
     needs_films = {"process", "finalize"} & set(steps)
-    if cfg.toy_film and needs_films:
-        prepare_toy_film(cfg, generate="process" in steps)
+    toy_dir = Path(cfg.output) / TOY_DIR if cfg.toy_film and needs_films else None
+    problems = early_problems(cfg, toy_dir)
+    if toy_dir is not None and not problems:
+        use_toy_film(cfg, toy_dir, generate="process" in steps)
         resolved["pipeline"]["inputs"] = list(cfg.inputs)
         resolved["pipeline"]["caption"]["path"] = cfg.caption.path
     all_films = assigned_films(cfg, all_parts=True) if needs_films else {}
     # A session-shard step that is only on by default checks its input when its turn comes.
     checked = [s for s in steps if s != "session_shards" or _session_shards_asked(cfg)]
-    captioner = check_run(cfg, checked, list(cfg.steps), all_films)
+    captioner = check_run(cfg, checked, list(cfg.steps), all_films, problems)
     report: dict = {"output": str(cfg.output)}
     reuse: dict = {}
-    started = time.perf_counter()
+    seconds: dict[str, float] = {}
     if "process" in steps:
-        reuse.update(process(cfg, assigned_films(cfg, all_parts=False), captioner))
+        with _timed(seconds, "process"):
+            reuse.update(process(cfg, assigned_films(cfg, all_parts=False), captioner))
     if "finalize" in steps:
         from data_pipeline.writer import finalize
 
-        report = finalize(cfg, resolved, all_films, {}, captioner)
+        with _timed(seconds, "finalize"):
+            report = finalize(cfg, resolved, all_films, {}, captioner)
     if "precompute" in steps:
         from data_pipeline.precompute import precompute
 
-        report["features"] = precompute(cfg, model_cfg, resolved)
+        with _timed(seconds, "precompute"):
+            report["features"] = precompute(cfg, model_cfg, resolved)
     if "sessions" in steps:
         from data_pipeline.sessions import build_sessions
 
-        report["sessions"] = build_sessions(cfg)
+        with _timed(seconds, "sessions"):
+            report["sessions"] = build_sessions(cfg)
     if "representations" in steps:
         from data_pipeline.representations import export_representations
 
-        report["representations"] = export_representations(cfg, model_cfg, resolved)
+        with _timed(seconds, "representations"):
+            report["representations"] = export_representations(cfg, model_cfg, resolved)
     if "session_shards" in steps and _session_shards_wanted(cfg):
         from data_pipeline.session_shards import build_session_shards
 
-        report["session_shards"] = build_session_shards(cfg, resolved)
+        with _timed(seconds, "session_shards"):
+            report["session_shards"] = build_session_shards(cfg, resolved)
     if "adaptation" in steps:
         from data_pipeline.adaptation import build_adaptation_shards
 
-        report["adaptation"] = build_adaptation_shards(cfg, model_cfg, resolved)
+        with _timed(seconds, "adaptation"):
+            report["adaptation"] = build_adaptation_shards(cfg, model_cfg, resolved)
     reuse.update({key: report[key]["reuse"] for key in DERIVED_KEYS if key in report})
     report["reuse"] = reuse
-    report["wall_seconds"] = time.perf_counter() - started
+    report[STEP_SECONDS] = seconds
     update_report(Path(cfg.output), {k: v for k, v in report.items() if k != "output"})
     return report

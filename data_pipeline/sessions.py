@@ -10,35 +10,18 @@ from __future__ import annotations
 
 import logging
 import sys
-from itertools import groupby
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
-from animegamer.data.split import SESSIONS_FILE, shot_id
+from animegamer.data.split import SESSIONS_FILE, consecutive_runs, shot_id
 from animegamer.utils.io import sha256_file, write_json_atomic
+from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, index, reused_summary, step_fingerprint
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
 
 log = logging.getLogger(__name__)
-
-STATUS_OK = "ok"
-
-
-def consecutive_runs(clips: list[dict]) -> list[list[dict]]:
-    """Split one film's clips (sorted by index) into runs of consecutive, captioned clips."""
-    runs, current = [], []
-    for clip in clips:
-        ok = clip["captioner"]["status"] == STATUS_OK
-        if current and (not ok or clip["clip"] != current[-1]["clip"] + 1):
-            runs.append(current)
-            current = []
-        if ok:
-            current.append(clip)
-    if current:
-        runs.append(current)
-    return runs
 
 
 def sessions_of_run(run: list[dict], turns: int, stride: int) -> list[dict]:
@@ -53,19 +36,18 @@ def sessions_of_run(run: list[dict], turns: int, stride: int) -> list[dict]:
     ]
 
 
+def is_captioned(meta: dict) -> bool:
+    return meta["captioner"]["status"] == STATUS_OK
+
+
 def clip_stats(metas: list[dict], runs: list[list[dict]], sessions: list[dict], turns: int) -> dict:
-    """What decides the number of sessions. ``captioned_shots``: shot id -> its first captioned clip
-    key (the held-out split is by shot: one key per shot lets a reader apply it)."""
-    captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
-    shots: dict[str, str] = {}
-    for meta in captioned:
-        shots.setdefault(shot_id(meta["film"], meta["shot"]), meta["key"])
+    """What decides the number of sessions."""
+    captioned = [m for m in metas if is_captioned(m)]
     return {
         "clips": len(metas),
         "captioned_clips": len(captioned),
         "films": len({m["film"] for m in metas}),
         "shots": len({shot_id(m["film"], m["shot"]) for m in metas}),
-        "captioned_shots": dict(sorted(shots.items())),
         "longest_run": max((len(r) for r in runs), default=0),
         "sessions": len(sessions),
         "turns": turns,
@@ -107,12 +89,8 @@ def build_sessions(cfg: PipelineConfig) -> dict:
         _tell(previous["stats"], previous["why_no_sessions"])
         return {**reused, "why_no_sessions": previous["why_no_sessions"]}
     metas = [s["json"] for s in iter_samples(shard_urls(clip_dir), video=False)]
-    metas.sort(key=lambda m: (m["film"], m["clip"]))
-    sessions, runs = [], []
-    for _, film_clips in groupby(metas, key=lambda m: m["film"]):
-        for run in consecutive_runs(list(film_clips)):
-            runs.append(run)
-            sessions += sessions_of_run(run, cfg.sessions.turns, cfg.sessions.stride)
+    runs = consecutive_runs(metas, is_captioned)  # of one film each, in (film, clip) order
+    sessions = [session for run in runs for session in sessions_of_run(run, cfg.sessions.turns, cfg.sessions.stride)]
     stats = clip_stats(metas, runs, sessions, cfg.sessions.turns)
     reason = why_no_sessions(stats)
     _tell(stats, reason)

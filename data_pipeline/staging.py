@@ -11,19 +11,19 @@ changed caption source re-captions clips without cutting and encoding them again
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from animegamer.utils.io import atomic_dir, read_json, write_json_atomic
-from data_pipeline.fingerprint import FINGERPRINT
+from data_pipeline.fingerprint import FINGERPRINT, path_key
 
 STAGING_DIR = ".staging"
 PLAN_FILE = "plan.json"
 TASK_FILE = "task.json"
 TASK_PREFIX = "task-"
+HASH_CACHE_DIR = "hashes"
 
 
 def _current(record: dict | None, fingerprint: str | None) -> dict | None:
@@ -61,12 +61,25 @@ class Staging:
         return self.film_dir(film_id) / f"{TASK_PREFIX}{task:05d}.captions.json"
 
     def rejection_path(self, source: str) -> Path:
-        return self.dir / "rejected" / (hashlib.sha1(source.encode()).hexdigest()[:16] + ".json")
+        return self.dir / "rejected" / f"{path_key(source)}.json"
+
+    @property
+    def hash_cache(self) -> Path:
+        """Where input files' content hashes are cached (:func:`data_pipeline.fingerprint.file_identity`)."""
+        return self.dir / HASH_CACHE_DIR
 
     # ------------------------------------------------------------------ writing
     def write_plan(self, film_id: str, plan: dict) -> None:
         write_json_atomic(self.plan_path(film_id), plan)
         self.rejection_path(plan["film"]["path"]).unlink(missing_ok=True)  # the file was fixed
+
+    def relocate(self, film_id: str, plan: dict, path: str) -> dict:
+        """``plan`` with its film at ``path`` (the same content, copied, moved or mounted elsewhere)."""
+        if plan["film"]["path"] == path:
+            return plan
+        plan = {**plan, "film": {**plan["film"], "path": path}}
+        self.write_plan(film_id, plan)
+        return plan
 
     def write_rejection(self, record: dict) -> None:
         write_json_atomic(self.rejection_path(record["path"]), record)
@@ -79,6 +92,8 @@ class Staging:
                 (tmp / f"{key}.mp4").write_bytes(mp4)
                 (tmp / f"{key}.json").write_text(json.dumps(meta, sort_keys=True))
             (tmp / TASK_FILE).write_text(json.dumps(info, sort_keys=True))
+        # An error of an earlier attempt no longer applies: until its captions are staged the task is pending.
+        self.task_error_path(film_id, task).unlink(missing_ok=True)
 
     def write_captions(self, film_id: str, task: int, record: dict) -> None:
         """A task's caption results (``captions``: clip key -> caption fields), after its clips."""

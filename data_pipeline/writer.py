@@ -15,6 +15,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
+from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
 from data_pipeline.motion import LEVELS, MotionBins, compute_bins
 from data_pipeline.staging import Staging
@@ -51,10 +52,11 @@ def _add_timings(total: dict[str, float], part: dict[str, float]) -> None:
 def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captioner) -> Collected:
     """Gather the staged results of ``films`` (source path -> film id) that the current settings,
     input files and caption source made (their fingerprints), sorted by film id and key. Anything
-    staged under other fingerprints counts as pending: it is never gathered into shards."""
+    staged under other fingerprints counts as pending: it is never gathered into shards. A film's
+    path is where it is now (its staged work may have been made from a copy at another path)."""
     out = Collected()
     for path, film_id in sorted(films.items(), key=lambda item: item[1]):
-        plan_fp = plan_fingerprint(path, cfg)
+        plan_fp = plan_fingerprint(path, cfg, staging.hash_cache)
         rejection = staging.rejection(path, plan_fp)
         if rejection is not None:
             out.skipped.append({k: v for k, v in rejection.items() if k != FINGERPRINT})
@@ -63,7 +65,7 @@ def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captio
         if plan is None:
             out.pending.append(path)
             continue
-        film = plan["film"]
+        film = {**plan["film"], "path": path}
         out.sources.append({k: film[k] for k in ("film_id", "path", "size", "sha256", "fps", "num_frames", "width", "height")})
         _add_timings(out.timings, plan["timings"])
         for task in range(len(plan["tasks"])):
@@ -72,7 +74,7 @@ def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captio
             if staging.task_done(film_id, task, task_fp) and captions is not None:
                 _add_timings(out.timings, staging.task_info(film_id, task)["timings"])
                 _add_timings(out.timings, captions["timings"])
-                out.clips.extend((key, mp4, {**meta, **captions["captions"][key]})
+                out.clips.extend((key, mp4, {**meta, "source": path, **captions["captions"][key]})
                                  for key, mp4, meta in staging.task_clips(film_id, task))
             elif (error := staging.task_error(film_id, task, caption_fp)) is not None:
                 out.failed_tasks.append({k: error[k] for k in ("film_id", "task", "reason", "detail")})
@@ -148,7 +150,7 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
     bins = compute_bins(flows, cfg.motion)
     clips = with_levels(collected.clips, bins)
     shards = write_shards(clips, root / CLIPS_DIR, cfg.writer.maxcount)
-    failed_captions = [meta["key"] for _, _, meta in clips if meta["captioner"]["status"] != "ok"]
+    failed_captions = [meta["key"] for _, _, meta in clips if meta["captioner"]["status"] != STATUS_OK]
     manifest = {
         "kind": "clips",
         "format_version": FORMAT_VERSION,

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from animegamer.ablations import BASELINE, DEFAULT_OUT, NONE, OWN, main, plan, variant_names
+from animegamer.ablations import (BASELINE, DEFAULT_OUT, NONE, OWN, SCORED_WITH, experiment_of, main, plan,
+                                  saved_scores, scored_with, variant_names)
 from animegamer.config.compose import compose_config
 from animegamer.config.disk_checks import check_export_sizes
-from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION
+from animegamer.metrics.report import METRICS_FILE, PAPER_TABLE3_RECONSTRUCTION
 
 TINY = ["model=tiny", "trainer=cpu", "logger=none"]
 
@@ -26,6 +27,22 @@ def test_every_variant_has_a_warmup_its_sizes_fit(tmp_path):
             continue
         cfg = compose_config("train", [f"experiment={variant.experiment}"])
         assert cfg.phase.init_from == ("" if name == "no_warmup" else variant.export("a_warmup"))
+
+
+def test_saved_scores_are_kept_only_for_the_same_data_seed_and_sampling(tmp_path):
+    """What the reconstruction scores depend on besides the export and evaluation.*: the held-out data, the
+    seed, and the model's sampling steps when evaluation.sampling_steps is 0."""
+    from animegamer.recipe import evaluation_config
+    from animegamer.utils.io import write_json_atomic
+
+    base = [f"experiment={experiment_of(BASELINE)}", *TINY, f"data.root={tmp_path}", "evaluation.sampling_steps=0"]
+    settings = scored_with(evaluation_config(base))
+    done = tmp_path / METRICS_FILE
+    write_json_atomic(done, {"metrics": {"export_sha256": "d", SCORED_WITH: settings, "clips": 1}})
+    assert saved_scores(done, "d", settings)["clips"] == 1 and saved_scores(done, "e", settings) is None
+    for change in (f"data.root={tmp_path / 'other'}", "data.val_fraction=0.3", "seed=7",
+                   "model.diffusion.sampling_steps=3"):
+        assert saved_scores(done, "d", scored_with(evaluation_config([*base, change]))) is None, change
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,9 @@ class StubPredict:
         self.calls: list[dict] = []
         self.reps: list[torch.Tensor] = []
 
-    def __call__(self, model, tokenizer, ids, history, instruction, max_turns):
+    def __call__(self, model, tokenizer, ids, history, instruction, window_turns):
         index = len(self.calls)
-        self.calls.append({"history": list(history), "instruction": instruction, "max_turns": max_turns})
+        self.calls.append({"history": list(history), "instruction": instruction, "window_turns": window_turns})
         if index == self.fail_at:
             parse_states(ids, [ids.turn_start] * 12)  # a malformed generation: raises ValueError
         states = self.script[index % len(self.script)]
@@ -120,7 +120,7 @@ def played(models, tmp_path_factory):
     flows: list[list[float]] = []
     hook = models.renderer.decoder.register_forward_pre_hook(lambda m, args: flows.append(args[3].tolist()))
     try:
-        record = play_game(models, instructions(len(SCRIPT)), out, seed=3, max_turns=3, predict_fn=stub)
+        record = play_game(models, instructions(len(SCRIPT)), out, seed=3, window_turns=3, predict_fn=stub)
     finally:
         hook.remove()
     return SimpleNamespace(out=out, stub=stub, flows=flows, record=record)
@@ -168,8 +168,8 @@ def test_sliding_window(played):
     names = instructions(len(SCRIPT))
     for i, call in enumerate(calls):
         history = call["history"]
-        assert call["max_turns"] == 3 and call["instruction"] == names[i]
-        assert len(history) == min(i, 2)  # never more than max_turns - 1, the most recent ones, in order
+        assert call["window_turns"] == 3 and call["instruction"] == names[i]
+        assert len(history) == min(i, 2)  # never more than window_turns - 1, the most recent ones, in order
         first = i - len(history)
         assert [h.turn.instruction for h in history] == names[first:i]
         assert [dict(h.turn.states) for h in history] == SCRIPT[first:i]
@@ -209,7 +209,7 @@ def test_turns_are_seeded(models, tmp_path):
 
 def test_default_window_is_k(models):
     game = Game(models, predict_fn=StubPredict(models.cfg))
-    assert game.max_turns == len(models.cfg.data.window_weights) == 5
+    assert game.window_turns == len(models.cfg.data.window_weights) == 5
 
 
 def test_malformed_generation_names_the_turn(models, tmp_path):
@@ -398,7 +398,7 @@ def test_command_line_max_turns_limits_the_game_and_window_turns_sets_the_window
     record = json.loads((tmp_path / "g" / "game.json").read_text())
     assert [t["instruction"] for t in record["turns"]] == instructions(3)
     assert record["window_turns"] == 2 and record["turn_limit"] == 3
-    assert [c["max_turns"] for c in stub.calls] == [2, 2, 2]
+    assert [c["window_turns"] for c in stub.calls] == [2, 2, 2]
     assert [len(c["history"]) for c in stub.calls] == [0, 1, 1]  # window 2: one past turn at most
     lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert lines and [line for line in lines if not LOG_LINE.match(line)] == []
@@ -409,7 +409,7 @@ def test_command_line_max_turns_limits_the_game_and_window_turns_sets_the_window
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(instructions(4)) + "\n"))
     assert main([*common, "--interactive", "--out", str(tmp_path / "live"), "--max-turns", "2"]) == 0
     assert len(json.loads((tmp_path / "live" / "game.json").read_text())["turns"]) == 2 == len(stub.calls)
-    assert stub.calls[0]["max_turns"] == len(exports.cfg.data.window_weights)  # default window: K
+    assert stub.calls[0]["window_turns"] == len(exports.cfg.data.window_weights)  # default window: K
 
 
 def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeypatch, capfd):

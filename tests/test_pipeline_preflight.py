@@ -1,5 +1,6 @@
 """The pipeline's pre-flight: steps that need no films write no toy film and need no caption file; the
-toy film never replaces real clips; a step never reads a derived folder made from older inputs."""
+toy film never replaces real clips (and is recognised in an output folder moved elsewhere); every
+problem is listed at once; a step never reads a derived folder made from older inputs."""
 from __future__ import annotations
 
 import json
@@ -39,10 +40,39 @@ def test_only_captioning_steps_need_the_caption_file():
 def test_toy_film_never_replaces_the_clips_of_real_films(tmp_path):
     output = tmp_path / "pipeline"
     film = "/data/films/ep01.mp4"
-    write_json_atomic(output / "clips" / "manifest.json", {"sources": [{"path": film}], "shards": []})
-    with pytest.raises(ConfigError, match=f"holds clips of other films \\({film}\\)"):
-        run_pipeline([f"pipeline.output='{output}'", "pipeline.steps=[process,finalize]"])
+    write_json_atomic(output / "clips" / "manifest.json",
+                      {"sources": [{"path": film, "sha256": "0" * 64}], "shards": []})
+    with pytest.raises(ConfigError) as caught:
+        run_pipeline([f"pipeline.output='{output}'", "pipeline.steps=[process,finalize,precompute]",
+                      "pipeline.precompute.enabled=false"])
+    toy, precompute = caught.value.problems  # listed together, not one per attempt
+    assert f"holds clips of other films ({film})" in toy
+    assert precompute == "pipeline.steps names precompute but pipeline.precompute.enabled is false: set it to true"
     assert not (output / TOY_DIR).exists()
+
+
+def test_toy_film_is_recognised_in_a_moved_output_folder(tmp_path):
+    """The clips' sources name the toy film where the folder was; its content is the same."""
+    from animegamer.utils.io import sha256_file
+    from data_pipeline.preflight import toy_problems
+
+    output = tmp_path / "moved"
+    toy_film = output / TOY_DIR / "toyfilm.mp4"
+    toy_film.parent.mkdir(parents=True)
+    toy_film.write_bytes(b"the toy film's bytes")
+    sources = [{"path": f"/old/place/{TOY_DIR}/{toy_film.name}", "sha256": sha256_file(toy_film)}]
+    write_json_atomic(output / "clips" / "manifest.json", {"sources": sources, "shards": []})
+    cfg = compose_config("pipeline", [f"pipeline.output='{output}'"]).pipeline
+    assert toy_problems(cfg, toy_film.parent) == []
+
+
+def test_unwritable_output_is_reported_before_the_toy_film_is_written(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    output = blocker / "pipeline"
+    with pytest.raises(ConfigError) as caught:
+        run_pipeline([f"pipeline.output='{output}'", "pipeline.steps=[process,finalize]"])
+    assert caught.value.problems[0].startswith(f"pipeline.output={output}: cannot write there")
 
 
 def test_a_step_refuses_inputs_made_from_older_ones(tmp_path):

@@ -16,6 +16,11 @@ def _train(output, *extra):
     return compose_config("train", ["model=tiny", f"data.root={output}", *extra])
 
 
+def _shot_hashes(output) -> list[float]:
+    """The split hash of every shot of a pipeline output, smallest first."""
+    return sorted(key_fraction(s) for s in set(read_json(output / "clips" / "shots.json").values()))
+
+
 def test_counts_follow_the_held_out_split(toy_run):
     output, report = toy_run
     shots = read_json(output / "clips" / "shots.json")
@@ -34,7 +39,7 @@ def test_counts_follow_the_held_out_split(toy_run):
 
 def test_each_shortfall_is_refused_with_what_to_change(toy_run):
     output, _ = toy_run
-    hashes = sorted(key_fraction(s) for s in set(read_json(output / "clips" / "shots.json").values()))
+    hashes = _shot_hashes(output)
     check_recipe(_train(output, "data.val_fraction=0.2"), _train(output, "phase=b", "data.val_fraction=0.2"))
 
     with pytest.raises(ConfigError) as error:  # nothing held out: nothing to evaluate
@@ -50,3 +55,22 @@ def test_each_shortfall_is_refused_with_what_to_change(toy_run):
     [message] = session_problems(too_long)
     assert f"pipeline.sessions.turns={counts.longest_train_run + 3}" in message
     assert f"lower pipeline.sessions.turns to {counts.longest_train_run} or less" in message
+
+
+def test_phase_a_without_held_out_clips_warns_that_validation_is_skipped(toy_run, caplog):
+    output, _ = toy_run
+    low = _shot_hashes(output)[0]
+    check_recipe(_train(output, f"data.val_fraction={low / 2}"))  # trains, but nothing to validate on
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == f"phase a: no held-out clip at data.val_fraction={low / 2}: validation is skipped"
+
+
+def test_a_standalone_evaluation_is_not_told_to_hold_out_more_than_training(toy_run):
+    """Its exports were trained already: a larger data.val_fraction than theirs is refused (split_problems)."""
+    from animegamer.preflight import evaluation_problems
+
+    output, _ = toy_run
+    low = _shot_hashes(output)[0]
+    [problem] = evaluation_problems(_train(output, f"data.val_fraction={low / 2}"))
+    assert "raise data.val_fraction" not in problem
+    assert f"evaluate exports trained with data.val_fraction above {low:.3f}" in problem

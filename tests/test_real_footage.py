@@ -2,7 +2,8 @@
 
 A user's path: captions written by hand in the README's import format (films named by file name or
 by stem), a first run at a small clip size, then a re-run after changing the clip size and stride,
-and one after editing one caption: each re-run recomputes exactly what changed and says so.
+one after editing one caption in place and one after copying the films elsewhere: each re-run
+recomputes exactly what changed and says so.
 """
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ CAPTIONS = [
      "adverb": "calmly", "environment": "car", "time_of_day": "day", "states": {"SC": 1, "ET": 0, "ST": 1}},
 ]
 EDITED_ADVERB = "angrily"
-# One worker: both films' tasks go through the same process (and its cached captioner).
-STEPS = ["pipeline.workers=1", "pipeline.steps=[process,finalize,precompute,sessions]"]
+# One worker: both films' tasks go through the same process (and its cached captioner). Two clips per
+# shard: the films' clips land in different shards, so feature reuse per shard can be seen.
+STEPS = ["pipeline.workers=1", "pipeline.steps=[process,finalize,precompute,sessions]", "pipeline.writer.maxcount=2"]
 NEW_SIZE = {"height": 48, "width": 64, "stride_seconds": 1.0}
 
 
@@ -48,12 +50,17 @@ def _write_captions(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def _run(output: Path, captions: Path, *extra: str) -> dict:
-    return run_pipeline(pipeline_overrides(output, [BIKES, CARPHONE], captions, *STEPS, *extra))
+def _run(output: Path, captions: Path, *extra: str, films: tuple[Path, ...] = (BIKES, CARPHONE)) -> dict:
+    return run_pipeline(pipeline_overrides(output, list(films), captions, *STEPS, *extra))
 
 
-def _samples(output: Path, video: bool = False) -> dict[str, dict]:
-    return {s["__key__"]: s for s in iter_samples(shard_urls(output / "clips"), video=video)}
+def _samples(output: Path, video: bool = False, folder: str = "clips") -> dict[str, dict]:
+    return {s["__key__"]: s for s in iter_samples(shard_urls(output / folder), video=video)}
+
+
+def _shard_keys(output: Path) -> list[list[str]]:
+    """The clip keys of each clip shard."""
+    return [[s["__key__"] for s in iter_samples([url], video=False)] for url in shard_urls(output / "clips")]
 
 
 def _raw_mp4s(output: Path) -> dict[str, bytes]:
@@ -131,9 +138,14 @@ def test_clip_size_change_recomputes_clips_and_reuses_shot_plans(first_run, tmp_
 
 def test_caption_edit_recaptions_without_recutting(first_run, tmp_path):
     output, captions = _copy(first_run, tmp_path)
+    tasks = _task_count(output)
+    # A run in this process that re-captions one task caches a captioner of this caption file.
+    Staging(output).captions_path(FILM_IDS[0], 0).unlink()
+    assert _run(output, captions)["reuse"]["caption_tasks"] == {"reused": tasks - 1, "recomputed": 1}
     before, mp4_before = _samples(output), _raw_mp4s(output)
+    features_before = _samples(output, folder="features")
     edited = [dict(r, adverb=EDITED_ADVERB) if r["film"].startswith("carphone") else r for r in CAPTIONS]
-    _write_captions(captions, edited)
+    _write_captions(captions, edited)  # the same file, edited in place
     report = _run(output, captions)
 
     after = _samples(output)
@@ -148,14 +160,50 @@ def test_caption_edit_recaptions_without_recutting(first_run, tmp_path):
             fields = ("caption", "instruction", "states")
             assert [meta[f] for f in fields] == [old[f] for f in fields]
         assert meta["motion"]["flow"] == old["motion"]["flow"]
-    tasks = _task_count(output)
     assert report["reuse"]["plans"] == {"reused": 2, "recomputed": 0}
     assert report["reuse"]["clip_tasks"] == {"reused": tasks, "recomputed": 0}
     assert report["reuse"]["caption_tasks"] == {"reused": 0, "recomputed": tasks}
 
+    # Features are recomputed only for shards holding a clip whose motion text changed; the others
+    # keep their features and carry the new json.
+    changed = {k for k in after if after[k]["json"]["motion_text"] != before[k]["json"]["motion_text"]}
+    shards_changed = sum(bool(changed & set(keys)) for keys in _shard_keys(output))
+    assert 0 < shards_changed < report["counts"]["shards"]
+    assert report["reuse"]["features"] == {"reused": report["counts"]["shards"] - shards_changed,
+                                           "recomputed": shards_changed}
+    features = _samples(output, folder="features")
+    for key, sample in features.items():
+        assert sample["json"] == after[key]["json"]
+        assert (sample["latents.npy"] == features_before[key]["latents.npy"]).all()
+        assert (sample["text.npy"] != features_before[key]["text.npy"]).any() == (key in changed)
+
     again = _run(output, captions)  # nothing changed: everything reused
     assert again["reuse"]["clip_tasks"] == again["reuse"]["caption_tasks"] == {"reused": tasks, "recomputed": 0}
     assert again["reuse"]["features"]["recomputed"] == 0 and again["reuse"]["sessions"]["recomputed"] == 0
+
+
+def test_films_copied_elsewhere_keep_their_staged_work(first_run, tmp_path):
+    """A film's identity is its content: a copy at another path (new mtime) reuses plans, clips and
+    captions, and the clips name the path they are at now."""
+    output, captions = _copy(first_run, tmp_path)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    films = tuple(Path(shutil.copy(film, moved)) for film in (BIKES, CARPHONE))  # shutil.copy: a new mtime
+    assert all(copy.stat().st_mtime_ns != film.stat().st_mtime_ns for copy, film in zip(films, (BIKES, CARPHONE)))
+    before = _samples(output, folder="features")
+    report = _run(output, captions, films=films)
+
+    tasks = _task_count(output)
+    assert report["reuse"]["plans"] == {"reused": 2, "recomputed": 0}
+    assert report["reuse"]["clip_tasks"] == report["reuse"]["caption_tasks"] == {"reused": tasks, "recomputed": 0}
+    assert report["reuse"]["features"] == {"reused": report["counts"]["shards"], "recomputed": 0}
+    sources = {s["film_id"]: s["path"] for s in json.loads((output / "clips" / "manifest.json").read_text())["sources"]}
+    assert sources == {film_id: str(film) for film_id, film in zip(FILM_IDS, films)}
+    features = _samples(output, folder="features")
+    assert set(features) == set(before)
+    for key, sample in features.items():
+        assert sample["json"]["source"] == sources[sample["json"]["film"]]
+        assert all((sample[m] == before[key][m]).all() for m in ("latents.npy", "text.npy", "image.npy"))
 
 
 def test_no_session_is_explained_with_what_to_change(first_run):
@@ -172,8 +220,13 @@ def test_split_counts_match_the_shards(first_run, tmp_path):
     from animegamer.preflight import split_counts
 
     output, captions = _copy(first_run, tmp_path)
+    seconds_before = json.loads((output / "report.json").read_text())["step_seconds"]
     report = _run(output, captions, "pipeline.sessions.turns=2", "pipeline.steps=[sessions]")
     assert report["reuse"]["sessions"] == {"reused": 0, "recomputed": 1}
+    # report.json keeps the other steps' timings of the run before; only the sessions step's is new.
+    assert set(seconds_before) == {"process", "finalize", "precompute", "sessions"}
+    assert json.loads((output / "report.json").read_text())["step_seconds"] == {
+        **seconds_before, "sessions": report["step_seconds"]["sessions"]}
     metas = [s["json"] for s in _samples(output).values()]
     sessions = json.loads((output / "sessions.json").read_text())["sessions"]
     val_fraction = 0.5

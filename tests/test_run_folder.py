@@ -1,8 +1,8 @@
-"""Run folders (issue 16, point 9): a folder remembers the config that made it; a start into a folder
-holding checkpoints compares the new config with it, resumes with changes that cannot alter the
-training, refuses the others (every key listed) unless ``resume_with_changes=true``, which applies them
-and records them; the jobs of a ``--multirun`` sweep get distinct folders. Also point 11's step
-progress bar."""
+"""Run folders (issue 16, point 9): a folder remembers the config and the data that made it; a start
+into a folder holding checkpoints compares the new config and data with it, resumes with changes that
+cannot alter the training, refuses the others (every key listed) unless ``resume_with_changes=true``,
+which applies them and records them, on every rank alike; the jobs of a ``--multirun`` sweep get
+distinct folders. Also point 11's step progress bar."""
 from __future__ import annotations
 
 import copy
@@ -10,6 +10,7 @@ import csv
 import functools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf, open_dict
@@ -17,8 +18,10 @@ from omegaconf import OmegaConf, open_dict
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 
 from animegamer.config.compose import compose_config
+from animegamer.errors import InvalidInputError
 from animegamer.training import run_record
-from animegamer.training.run_record import RECORD_FILE, Change, RunFolderChanged, check_run_folder, diff, refused
+from animegamer.training.run_record import (RECORD_FILE, Change, RunFolderChanged, check_run_folder, diff, refused,
+                                            write_record)
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,9 +55,12 @@ def test_diff_lists_every_changed_key_and_refuses_only_what_alters_the_training(
 @pytest.mark.parametrize(("old", "new", "refused_keys"), [
     # The cosine schedule decays over phase.max_steps: a new length changes every later LR.
     (["phase.lr_schedule=cosine"], ["phase.lr_schedule=cosine", "phase.max_steps=80"], ["phase.max_steps"]),
-    # The global batch (2 x 1 x 1 x 1) re-split as 1 x 1 x 1 x 2, or as 1 per device on 2 devices: the same run.
+    # The global batch (2 x 1) re-split as 1 x 2 accumulated micro-batches on the same process: the same run.
     ([], ["phase.batch_size=1", "trainer.accumulate_grad_batches=2"], []),
-    ([], ["phase.batch_size=1", "trainer.devices=2", "trainer.strategy=ddp"], []),
+    # The same global batch on 2 processes: each rank's share of an epoch (n // 2) and its epoch
+    # boundaries differ from one process's, so the sample order does.
+    ([], ["phase.batch_size=1", "trainer.devices=2", "trainer.strategy=ddp"], ["phase.batch_size", "trainer.devices"]),
+    (["trainer.devices=2", "trainer.strategy=ddp"], ["trainer.num_nodes=2", "trainer.strategy=ddp"], []),  # 2 x 1 = 1 x 2
     ([], ["phase.batch_size=1"], ["phase.batch_size"]),  # half the global batch
     (["trainer.devices=-1"], ["trainer.devices=2"], ["trainer.devices"]),  # -1: unknown before the run
     ([], ["trainer.strategy=fsdp"], ["trainer.strategy"]),
@@ -64,6 +70,15 @@ def test_diff_lists_every_changed_key_and_refuses_only_what_alters_the_training(
 ])
 def test_which_changes_a_resume_accepts(old, new, refused_keys):
     assert _refused_keys(_resolved(*old), _resolved(*new)) == refused_keys
+
+
+def test_a_changed_number_of_processes_is_refused_with_the_reason():
+    old, new = _resolved(), _resolved("phase.batch_size=1", "trainer.devices=2", "trainer.strategy=ddp")
+    reasons = {change.key: reason for change, reason in refused(diff(old, new), old, new)}
+    assert reasons["trainer.devices"].startswith(
+        "the number of processes (trainer.devices x trainer.num_nodes) would go from 1 to 2: each rank's sample order")
+    assert reasons["phase.batch_size"] == ("the samples per optimizer step and process (phase.batch_size x "
+                                           "trainer.accumulate_grad_batches) would go from 2 to 1")
 
 
 def test_refusal_names_every_key_with_both_values_and_the_ways_on(tmp_path):
@@ -78,13 +93,15 @@ def test_refusal_names_every_key_with_both_values_and_the_ways_on(tmp_path):
     assert "output_dir=" in message and "resume_with_changes=true" in message
     assert (tmp_path / RECORD_FILE).read_bytes() == recorded  # a refusal writes nothing
 
-    assert check_run_folder(tmp_path, new, 60, allow_changes=True, writer=True) == [
-        Change("phase.lr", 1e-3, 5e-4), Change("phase.max_steps", 60, 80), Change("seed", 0, 3)]
-    record = json.loads((tmp_path / RECORD_FILE).read_text())
+    decision = check_run_folder(tmp_path, new, 60, allow_changes=True, writer=True)
+    assert decision.changes == [Change("phase.lr", 1e-3, 5e-4), Change("phase.max_steps", 60, 80), Change("seed", 0, 3)]
+    assert (tmp_path / RECORD_FILE).read_bytes() == recorded  # written once the resumed run saves a checkpoint
+    record = decision.pending
     assert record["config"]["phase"]["lr"] == 5e-4
     assert record["changes"][0]["step"] == 60 and record["changes"][0]["forced"] == ["phase.lr", "seed"]
     assert record["changes"][0]["changes"]["phase.max_steps"] == [60, 80]
-    assert check_run_folder(tmp_path, new, 80, allow_changes=False, writer=True) == []  # the record moved on
+    write_record(tmp_path, record)
+    assert check_run_folder(tmp_path, new, 80, allow_changes=False, writer=True).changes == []  # the record moved on
 
 
 def test_only_global_rank_zero_writes_and_every_rank_decides_alike(tmp_path, monkeypatch):
@@ -106,8 +123,42 @@ def test_folder_without_record_is_checked_against_its_exports_config(tmp_path):
     with pytest.raises(RunFolderChanged, match="phase.lr"):
         check_run_folder(tmp_path, _resolved("phase.lr=5e-4"), 30, allow_changes=False, writer=True)
     (tmp_path / RECORD_FILE).write_text("{not json")
-    with pytest.raises(ValueError, match=f"{RECORD_FILE}: not a run record"):
+    with pytest.raises(InvalidInputError, match=f"{RECORD_FILE}: not a run record"):
         check_run_folder(tmp_path, _resolved(), 30, allow_changes=False, writer=True)
+
+
+def test_data_changed_under_the_run_folder_is_refused_naming_its_manifest(tmp_path, caplog):
+    data, out = tmp_path / "data", tmp_path / "run"
+    out.mkdir()
+    config = _resolved(f"data.root={data}", "data.features=feats")  # folder names come from the config
+    manifest = data / "feats" / "manifest.json"
+    shards = [{"name": "shard-000000.tar", "count": 3, "sha256": "a" * 64}]
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"kind": "features", "shards": shards, "command": "first"}))
+    check_run_folder(out, config, None, allow_changes=False, writer=True)
+    # Re-run with the same shards (another command line): the same data.
+    manifest.write_text(json.dumps({"kind": "features", "shards": shards, "command": "again"}))
+    assert check_run_folder(out, config, 30, allow_changes=False, writer=True).changes == []
+
+    manifest.write_text(json.dumps({"kind": "features", "shards": [{**shards[0], "sha256": "b" * 64}]}))
+    with pytest.raises(RunFolderChanged) as error:
+        check_run_folder(out, config, 30, allow_changes=False, writer=True)
+    assert f"{manifest}: " in str(error.value) and "its shards changed since the checkpoints" in str(error.value)
+    assert "1 setting(s) differ" in str(error.value)
+    decision = check_run_folder(out, config, 30, allow_changes=True, writer=True)
+    assert [c.key for c in decision.changes] == [str(manifest)]
+    assert decision.pending["changes"][-1]["forced"] == [str(manifest)]
+    write_record(out, decision.pending)
+    assert check_run_folder(out, config, 40, allow_changes=False, writer=True).changes == []
+
+    # A record made before data digests: the current data is recorded, with a warning.
+    record = json.loads((out / RECORD_FILE).read_text())
+    del record["data"]
+    write_record(out, record)
+    with caplog.at_level("WARNING"):
+        decision = check_run_folder(out, config, 40, allow_changes=False, writer=True)
+    assert decision.changes == [] and "records no digest of the data" in caplog.text
+    assert decision.pending["data"] == run_record.data_digests(config) and decision.pending["data"]["data.features"]
 
 
 # ------------------------------------------------------------------------------------------ train.py's path
@@ -124,6 +175,48 @@ def _lrs(output: Path) -> dict[int, float]:
         with open(path) as f:
             lrs.update({int(r["step"]): float(r["lr-AdamW/pg1"]) for r in csv.DictReader(f) if r.get("lr-AdamW/pg1")})
     return lrs
+
+
+def test_every_rank_applies_the_new_optimizer_settings_whatever_order_they_start_in(features, tmp_path, monkeypatch):
+    """Lightning starts ranks 1..N-1 inside ``fit``, after rank 0 has passed the run-folder check: rank 1
+    must still find the change and take the resumed config's LR (before: rank 0 had rewritten the
+    record, rank 1 found no change and kept the checkpoint's LR)."""
+    import torch
+
+    from animegamer.training import runner
+    from animegamer.training.callbacks import RecordOnSave, ResumeSettings
+
+    output = tmp_path / "run"
+    cfg = lambda *o: tiny_train_cfg(features, output, "phase=a_joint", "phase.max_steps=4", *o)
+    assert runner.run(cfg()[0])["step"] == 4
+    recorded = (output / RECORD_FILE).read_bytes()
+    resume = runner.resume_checkpoint(output / "checkpoints")
+    composed, typed = cfg("phase.lr=5e-4", "phase.max_steps=6", "resume_with_changes=true")
+    resolved = OmegaConf.to_container(composed, resolve=True)
+
+    def lrs_on_rank(rank: str) -> list[float]:
+        """The LR a rank's optimizer has after its resume callbacks ran on the checkpoint's state."""
+        monkeypatch.setenv("RANK", rank)
+        callbacks = runner.run_folder_callbacks(typed, resolved, resume)
+        module, *_ = runner.build_phase(typed)
+        optimizers = module.configure_optimizers()
+        optimizer, scheduler = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+        state = torch.load(resume, weights_only=True)
+        optimizer.load_state_dict(state["optimizer_states"][0])
+        scheduler.load_state_dict(state["lr_schedulers"][0])
+        trainer = SimpleNamespace(optimizers=[optimizer], lr_scheduler_configs=[SimpleNamespace(scheduler=scheduler)],
+                                  global_step=4, is_global_zero=rank == "0")
+        for callback in callbacks:
+            if isinstance(callback, ResumeSettings):
+                callback.on_train_start(trainer, module)
+            if isinstance(callback, RecordOnSave):  # rank 0 moves the record on before rank 1 starts
+                callback.on_save_checkpoint(trainer, module, {})
+        return [group["lr"] for group in optimizer.param_groups]
+
+    rank0 = lrs_on_rank("0")
+    assert json.loads((output / RECORD_FILE).read_bytes())["config"]["phase"]["lr"] == 5e-4 != \
+        json.loads(recorded)["config"]["phase"]["lr"]
+    assert lrs_on_rank("1") == rank0 == [pytest.approx(5e-4)] * len(rank0)
 
 
 def test_changed_lr_is_refused_before_anything_is_built_then_applied_when_allowed(features, tmp_path, monkeypatch,

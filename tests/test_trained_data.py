@@ -1,6 +1,8 @@
 """Evaluation never plays shots a model trained on, and the game renders at the trained clip size."""
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+
 import pytest
 from conftest import quickstart_overrides
 from omegaconf import OmegaConf
@@ -56,3 +58,53 @@ def test_game_renders_at_the_size_its_renderer_was_trained_at(quickstart, tmp_pa
                        sampling_steps=1)
     assert record["clips"] == {"fps": 8.0, "frames": 17, "height": 96, "width": 144}
     assert record["turns"][0]["frames"] == [17, 96, 144, 3]
+
+
+
+def _cut(root, size: ClipSize) -> None:
+    """A clip manifest as the pipeline writes it, as far as these checks read it: the clip size in its
+    resolved config and the films' digests (cutting the same film again keeps them)."""
+    from animegamer.config.trained_data import clip_manifest
+    from animegamer.utils.io import write_json_atomic
+
+    manifest = clip_manifest(root, "clips")
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(manifest, {"config": {"pipeline": {"clips": {**asdict(size), "stride_seconds": 1.0}}},
+                                 "sources": [{"path": "film.mp4", "sha256": "ab" * 32}]})
+
+
+def _on(root, val_fraction=0.2):
+    return compose_config("train", ["model=tiny", f"data.root={root}", f"data.val_fraction={val_fraction}"])
+
+
+def test_an_export_keeps_the_data_it_trained_on_when_the_folder_is_cut_again(tmp_path, monkeypatch):
+    """Like the quick start, the run records a relative data.root; the folder is cut again at another size
+    after training; the export still says what it trained on, also from another directory."""
+    from torch import nn
+
+    from animegamer.checkpoints.export import save_export
+    from animegamer.config.trained_data import (at_clip_size, clip_size_of, clip_size_problems, renderer_clip_size,
+                                                split_problems, trained_data)
+
+    trained_at, recut_at = QUICKSTART_CLIPS, replace(QUICKSTART_CLIPS, height=64, width=96)
+    monkeypatch.chdir(tmp_path)
+    _cut("data", trained_at)
+    config = {"data": {"root": "data", "clips": "clips", "val_fraction": 0.2},
+              "pipeline": {"clips": asdict(recut_at)}}  # only the manifest says what was trained on
+    export = str(tmp_path / "export")
+    save_export(export, nn.Linear(2, 2), {"config": config})
+    assert trained_data(export)["root"] == str(tmp_path / "data")
+    _cut("data", recut_at)
+
+    assert trained_clip_size(export) == trained_at
+    game_cfg = at_clip_size(OmegaConf.to_object(_on("data")), renderer_clip_size([export]))
+    assert clip_size_of(game_cfg.pipeline.clips) == trained_at  # the game renders at the trained size
+    [problem] = clip_size_problems(_on("data"), [("evaluation.renderer_export", export)])
+    assert f"trained on clips of {trained_at}" in problem and f"are {recut_at} (the folder was cut again" in problem
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the recorded root is absolute: the same folder, so the same split
+    assert split_problems(_on(tmp_path / "data"), [("evaluation.mllm_export", export)]) == []
+    [problem] = split_problems(_on(tmp_path / "data", 0.5), [("evaluation.mllm_export", export)])
+    assert "was trained with data.val_fraction=0.2" in problem

@@ -17,7 +17,8 @@ For each, phase (a1) (the warm-up) then phase (a2) train into ``<out>/<variant>/
 Each a2 export is then scored like ``evaluate.py``'s reconstruction report (held-out clips decoded
 from their own representation; CLIP-I and DreamSim) into ``<out>/<variant>/reconstruction/``, and
 ``<out>/table3.md`` / ``table3.json`` set all variants beside the paper's numbers. Running it again
-resumes an interrupted stage, skips finished ones and re-scores only exports that changed.
+resumes an interrupted stage, skips finished ones and re-scores only where the export or what it is
+scored with (evaluation settings, held-out data, seed, sampling steps: :func:`scored_with`) changed.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ OWN, NONE = "own", "none"  # warm-up: its own, none; else the name of the varian
 # What the warm-up trains on, and with: two variants equal here share one warm-up.
 WARMUP_KEYS = ("model", "phase", "data", "pipeline")
 METRICS = ("clip_i", "dreamsim")
+SCORED_WITH = "scored_with"  # metrics.json's record of what the scores depend on besides the export
 
 
 def variant_names() -> list[str]:
@@ -124,32 +126,56 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
                      evaluation=evaluation_config([f"experiment={v.experiment}", *extra]))
 
 
+def scored_with(composed) -> dict:
+    """What a variant's reconstruction scores depend on besides its export: the evaluation settings, the
+    held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the sampling
+    steps the model config gives when ``evaluation.sampling_steps`` is 0."""
+    from animegamer.config.trained_data import clip_manifest
+    from animegamer.utils.io import sha256_file
+
+    data = composed.data
+    manifest = clip_manifest(data.root, data.clips)
+    return {"evaluation": OmegaConf.to_container(composed.evaluation, resolve=True),
+            "data": {"root": str(Path(data.root).resolve()), "clips": data.clips, "val_fraction": data.val_fraction,
+                     "clip_manifest_sha256": sha256_file(manifest) if manifest.is_file() else None},
+            "seed": composed.seed, "sampling_steps": composed.model.diffusion.sampling_steps}
+
+
+def saved_scores(done: Path, digest: str, settings: dict) -> dict | None:
+    """The metrics in ``done`` when they scored the export of sha256 ``digest`` with ``settings``."""
+    from animegamer.utils.io import read_json
+
+    saved = read_json(done)["metrics"] if done.exists() else {}
+    return saved if saved.get("export_sha256") == digest and saved.get(SCORED_WITH) == settings else None
+
+
 def score(v: Variant, extra: list[str]) -> dict:
-    """The reconstruction metrics of the variant's a2 export (kept while the export is unchanged)."""
+    """The reconstruction metrics of the variant's a2 export (kept while neither it nor
+    :func:`scored_with` changed)."""
     from animegamer.checkpoints.export import TRAINED_FILE
     from animegamer.config.disk_checks import check_export_sizes
     from animegamer.config.validate import ConfigError, check_evaluated_exports
     from animegamer.evaluation import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
-    from animegamer.utils.io import read_json, sha256_file
+    from animegamer.metrics.report import METRICS_FILE
+    from animegamer.utils.io import sha256_file
 
     export = v.export("a_joint")
     digest = sha256_file(Path(export) / TRAINED_FILE)
     out = v.folder / RECONSTRUCTION_FOLDER
     composed = evaluation_config([f"experiment={v.experiment}", *extra, f"evaluation.reconstruction_export={export}",
                                   f"evaluation.out={v.folder}"])
-    settings = OmegaConf.to_container(composed.evaluation, resolve=True)
-    done = out / "metrics.json"
-    if done.exists():
-        saved = read_json(done)["metrics"]
-        if saved.get("export_sha256") == digest and saved.get("evaluation") == settings:
-            log.info("%s: reconstruction metrics of this export are already in %s", v.name, done)
-            return saved
+    settings = scored_with(composed)
+    done = out / METRICS_FILE
+    saved = saved_scores(done, digest, settings)
+    if saved is not None:
+        log.info("%s: reconstruction metrics of this export are already in %s", v.name, done)
+        return saved
     problems = check_export_sizes("evaluation.reconstruction_export", export, composed.model)
     problems += check_evaluated_exports(composed, ("reconstruction_export",))
     if problems:
         raise ConfigError(problems)
     cfg = OmegaConf.to_object(composed)
-    return write_reconstruction(cfg, Scorers(cfg), out, {"export_sha256": digest, "evaluation": settings})
+    return write_reconstruction(cfg, Scorers(cfg), out, {"export_sha256": digest, SCORED_WITH: settings})
 
 
 def _cell(metric: dict | None) -> str:

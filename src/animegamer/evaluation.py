@@ -1,4 +1,4 @@
-"""``evaluate.py``'s body: benchmark games from held-out sessions, played and scored (DESIGN 8).
+"""``evaluate.py``'s body: benchmark games from held-out sessions, played and scored.
 
 A benchmark game is consecutive turns of one held-out session: each turn's instruction, environment
 text, ground-truth first frame (by clip key), motion level and states. The trained game plays the
@@ -18,6 +18,7 @@ from animegamer.config.schema import RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
 from animegamer.metrics.common import available, mean_metric, unavailable
+from data_pipeline.captioners.base import STATUS_OK
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def held_out_games(cfg: RunConfig) -> dict:
     held-out, captioned clips of one film, cut into games of up to ``evaluation.turns`` turns."""
     clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
     split = held_out(cfg)
-    keep = lambda meta: split.clip(meta["key"]) and meta["captioner"]["status"] == "ok"
+    keep = lambda meta: split.clip(meta["key"]) and meta["captioner"]["status"] == STATUS_OK
     turns = cfg.evaluation.turns
     games = []
     for run in consecutive_runs((clips[i] for i in range(len(clips))), keep):
@@ -46,7 +47,8 @@ def held_out_games(cfg: RunConfig) -> dict:
     games = sorted(games, key=lambda g: -len(g["turns"]))[: cfg.evaluation.games]  # longest games first
     if not games:
         raise ValueError(f"{clips.locations[0].shard}: no held-out shot (data.val_fraction={cfg.data.val_fraction}); "
-                         "raise it or pass evaluation.benchmark")
+                         "evaluate exports trained with a larger data.val_fraction (at that fraction), another "
+                         "pipeline output, or pass evaluation.benchmark")
     return {"source": str(Path(cfg.data.root) / cfg.data.clips), "held_out": "shots", "games": games}
 
 
@@ -54,7 +56,7 @@ def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
     """The instructions of ``turns`` consecutive captioned clips of a film (the longest run first):
     a script for a demonstration game."""
     clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
-    runs = consecutive_runs((clips[i] for i in range(len(clips))), lambda m: m["captioner"]["status"] == "ok")
+    runs = consecutive_runs((clips[i] for i in range(len(clips))), lambda m: m["captioner"]["status"] == STATUS_OK)
     longest = max(runs, key=len) if runs else []
     return [m["instruction"] for m in longest[:turns]]
 
@@ -207,6 +209,7 @@ def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: di
 
 def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
+    from animegamer.config.trained_data import clip_manifest
     from animegamer.game import load_game_models, read_level_flow
     from animegamer.metrics.report import write_report
 
@@ -215,9 +218,9 @@ def evaluate(cfg: RunConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     benchmark = json.loads(Path(e.benchmark).read_text()) if e.benchmark else held_out_games(cfg)
     (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
-    clip_manifest = Path(cfg.data.root) / cfg.data.clips / "manifest.json"
-    models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(clip_manifest))
-    bins = json.loads(clip_manifest.read_text())["motion_bins"]
+    manifest = clip_manifest(cfg.data.root, cfg.data.clips)
+    models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(manifest))
+    bins = json.loads(manifest.read_text())["motion_bins"]
     scorers = Scorers(cfg)
     games, turns = play_benchmark(cfg, models, benchmark, out, scorers)
     metrics = aggregate(cfg, turns, bins)

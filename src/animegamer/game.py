@@ -1,8 +1,8 @@
-"""The playable game loop (DESIGN section 5, "Game loop"): instruction in, clip and character states out.
+"""The playable game loop: instruction in, clip and character states out.
 
 Per turn:
 
-1. the game-state MLLM reads the sliding window of past turns (at most ``max_turns - 1`` of them, each
+1. the game-state MLLM reads the sliding window of past turns (at most ``window_turns - 1`` of them, each
    with its instruction, its predicted states and its predicted representation) and the new
    instruction, and predicts the turn's states (ML, SC, ET, ST) and representation (N, D);
 2. the motion level ML becomes a motion-scope flow value through the clip manifest's
@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from animegamer.config.schema import RunConfig
+from animegamer.data.shards import MANIFEST
 from animegamer.errors import InvalidInputError, OutputExistsError, UserError, exit_on_user_error
 from animegamer.mllm.predict import HistoryTurn, Prediction, predict_next, window
 from animegamer.mllm.sequence import Turn
@@ -67,7 +68,7 @@ GAME_FILE = "game.json"
 INDEX_FILE = "index.html"
 GAME_FORMAT_VERSION = 2  # 2: "window_turns" (was "max_turns"), a poster (turn_NNN.jpg) beside each clip
 
-# predict_fn(model, tokenizer, ids, history, instruction, max_turns) -> Prediction (predict_next's signature)
+# predict_fn(model, tokenizer, ids, history, instruction, window_turns) -> Prediction (predict_next's signature)
 PredictFn = Callable[..., Prediction]
 
 
@@ -116,7 +117,7 @@ def read_level_flow(manifest: str | Path) -> dict[int, float]:
 
     path = Path(manifest)
     if path.is_dir():
-        path = path / "manifest.json"
+        path = path / MANIFEST
     data = json.loads(path.read_text())
     try:
         table = data["motion_bins"]["level_flow"]
@@ -270,18 +271,18 @@ class Game:
     """One play-through: character states, the history of turns and ``play_turn``.
 
     ``predict_fn`` has ``predict_next``'s signature and receives the window of past turns (never
-    more than ``max_turns - 1``, oldest first); tests inject a stub. ``max_turns`` defaults to K, the
+    more than ``window_turns - 1``, oldest first); tests inject a stub. ``window_turns`` defaults to K, the
     number of window lengths phase (b) trained on (``len(cfg.data.window_weights)``).
     """
 
-    def __init__(self, models: GameModels, seed: int = 0, max_turns: Optional[int] = None,
+    def __init__(self, models: GameModels, seed: int = 0, window_turns: Optional[int] = None,
                  predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0) -> None:
         self.models = models
         self.cfg = models.cfg
         self.seed = int(seed)
-        self.max_turns = int(max_turns if max_turns else len(self.cfg.data.window_weights))
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        self.window_turns = int(window_turns if window_turns else len(self.cfg.data.window_weights))
+        if self.window_turns < 1:
+            raise ValueError(f"window_turns must be >= 1, got {self.window_turns}")
         if predict_fn is None:
             constrained = models.cfg.model.mllm.constrained_states
             predict_fn = partial(predict_next, constrained=True) if constrained else predict_next
@@ -350,9 +351,9 @@ class Game:
         models, timings = self.models, {}
         mllm = models.mllm
         start = time.perf_counter()
-        past = window(self._history, self.max_turns)
+        past = window(self._history, self.window_turns)
         try:
-            prediction = self.predict_fn(mllm.model, mllm.tokenizer, mllm.ids, past, instruction, self.max_turns)
+            prediction = self.predict_fn(mllm.model, mllm.tokenizer, mllm.ids, past, instruction, self.window_turns)
         except ValueError as error:
             raise ValueError(f"turn {index} ({instruction!r}): {error}") from error
         self._sync()
@@ -448,7 +449,7 @@ class GameWriter:
         return {
             "format_version": GAME_FORMAT_VERSION,
             "seed": game.seed,
-            "window_turns": game.max_turns,
+            "window_turns": game.window_turns,
             "initial_states": {k: INITIAL_STATE for k in CHARACTER_STATES},
             "state_rule": f"clamp(value + {STATE_STEP} * delta, {STATE_RANGE[0]}, {STATE_RANGE[1]})",
             "states": game.states,
@@ -480,16 +481,16 @@ class GameWriter:
 
 
 def play_game(models: GameModels, instructions: Iterable[str], out_dir: str | Path, seed: int = 0, *,
-              max_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0,
+              window_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0,
               overwrite: bool = False, on_turn: Optional[Callable[[TurnResult], None]] = None,
               extra: Optional[dict] = None) -> dict:
     """Play every instruction in order, writing the folder as it goes; returns game.json's content.
 
-    ``max_turns`` is the MLLM's window (``Game``), not a limit on the turns played: every instruction
+    ``window_turns`` is the MLLM's window (``Game``), not a limit on the turns played: every instruction
     is played. ``extra`` adds keys to game.json. A malformed state generation raises ValueError naming
     the turn; game.json then records the error and the turns played before it.
     """
-    game = Game(models, seed=seed, max_turns=max_turns, predict_fn=predict_fn, sampling_steps=sampling_steps)
+    game = Game(models, seed=seed, window_turns=window_turns, predict_fn=predict_fn, sampling_steps=sampling_steps)
     writer = GameWriter(game, out_dir, overwrite=overwrite, extra=extra)
     for instruction in instructions:
         try:
@@ -568,8 +569,8 @@ def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
         else:
             problems += check_export_sizes(option, folder, cfg.model)
     manifest = Path(args.clips_manifest)
-    if not (manifest / "manifest.json" if manifest.is_dir() else manifest).is_file():
-        problems.append(f"--clips-manifest {manifest}: no such manifest.json (run the pipeline first)")
+    if not (manifest / MANIFEST if manifest.is_dir() else manifest).is_file():
+        problems.append(f"--clips-manifest {manifest}: no such {MANIFEST} (run the pipeline first)")
     if args.instructions and not Path(args.instructions).is_file():
         problems.append(f"--instructions {args.instructions}: no such file")
     if (Path(args.out) / GAME_FILE).exists() and not args.overwrite:
@@ -607,7 +608,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seed = cfg.seed if args.seed is None else args.seed
     try:
         record = play_game(models, islice(script, args.max_turns or None), args.out, seed,
-                           max_turns=args.window_turns or None, sampling_steps=args.sampling_steps,
+                           window_turns=args.window_turns or None, sampling_steps=args.sampling_steps,
                            overwrite=args.overwrite,
                            extra={"turn_limit": args.max_turns or None})
     except ValueError as error:

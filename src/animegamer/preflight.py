@@ -17,10 +17,9 @@ from pathlib import Path
 from animegamer.config.validate import ConfigError
 from animegamer.data.indexed import key_fraction
 from animegamer.data.split import SESSIONS_FILE, VAL, TRAIN, HeldOut, consecutive_runs, session_key
+from data_pipeline.captioners.base import STATUS_OK
 
 log = logging.getLogger(__name__)
-
-CAPTION_OK = "ok"
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> Split
         raise ConfigError([f"{manifest}: missing; the pipeline has not written clip shards there"])
     metas = _clip_metas(str(folder), manifest.stat().st_mtime)
     split = HeldOut(root, clips_dir, val_fraction)
-    captioned = [m for m in metas if m["captioner"]["status"] == CAPTION_OK]
+    captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
     unit = (lambda key: split.shot_of.get(key, key)) if split.shot_of is not None else (lambda key: key)
     shots = {unit(m["key"]): key_fraction(unit(m["key"])) for m in captioned}
     held = [split.clip(m["key"]) for m in captioned]
@@ -100,15 +99,21 @@ def captions_problems(c: SplitCounts) -> list[str]:
             f"clips' midpoints"]
 
 
-def _split_side_problems(c: SplitCounts, what: str, held: bool) -> list[str]:
-    """Captioned clips on one side of the split: to train on (``held`` False) or held out."""
+def _split_side_problems(c: SplitCounts, what: str, held: bool, trained: bool = False) -> list[str]:
+    """Captioned clips on one side of the split: to train on (``held`` False) or held out. ``trained``:
+    the held-out clips are for exports already trained, which the evaluation may not hold out more than."""
     if not c.captioned or (c.held_out_clips if held else c.train_clips):
         return []
     low, high = min(c.shots.values()), max(c.shots.values())
-    fix = (f"no shot is held out at data.val_fraction={c.val_fraction} (the {len(c.shots)} shots hash from "
-           f"{low:.3f}): raise data.val_fraction above {low:.3f}") if held else (
-           f"every shot is held out at data.val_fraction={c.val_fraction} (shot hashes from {low:.3f}): lower "
-           f"data.val_fraction below {high:.3f}")
+    if not held:
+        fix = (f"every shot is held out at data.val_fraction={c.val_fraction} (shot hashes from {low:.3f}): lower "
+               f"data.val_fraction below {high:.3f}")
+    else:
+        fix = (f"no shot is held out at data.val_fraction={c.val_fraction} (the {len(c.shots)} shots hash from "
+               f"{low:.3f}): ")
+        fix += (f"an evaluation may not hold out more than its exports' training did, so evaluate exports trained "
+                f"with data.val_fraction above {low:.3f} (and set it here too), evaluate on another pipeline output, "
+                f"or pass evaluation.benchmark") if trained else f"raise data.val_fraction above {low:.3f}"
     return _too_few_shots(c) or [f"{what}: {fix}"]
 
 
@@ -117,9 +122,9 @@ def training_problems(c: SplitCounts, what: str) -> list[str]:
     return _split_side_problems(c, what, held=False)
 
 
-def held_out_problems(c: SplitCounts, what: str) -> list[str]:
-    """Held-out clips to validate or evaluate on."""
-    return _split_side_problems(c, what, held=True)
+def held_out_problems(c: SplitCounts, what: str, trained: bool = False) -> list[str]:
+    """Held-out clips to validate or evaluate on (``trained``: to evaluate exports already trained)."""
+    return _split_side_problems(c, what, held=True, trained=trained)
 
 
 def session_problems(c: SplitCounts) -> list[str]:
@@ -135,10 +140,11 @@ def session_problems(c: SplitCounts) -> list[str]:
             f"covering more of the film"]
 
 
-def evaluation_problems(cfg) -> list[str]:
-    """What an evaluation needs from its data: captioned clips of held-out shots to play."""
+def evaluation_problems(cfg, trained: bool = True) -> list[str]:
+    """What an evaluation needs from its data: captioned clips of held-out shots to play. ``trained``: its
+    exports are already trained (False: checked before the recipe trains them, with the same split)."""
     c = counts_of(cfg)
-    return captions_problems(c) + held_out_problems(c, "evaluation")
+    return captions_problems(c) + held_out_problems(c, "evaluation", trained)
 
 
 def raise_problems(problems: list[str]) -> None:
@@ -155,7 +161,7 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
     counts = {"phase a": counts_of(phase_a)}
     c = counts["phase a"]
     problems = captions_problems(c) + training_problems(c, "phase a")
-    if phase_a.phase.val_clips > 0 and not c.held_out_clips and not held_out_problems(c, ""):
+    if phase_a.phase.val_clips > 0 and c.captioned and not c.held_out_clips:
         log.warning("phase a: no held-out clip at data.val_fraction=%s: validation is skipped", c.val_fraction)
     if phase_b is not None:
         counts["phase b"] = b = counts_of(phase_b)
@@ -166,7 +172,7 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
                         b.held_out_shots)
     if evaluation is not None:
         counts["evaluation"] = counts_of(evaluation)
-        problems += evaluation_problems(evaluation)
+        problems += evaluation_problems(evaluation, trained=False)
     raise_problems(problems)
     for stage, n in counts.items():
         log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "

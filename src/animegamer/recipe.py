@@ -69,18 +69,19 @@ def play_story(composed, out: Path) -> Path:
     """A demonstration game: the trained game plays the instructions of consecutive clips of the film."""
     from omegaconf import OmegaConf
 
+    from animegamer.config.trained_data import clip_manifest
     from animegamer.evaluation import story_instructions
-    from animegamer.game import load_game_models, play_game, read_level_flow
+    from animegamer.game import INDEX_FILE, load_game_models, play_game, read_level_flow
 
     cfg = OmegaConf.to_object(composed)
     e = cfg.evaluation
     models = load_game_models(cfg, e.mllm_export, e.renderer_export,
-                              read_level_flow(Path(cfg.data.root) / cfg.data.clips / "manifest.json"))
+                              read_level_flow(clip_manifest(cfg.data.root, cfg.data.clips)))
     try:
         play_game(models, story_instructions(cfg, STORY_TURNS), out, seed=cfg.seed, overwrite=True)
     except ValueError as error:  # a malformed state generation ends the game; game.json records it
         log.warning("the demonstration game stopped: %s", error)
-    return out / "index.html"
+    return out / INDEX_FILE
 
 
 def run_recipe(recipe: Recipe) -> dict:

@@ -2,7 +2,9 @@
 
 An export is what the next phase (or a user) loads; the Lightning checkpoint beside it is only for
 resuming. Frozen weights are not in it: they come from the base model the config names, and the
-json records that config so the export says what it belongs to.
+json records that config so the export says what it belongs to, and what the run trained on (the
+data folder as an absolute path, its clip size and clip manifest digest: see
+:mod:`animegamer.config.trained_data`), so that a data folder cut again later cannot change it.
 """
 from __future__ import annotations
 
@@ -44,13 +46,19 @@ def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[
 
     ``extra`` adds frozen parameters by name prefix, for exports that must stand alone (phase (c)
     carries the encoder it did not train, so a renderer loads from one folder). ``state``: see
-    :func:`trained_state`."""
+    :func:`trained_state`. A ``meta["config"]`` (the resolved run config) adds the record of the data
+    the run trained on (:func:`animegamer.config.trained_data.trained_data_record`)."""
+    from animegamer.config.trained_data import TRAINED_DATA_KEY, trained_data_record
+
     folder = Path(folder)
     state = trained_state(module, extra, state)
+    config = meta.get("config")
+    trained = trained_data_record(config) if isinstance(config, dict) else None
     with atomic_dir(folder) as tmp:
         save_file(state, str(tmp / TRAINED_FILE))
         record = {"format_version": FORMAT_VERSION, "tensors": len(state),
-                  "parameters": int(sum(t.numel() for t in state.values())), **meta}
+                  "parameters": int(sum(t.numel() for t in state.values())),
+                  **({TRAINED_DATA_KEY: trained} if trained else {}), **meta}
         (tmp / EXPORT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
     return folder
 

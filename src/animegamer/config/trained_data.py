@@ -1,6 +1,10 @@
-"""What an export says about the data it was trained on (its ``export.json`` holds the resolved config):
-the held-out split and the clip size. Evaluation, the game and fine-tuning read them so that they never
-score shots a model trained on and never render or cut clips at a size the renderer was not trained at.
+"""What an export says about the data it was trained on: its ``export.json`` holds the resolved config
+and, written with the export (:func:`trained_data_record`), the data folder as an absolute path, the
+clip size its clip manifest recorded and that manifest's sha256. Evaluation, the game and fine-tuning
+read them so that they never score shots a model trained on and never render or cut clips at a size
+the renderer was not trained at, even after the data folder was cut again at another size or the
+command runs from another directory. Exports written before the record existed fall back to the
+config's ``data.root`` and the clip manifest found there now.
 
 An export started from another (``phase.init_from``) learned from that one's data too, so the split
 check follows the chain of exports back to the first.
@@ -8,22 +12,74 @@ check follows the chain of exports back to the first.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from animegamer.config.disk_checks import _read_json as _read
+from animegamer.config.schema import TrainDataConfig
+from animegamer.utils.io import read_json, sha256_file
 
 log = logging.getLogger(__name__)
 
 CLIP_SIZE_KEYS = ("frames", "height", "width", "fps")
+TRAINED_DATA_KEY = "trained_data"  # export.json's record of the data the run trained on
+DEFAULT_CLIPS_DIR = TrainDataConfig.clips
+
+
+def clip_manifest(root: str | Path, clips_dir: str) -> Path:
+    """The manifest of a pipeline output's clip shards (the shard reader's constant, imported lazily: the
+    reader pulls in torch, which config checks do not need)."""
+    from animegamer.data.shards import MANIFEST
+
+    return Path(root) / clips_dir / MANIFEST
+
+
+def _read(path: Path) -> dict | None:
+    """The JSON object at ``path``; None where there is no such file."""
+    data = read_json(path) if path.is_file() else None
+    return data if isinstance(data, dict) else None
+
+
+def _export_json(folder: str | Path) -> dict:
+    from animegamer.checkpoints.export import EXPORT_FILE
+
+    return _read(Path(folder) / EXPORT_FILE) or {}
 
 
 def export_config(folder: str | Path) -> dict | None:
     """The resolved config recorded in an export folder's ``export.json`` (None if it has none)."""
-    from animegamer.checkpoints.export import EXPORT_FILE
-
-    config = (_read(Path(folder) / EXPORT_FILE) or {}).get("config")
+    config = _export_json(folder).get("config")
     return config if isinstance(config, dict) else None
+
+
+def trained_data_record(config: dict) -> dict | None:
+    """What a run with the resolved ``config`` trains on, for its ``export.json``: the data folder (absolute,
+    resolved from the training's directory), its clip folder, their clip size and the clip manifest's
+    sha256 (the last two absent without a manifest). None when the config names no data folder."""
+    data = config.get("data") or {}
+    if not data.get("root"):
+        return None
+    root, clips = Path(data["root"]).resolve(), data.get("clips", DEFAULT_CLIPS_DIR)
+    record: dict = {"root": str(root), "clips": clips}
+    size = data_clip_size(root, clips)
+    if size is not None:
+        record.update(clip_size=asdict(size), clip_manifest_sha256=sha256_file(clip_manifest(root, clips)))
+    return record
+
+
+def trained_data(folder: str | Path) -> dict | None:
+    """The record :func:`trained_data_record` wrote into an export's ``export.json`` (None: an older export)."""
+    record = _export_json(folder).get(TRAINED_DATA_KEY)
+    return record if isinstance(record, dict) else None
+
+
+def trained_root(folder: str | Path, config: dict) -> Path | None:
+    """The data folder an export (whose recorded config is ``config``) trained on: the absolute path it
+    recorded, else (older exports) its config's ``data.root``."""
+    record = trained_data(folder)
+    if record and record.get("root"):
+        return Path(record["root"])
+    root = (config.get("data") or {}).get("root")
+    return Path(root) if root else None
 
 
 def lineage(folder: str | Path) -> list[tuple[str, dict]]:
@@ -42,8 +98,8 @@ def lineage(folder: str | Path) -> list[tuple[str, dict]]:
 
 
 # --------------------------------------------------------------------------- held-out split
-def _source_hashes(clips_folder: Path) -> set[str] | None:
-    manifest = _read(clips_folder / "manifest.json")
+def _source_hashes(root: Path, clips_dir: str) -> set[str] | None:
+    manifest = _read(clip_manifest(root, clips_dir))
     if manifest is None:
         return None
     return {s["sha256"] for s in manifest.get("sources", []) if isinstance(s, dict) and s.get("sha256")}
@@ -57,7 +113,7 @@ def split_problems(cfg, exports: list[tuple[str, str]]) -> list[str]:
     hash below the fraction, so a smaller fraction holds out a subset). Another data folder: it must
     share no film (by the sources' sha256) with the evaluated data, since its split is not this one."""
     root, clips, fraction = Path(cfg.data.root), cfg.data.clips, cfg.data.val_fraction
-    mine = _source_hashes(root / clips)
+    mine = _source_hashes(root, clips)
     problems: list[str] = []
     for key, folder in exports:
         smallest: tuple[float, str] | None = None  # the smallest fraction this data was trained with, and where
@@ -65,21 +121,21 @@ def split_problems(cfg, exports: list[tuple[str, str]]) -> list[str]:
             data = config.get("data") or {}
             if "root" not in data or "val_fraction" not in data:
                 continue
-            trained_root, trained_clips = Path(data["root"]), data.get("clips", clips)
-            if trained_root.resolve() == root.resolve() and trained_clips == clips:
+            trained, trained_clips = trained_root(source, config), data.get("clips", clips)
+            if trained.resolve() == root.resolve() and trained_clips == clips:
                 if smallest is None or data["val_fraction"] < smallest[0]:
                     smallest = (data["val_fraction"], source)
                 continue
-            theirs = _source_hashes(trained_root / trained_clips)
+            theirs = _source_hashes(trained, trained_clips)
             where = f"{key}={folder!r}" + ("" if source == folder else f" (started from {source})")
             if theirs is None or mine is None:
                 if source == folder:
-                    problems.append(f"{where} was trained on data.root={data['root']!r}, which cannot be compared "
+                    problems.append(f"{where} was trained on data.root={str(trained)!r}, which cannot be compared "
                                     f"with this evaluation's data.root={str(root)!r} (no clip manifest): evaluate "
-                                    f"with data.root={data['root']!r}")
+                                    f"with data.root={str(trained)!r}")
             elif theirs & mine:
-                problems.append(f"{where} was trained on the same film(s) from data.root={data['root']!r}, whose "
-                                f"held-out split is not this one's: evaluate with data.root={data['root']!r}")
+                problems.append(f"{where} was trained on the same film(s) from data.root={str(trained)!r}, whose "
+                                f"held-out split is not this one's: evaluate with data.root={str(trained)!r}")
         if smallest is not None and fraction > smallest[0]:
             trained, source = smallest
             where = f"{key}={folder!r}" + ("" if source == folder else f" (started from {source})")
@@ -110,23 +166,36 @@ def clip_size_of(clips) -> ClipSize:
     return ClipSize(int(get("frames")), int(get("height")), int(get("width")), float(get("fps")))
 
 
-def data_clip_size(root: str | Path, clips_dir: str = "clips") -> ClipSize | None:
+def data_clip_size(root: str | Path, clips_dir: str = DEFAULT_CLIPS_DIR) -> ClipSize | None:
     """The clip size a pipeline output's clip shards were cut at (their manifest's config)."""
-    manifest = _read(Path(root) / clips_dir / "manifest.json")
+    manifest = _read(clip_manifest(root, clips_dir))
     clips = (((manifest or {}).get("config") or {}).get("pipeline") or {}).get("clips")
     return clip_size_of(clips) if isinstance(clips, dict) else None
 
 
 def trained_clip_size(export: str | Path) -> ClipSize | None:
-    """The clip size an export was trained at: that of the clip shards it read (their manifest), else
-    the ``pipeline.clips`` of its recorded config; None for a folder without ``export.json``."""
+    """The clip size an export was trained at: the one its ``export.json`` recorded when it was written;
+    for older exports, that of the clip shards its config's data folder holds now, else the
+    ``pipeline.clips`` of its recorded config. None for a folder without ``export.json``."""
     config = export_config(export)
     if config is None:
         return None
-    data = config.get("data") or {}
-    found = data_clip_size(data["root"], data.get("clips", "clips")) if data.get("root") else None
+    recorded = (trained_data(export) or {}).get("clip_size")
+    if isinstance(recorded, dict):
+        return clip_size_of(recorded)
+    root = trained_root(export, config)
+    found = data_clip_size(root, (config.get("data") or {}).get("clips", DEFAULT_CLIPS_DIR)) if root else None
     clips = (config.get("pipeline") or {}).get("clips")
     return found or (clip_size_of(clips) if isinstance(clips, dict) else None)
+
+
+def recut_since(export: str | Path, root: str | Path, clips_dir: str) -> bool:
+    """Whether the clip manifest of ``root`` changed since ``export`` trained on that same folder."""
+    record = trained_data(export) or {}
+    manifest = clip_manifest(root, clips_dir)
+    same = record.get("root") and Path(record["root"]) == Path(root).resolve() and record.get("clips") == clips_dir
+    return bool(same and record.get("clip_manifest_sha256") and manifest.is_file()
+                and sha256_file(manifest) != record["clip_manifest_sha256"])
 
 
 def renderer_clip_size(exports: list[str]) -> ClipSize | None:
@@ -154,7 +223,9 @@ def clip_size_problems(cfg, exports: list[tuple[str, str]]) -> list[str]:
     for key, folder in exports:
         trained = trained_clip_size(folder) if folder else None
         if data is not None and trained is not None and trained != data:
+            recut = " (the folder was cut again since that export trained on it)" if recut_since(
+                folder, cfg.data.root, cfg.data.clips) else ""
             problems.append(f"{key}={folder!r} was trained on clips of {trained}, but the clips in "
-                            f"{Path(cfg.data.root) / cfg.data.clips} are {data}: evaluate on a pipeline output cut "
-                            f"at the trained size")
+                            f"{Path(cfg.data.root) / cfg.data.clips} are {data}{recut}: evaluate on a pipeline "
+                            f"output cut at the trained size")
     return problems

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, default_collate
 from animegamer.config.schema import RunConfig
 from animegamer.data.indexed import SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, split_skipped
 from animegamer.data.split import held_out
+from data_pipeline.captioners.base import STATUS_OK
 
 FEATURES, CLIPS = "features", "clips"
 INPUTS = (FEATURES, CLIPS)
@@ -21,7 +22,7 @@ CLIP_ARRAYS = ExpectArrays({"mp4": (None, None, None, 3)})  # (T, H, W, RGB)
 
 
 def _captioned(sample: dict) -> None:
-    if sample["json"]["captioner"]["status"] != "ok":
+    if sample["json"]["captioner"]["status"] != STATUS_OK:
         raise ValueError(f"{sample['__url__']}: {sample['__key__']} has no caption; phase (a) needs motion_text")
 
 

@@ -31,7 +31,7 @@ from animegamer.pages import clip_entry, relative_path, write_page
 
 logger = logging.getLogger(__name__)
 
-# The paper's Table 1 row for AnimeGamer (DESIGN section 8). DreamSim is a similarity (higher is better).
+# The paper's Table 1 row for AnimeGamer (its game benchmark). DreamSim is a similarity (higher is better).
 PAPER_TABLE1 = {
     "clip_i": 0.8132,
     "dreamsim": 0.7403,
@@ -45,12 +45,13 @@ PAPER_TABLE1 = {
 }
 # The paper's Table 3: reconstruction of ground-truth clips through the phase (a) encoder/decoder.
 PAPER_TABLE3_RECONSTRUCTION = {"clip_i": 0.8672, "dreamsim": 0.7928}
-# Where the paper's numbers come from (DESIGN section 5's sizes: the `paper` model preset).
+# Where the paper's numbers come from: the full-size model, whose sizes are this framework's `paper` model preset.
 PAPER_SETUP = ("the full-size AnimeGamer (a Mistral-7B MLLM and a CogVideoX-2B decoder, this framework's "
                "`model=paper` preset), measured by the paper's authors on their hardware")
 VIDEO_KEYS = ("video", "truth_video")  # per-turn clip paths: generated, ground truth
 CLIP_LABELS = {"video": "generated", "truth_video": "ground truth (held-out clip)"}
 GALLERY_FILE = "gallery.html"
+METRICS_FILE = "metrics.json"
 GALLERY_TEMPLATE = "gallery.html.j2"
 
 # key -> (label, higher is better, decimals), in report order.
@@ -413,7 +414,7 @@ def write_report(
         plots["states_plot"] = out / PLOT_FILES["states_plot"]
 
     payload = {"headline": ours, "paper": dict(paper), "metrics": metrics, "games": _portable(games, out)}
-    written["metrics_json"] = out / "metrics.json"
+    written["metrics_json"] = out / METRICS_FILE
     written["metrics_json"].write_text(json.dumps(_jsonable(payload), indent=2, allow_nan=False) + "\n")
     written["report_md"] = out / "report.md"
     written["report_md"].write_text(_markdown(title, ours, metrics, games, paper, paper_name, plots) + "\n")

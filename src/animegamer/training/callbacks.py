@@ -1,5 +1,5 @@
 """Callbacks: portable exports beside checkpoints, validation videos (ground truth | sample), the step
-progress bar, and the optimizer settings of a run resumed with changes."""
+progress bar, the optimizer settings of a run resumed with changes and the run record it then writes."""
 from __future__ import annotations
 
 import logging
@@ -83,7 +83,10 @@ OPTIMIZER_SETTINGS = ("betas", "eps", "weight_decay", "initial_lr")
 class ResumeSettings(L.Callback):
     """A run resumed with ``resume_with_changes=true``: the optimizer and LR schedule restored from the
     checkpoint take this config's hyper-parameters (lr, betas, eps, weight decay; the schedule's shape
-    is already this config's), so a changed ``phase.lr`` applies from the resumed step on."""
+    is already this config's), so a changed ``phase.lr`` applies from the resumed step on.
+
+    Idempotent (an unchanged config sets what the checkpoint holds), so every rank applies it on the
+    override alone, without depending on what the run folder's record said when that rank started."""
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         fresh = module.configure_optimizers()  # this config's optimizer, over the same parameters
@@ -96,6 +99,21 @@ class ResumeSettings(L.Callback):
             group["lr"] = lr
         scheduler._last_lr = lrs
         log.info("optimizer settings from the config from step %d on: lr %s", trainer.global_step, lrs)
+
+
+class RecordOnSave(L.Callback):
+    """Writes the run folder's updated record (``run_record.Decision.pending``) when the resumed run saves
+    its first checkpoint (global rank 0); until then the folder's checkpoints are the recorded run's."""
+
+    def __init__(self, folder: Path, record: dict) -> None:
+        self.folder, self.record = Path(folder), record
+
+    def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict) -> None:
+        from animegamer.training.run_record import write_record
+
+        if self.record is not None and trainer.is_global_zero:
+            write_record(self.folder, self.record)
+        self.record = None
 
 
 def model_state(state: dict) -> dict:

@@ -1,25 +1,33 @@
-"""A run folder remembers the config that made it, and a resume checks the new config against it.
+"""A run folder remembers the config and the data that made it, and a resume checks the new ones against it.
 
-``<output_dir>/run_config.json`` holds the resolved config of the run and the history of the changes
-it was resumed with. It is written (atomically, by global rank 0 only) when a run starts with no
-checkpoint in the folder. A later start into a folder holding checkpoints compares the new resolved
-config with the record, key by key (:func:`diff`); every differing key is then:
+``<output_dir>/run_config.json`` holds the resolved config of the run, the digests of the shard
+folders it reads (:func:`data_digests`) and the history of the changes it was resumed with. It is
+written (atomically, by global rank 0 only) when a run starts with no checkpoint in the folder. A
+later start into a folder holding checkpoints compares the new resolved config with the record, key
+by key (:func:`diff`); every differing key is then:
 
 * allowed, when it cannot change what the run computes: logging, validation, checkpoint cadence,
   performance switches that keep the same computation, ``phase.max_steps`` under a constant LR
-  schedule (an extension or an earlier stop), and the split of the global batch over devices,
-  nodes and accumulation when the global batch stays the same (:func:`reason_refused`);
-* refused otherwise (the LR, the model, the data, the seed, ...): the start fails before anything
-  is built with every such key, its recorded and its new value, and the two ways on: a new
-  ``output_dir``, or ``resume_with_changes=true``, which resumes with the change.
+  schedule (an extension or an earlier stop), and the global batch split differently between
+  ``phase.batch_size`` and ``trainer.accumulate_grad_batches`` on the same number of processes
+  (:func:`reason_refused`);
+* refused otherwise (the LR, the model, the data, the seed, the number of processes, ...): the start
+  fails before anything is built with every such key, its recorded and its new value, and the two
+  ways on: a new ``output_dir``, or ``resume_with_changes=true``, which resumes with the change.
+
+The data is compared too: a shard folder whose manifest now describes other shards (the pipeline ran
+again into ``data.root``) is refused the same way, naming the manifest.
 
 Resumed changes (allowed or forced) are appended to the record's ``changes``, with the step they
-start at. Every rank reads the same record and decides the same; only rank 0 writes, and it never
-writes a record that a refused rank would read differently (it writes nothing when it refuses).
+start at. Every rank reads the record that describes the folder's checkpoints and decides the same,
+whenever it starts: the updated record is only written (by rank 0) once the resumed run has saved a
+checkpoint (:class:`Decision`), so a rank started later (Lightning starts ranks 1..N-1 inside
+``fit``) never reads a record that rank 0 has already moved on.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from animegamer.config.validate import ConfigError
-from animegamer.utils.io import read_json, write_json_atomic
+from animegamer.errors import InvalidInputError
+from animegamer.utils.io import read_json, sha256_file, write_json_atomic
+from data_pipeline.fingerprint import shards_digest
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +66,18 @@ ALLOWED = (
     "pipeline.precompute.batch_size", "pipeline.representations.device", "pipeline.representations.batch_size",
     "pipeline.adaptation.device", "pipeline.adaptation.batch_size",
 )
-# The global batch: these may be re-split as long as their product (samples per optimizer step) stays.
-GLOBAL_BATCH = ("phase.batch_size", "trainer.devices", "trainer.num_nodes", "trainer.accumulate_grad_batches")
+# Samples per optimizer step and process: may be re-split as long as their product stays. The number of
+# processes (WORLD_SIZE) may not change: StepSampler deals each rank n // world_size samples an epoch (the
+# dropped tail and the epoch boundaries follow it) and phase (b)'s LoRA dropout masks follow the rank.
+PER_RANK_BATCH = ("phase.batch_size", "trainer.accumulate_grad_batches")
+WORLD_SIZE = ("trainer.devices", "trainer.num_nodes")
 # Strategies that keep full replicas and write the same checkpoint file (one process or DDP).
 REPLICATED_STRATEGIES = ("auto", "ddp")
 MAX_STEPS = "phase.max_steps"
+MANIFEST = "manifest.json"  # each shard folder's index (data_pipeline writes it)
+# data.<key> of the folder of a phase's samples, by phase name; phase (a) reads data.<phase.input>.
+PHASE_SAMPLES = {"b": "sessions", "c": "adaptation"}
+HELD_OUT_SOURCE = "clips"  # every phase's held-out split reads the clips' shots.json
 
 
 @dataclass(frozen=True)
@@ -96,16 +113,20 @@ def _allowed(key: str) -> bool:
     return any(key == rule or (rule.endswith(".") and key.startswith(rule)) for rule in ALLOWED)
 
 
-def _global_batch(config: dict) -> int | None:
-    """Samples per optimizer step, or None when it is not known before the run (devices=-1)."""
+def _product(config: dict, keys: tuple[str, ...]) -> int | None:
+    """The product of ``keys``' values, or None when one is not known before the run (devices=-1)."""
     flat = flatten(config)
-    values = [flat.get(key) for key in GLOBAL_BATCH]
+    values = [flat.get(key) for key in keys]
     if any(not isinstance(v, int) or v < 1 for v in values):
         return None
-    product = 1
-    for value in values:
-        product *= value
-    return product
+    return math.prod(values)
+
+
+def _product_changed(keys: tuple[str, ...], what: str, old: dict, new: dict) -> str | None:
+    before, after = _product(old, keys), _product(new, keys)
+    if before is not None and before == after:
+        return None
+    return f"{what} ({' x '.join(keys)}) would go from {before or 'unknown'} to {after or 'unknown'}"
 
 
 def reason_refused(change: Change, old: dict, new: dict) -> str | None:
@@ -118,12 +139,12 @@ def reason_refused(change: Change, old: dict, new: dict) -> str | None:
     if key == MAX_STEPS:
         schedules = {flatten(c).get("phase.lr_schedule") for c in (old, new)}
         return None if schedules == {"constant"} else "the cosine LR schedule spans phase.max_steps"
-    if key in GLOBAL_BATCH:
-        before, after = _global_batch(old), _global_batch(new)
-        if before is not None and before == after:
-            return None
-        return (f"the global batch (phase.batch_size x trainer.devices x trainer.num_nodes x "
-                f"trainer.accumulate_grad_batches) would go from {before or 'unknown'} to {after or 'unknown'}")
+    if key in PER_RANK_BATCH:
+        return _product_changed(PER_RANK_BATCH, "the samples per optimizer step and process", old, new)
+    if key in WORLD_SIZE:
+        reason = _product_changed(WORLD_SIZE, "the number of processes", old, new)
+        return reason and (f"{reason}: each rank's sample order (n // processes samples an epoch) and phase (b)'s "
+                           f"LoRA dropout masks depend on it")
     if key == "trainer.strategy" and {change.old, change.new} <= set(REPLICATED_STRATEGIES):
         return None
     return "changes what the run computes"
@@ -156,14 +177,65 @@ def read_record(folder: Path) -> tuple[dict, Path] | None:
             data = read_json(path)
             config = data["config"]
         except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}: not a run record ({error!r}); move it away to start the folder afresh") \
-                from error
+            raise InvalidInputError(f"{path}: not a run record ({error!r}); move it away to start the folder "
+                                    "afresh") from error
         return ({"config": config, "changes": []} if from_export else data), path
     return None
 
 
-def write_record(folder: Path, config: dict, changes: list[dict]) -> None:
-    write_json_atomic(folder / RECORD_FILE, {"config": config, "changes": changes})
+def make_record(config: dict, changes: list[dict]) -> dict:
+    return {"config": config, "data": data_digests(config), "changes": changes}
+
+
+def write_record(folder: Path, record: dict) -> None:
+    write_json_atomic(Path(folder) / RECORD_FILE, record)
+
+
+def data_folders(config: dict) -> list[str]:
+    """The ``data.*`` keys of the shard folders a phase reads: its samples' and the clips' (the held-out
+    split reads their shots.json); ``config`` resolved."""
+    phase = config["phase"]
+    samples = PHASE_SAMPLES.get(phase["name"], phase.get("input"))
+    return list(dict.fromkeys((samples, HELD_OUT_SOURCE)))
+
+
+def manifest_path(config: dict, key: str) -> Path:
+    return Path(config["data"]["root"]) / config["data"][key] / MANIFEST
+
+
+def manifest_digest(path: Path) -> str | None:
+    """A shard folder's contents from its manifest: its shards' names and sha256 (as the pipeline's
+    lineage compares them), or the manifest's own hash when its shards carry none; None when missing."""
+    if not path.is_file():
+        return None
+    manifest = read_json(path)
+    shards = manifest.get("shards", [])
+    return shards_digest(manifest) if shards and all("sha256" in s for s in shards) else sha256_file(path)
+
+
+def data_digests(config: dict) -> dict[str, str | None]:
+    """``data.<key>`` -> digest of that folder's manifest, for every folder the phase reads."""
+    return {f"data.{key}": manifest_digest(manifest_path(config, key)) for key in data_folders(config)}
+
+
+DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"
+
+
+def data_changes(recorded: dict[str, str | None], config: dict) -> list[Change]:
+    """The folders whose manifest now describes other shards than the record's, named by manifest path."""
+    now = data_digests(config)
+    return [Change(str(manifest_path(config, key.removeprefix("data."))), recorded.get(key, ABSENT), digest)
+            for key, digest in now.items() if recorded.get(key, ABSENT) != digest]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a start into a run folder decided: the changes it resumes with, and the record that describes
+    the folder once the resumed run has saved a checkpoint (None: the record stays as it is). Until
+    then the checkpoints are the recorded run's, so the record must stay, for every rank that reads it."""
+
+    changes: list[Change]
+    pending: dict | None = None
 
 
 def is_global_zero() -> bool:
@@ -175,42 +247,45 @@ def is_global_zero() -> bool:
 
 
 def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, allow_changes: bool,
-                     writer: bool | None = None) -> list[Change]:
-    """Compare ``config`` (resolved, plain containers) with the folder's record and record it.
+                     writer: bool | None = None) -> Decision:
+    """Compare ``config`` (resolved, plain containers) and the data it reads with the folder's record.
 
-    ``resume_step``: the step of the checkpoint the run resumes from (None: a fresh run, which
-    (re)writes the record). Raises :class:`RunFolderChanged` when a change that alters the training is
-    not allowed by ``allow_changes``. Returns the changes the run resumes with."""
+    ``resume_step``: the step of the checkpoint the run resumes from (None: a fresh run, whose record
+    ``writer`` (default: global rank 0) writes now). Raises :class:`RunFolderChanged` when a change that
+    alters the training is not allowed by ``allow_changes``. A resume returns the changes and the
+    record to write once it has saved a checkpoint; it writes nothing, so every rank decides alike."""
     folder = Path(folder)
     writer = is_global_zero() if writer is None else writer
     config = {k: v for k, v in config.items() if k != OVERRIDE}  # how to resume, not what the run is
     if resume_step is None:
         if writer:
-            write_record(folder, config, [])
+            write_record(folder, make_record(config, []))
             log.info("new run in %s (its config: %s)", folder, folder / RECORD_FILE)
-        return []
+        return Decision([])
     found = read_record(folder)
     if found is None:
         log.warning("%s holds checkpoints but no %s (made before run records): recording the current config "
                     "without checking it against the checkpoints'", folder, RECORD_FILE)
-        if writer:
-            write_record(folder, config, [])
-        return []
+        return Decision([], make_record(config, []))
     record, source = found
     changes = diff(record["config"], config)
     refusals = refused(changes, record["config"], config)
+    if "data" in record:
+        moved = data_changes(record["data"], config)
+        changes, refusals = changes + moved, refusals + [(c, DATA_REASON) for c in moved]
+    else:
+        log.warning("%s records no digest of the data its checkpoints were trained on (made before data digests): "
+                    "recording the current data's without checking it", source)
     if refusals and not allow_changes:
         raise RunFolderChanged(folder, source, refusals)
     if not changes:
-        return []
+        return Decision([], None if "data" in record else make_record(config, record.get("changes", [])))
     forced = {c.key for c, _ in refusals}
     for change in changes:
         if change.key in forced:
             log.warning("resuming with a change that alters the training (%s=true): %s", OVERRIDE, change.describe())
         else:
             log.info("resuming with %s", change.describe())
-    if writer:
-        entry = {"step": resume_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "forced": sorted(forced),
-                 "changes": {c.key: [c.old, c.new] for c in changes}}
-        write_record(folder, config, [*record.get("changes", []), entry])
-    return changes
+    entry = {"step": resume_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "forced": sorted(forced),
+             "changes": {c.key: [c.old, c.new] for c in changes}}
+    return Decision(changes, make_record(config, [*record.get("changes", []), entry]))

@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
 from animegamer.training.bad_data import BadDataBudget
-from animegamer.training.callbacks import (EXPORT_DIR, ExportCallback, ResumeSettings, StepProgressBar,
-                                           ValidationVideos)
+from animegamer.training.callbacks import (EXPORT_DIR, ExportCallback, RecordOnSave, ResumeSettings,
+                                           StepProgressBar, ValidationVideos)
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCheckpointIO, checkpoint_name,
                                                checkpoint_step, clean_partials, resume_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
@@ -176,6 +176,18 @@ def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
     )
 
 
+def run_folder_callbacks(cfg: RunConfig, resolved: dict, resume: Path | None) -> list[L.Callback]:
+    """The run folder's pre-flight (its record against this config and data; raises when refused) and
+    what resuming needs. Every rank gets the same callbacks whenever it starts: the record is only
+    rewritten once the resumed run saves a checkpoint, and the optimizer settings follow the override."""
+    out = Path(cfg.output_dir)
+    decision = check_run_folder(out, resolved, checkpoint_step(resume) if resume else None, cfg.resume_with_changes)
+    callbacks: list[L.Callback] = [] if decision.pending is None else [RecordOnSave(out, decision.pending)]
+    if resume is not None and cfg.resume_with_changes:
+        callbacks.append(ResumeSettings())
+    return callbacks
+
+
 def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     """Fit the configured phase; resumes from the newest complete checkpoint in ``<output>/checkpoints``."""
     L.seed_everything(cfg.seed, workers=True)
@@ -185,7 +197,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # Pre-flight, before anything is built: the run folder's record against this config.
     clean_partials(folder)
     resume = resume_checkpoint(folder)
-    changes = check_run_folder(out, resolved, checkpoint_step(resume) if resume else None, cfg.resume_with_changes)
+    resuming = run_folder_callbacks(cfg, resolved, resume)
     checkpoints = ModelCheckpoint(dirpath=str(folder), every_n_train_steps=cfg.checkpoint.every_n_steps,
                                   save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max",
                                   filename=PATTERN, auto_insert_metric_name=False)
@@ -194,8 +206,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
-    if changes and cfg.resume_with_changes:
-        callbacks.append(ResumeSettings())
+    callbacks.extend(resuming)
     trainer = make_trainer(cfg, callbacks)
     module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
     # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.

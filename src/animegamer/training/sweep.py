@@ -1,6 +1,7 @@
 """Run folders of a Hydra sweep: under ``--multirun`` each job trains into its own sub-folder.
 
-Experiments fix ``output_dir`` (``outputs/paper/ablation_a_addition``), so the jobs of
+Experiments fix ``output_dir`` (``outputs/paper/table3/<variant>/<phase>``, e.g.
+``outputs/paper/table3/addition/a_joint``), so the jobs of
 ``train.py --multirun experiment=ablation_a_addition model=tiny,paper`` would share one folder. Each
 job's folder is ``<output_dir>/<its overrides>`` (Hydra's ``hydra.job.override_dirname``, e.g.
 ``experiment=ablation_a_addition,model=tiny``): distinct for distinct jobs, and the same when the same
