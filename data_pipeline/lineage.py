@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SESSIONS_FILE
 from animegamer.utils.io import read_json
 from data_pipeline.fingerprint import FINGERPRINT, fingerprint, reuse_counts, shards_digest
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 MADE_FROM = "made_from"
 # artefact -> its index file under the pipeline output folder
 INDEX_FILES = {

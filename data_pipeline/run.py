@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS
+from animegamer.data.layout import MANIFEST
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
@@ -137,7 +138,7 @@ def running_steps(cfg: PipelineConfig) -> list[str]:
         "representations": bool(cfg.representations.export),
         # Without a representation step in this run, session shards need an earlier one's output.
         "session_shards": _session_shards_asked(cfg)
-        or (Path(cfg.output) / "representations" / "manifest.json").exists(),
+        or (Path(cfg.output) / "representations" / MANIFEST).exists(),
         "adaptation": bool(cfg.adaptation.export),
     }
     return [s for s in steps if optional.get(s, True)]

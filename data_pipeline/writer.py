@@ -13,6 +13,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
 from data_pipeline.captioners import STATUS_OK
@@ -23,7 +24,6 @@ from data_pipeline.staging import Staging
 log = logging.getLogger(__name__)
 
 CLIPS_DIR = "clips"
-MANIFEST = "manifest.json"
 REPORT = "report.json"
 HISTOGRAM = "motion_levels.png"
 SHARD_PATTERN = "shard-{:06d}.tar"

@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 from animegamer.config.disk_checks import (LORA_EXPORT_PHASES, check_export_sizes, check_shard_shapes,
                                            check_tokenizer, check_weight_folders, expected_shapes)
 from animegamer.config.schema import NUM_MOTION_LEVELS, EncodersConfig, PipelineConfig
+from animegamer.data.layout import MANIFEST
 
 Check = Callable[[object], list[str]]
 # decord 0.6 copies decoded frames with a 16-pixel-aligned line size: other widths fail to decode.
@@ -224,7 +225,7 @@ def check_training(cfg) -> list[str]:
         folder = cfg.data.sessions if phase.name == "b" else cfg.data.adaptation
     else:
         folder = cfg.data.features if phase.input == "features" else cfg.data.clips
-    shards = root / folder / "manifest.json"
+    shards = root / folder / MANIFEST
     if not shards.exists():
         problems.append(f"{shards}: missing; run the pipeline first (python -m data_pipeline ...) or set data.root")
     else:
@@ -367,7 +368,7 @@ def validate_eval_run(cfg) -> None:
         problems.append(f"evaluation.benchmark={e.benchmark!r}: no such file")
     root = Path(cfg.data.root)
     for folder in (cfg.data.clips, cfg.data.sessions):
-        if not (root / folder / "manifest.json").exists():
+        if not (root / folder / MANIFEST).exists():
             problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
     if e.games <= 0 or e.turns <= 0:
         problems.append("evaluation.games and evaluation.turns must be > 0")
@@ -378,7 +379,7 @@ def validate_eval_run(cfg) -> None:
     for key in ("mllm_export", "renderer_export", "reconstruction_export"):
         problems += check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
     problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
-    if not e.benchmark and (root / cfg.data.clips / "manifest.json").exists():
+    if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
         from animegamer.preflight import evaluation_problems
 
         problems += evaluation_problems(cfg)

@@ -15,9 +15,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import webdataset as wds
 
+from animegamer.data.layout import MANIFEST
 from animegamer.utils.io import load_npy_bytes, read_json
 
-MANIFEST = "manifest.json"
 NPY_SUFFIX = ".npy"
 
 

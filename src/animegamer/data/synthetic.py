@@ -9,13 +9,15 @@ import numpy as np
 import webdataset as wds
 
 from animegamer.config.validate import vae_latent_shape
+from animegamer.data.layout import MANIFEST
 from animegamer.utils.io import npy_bytes
+from data_pipeline.captioners.base import STATUS_OK
 
 ADVERBS, MOTIONS = ("slowly", "quickly", "gently"), ("walk", "run", "talk", "sit")
 
 
 def _manifest(folder: Path, kind: str, shards: list[dict]) -> None:
-    (folder / "manifest.json").write_text(json.dumps({"kind": kind, "shards": shards}))
+    (folder / MANIFEST).write_text(json.dumps({"kind": kind, "shards": shards}))
 
 
 def feature_shards(root: Path, enc, clips: int, frames: int, height: int, width: int, seed: int = 0,
@@ -34,7 +36,7 @@ def feature_shards(root: Path, enc, clips: int, frames: int, height: int, width:
         with wds.TarWriter(str(folder / name), encoder=False) as tar:
             for i in range(shard, clips, num_shards):
                 meta = {"key": f"syn-{i:06d}", "motion": {"flow": float(rng.uniform(0, 10)), "level": 1 + i % 5},
-                        "captioner": {"status": "ok"}, "motion_text": "softly talk", "frames": frames}
+                        "captioner": {"status": STATUS_OK}, "motion_text": "softly talk", "frames": frames}
                 tar.write({"__key__": meta["key"], "json": json.dumps(meta).encode(),
                            "latents.npy": npy_bytes(rng.standard_normal(latents).astype(np.float32)),
                            "text.npy": npy_bytes(rng.standard_normal((enc.t5.max_tokens, enc.t5.d_model)).astype(np.float32)),

@@ -33,15 +33,15 @@ class Prediction:
     tokens: list[int]
 
 
-def window(history: Sequence[HistoryTurn], max_turns: int) -> list[HistoryTurn]:
-    """The sliding window: the last ``max_turns - 1`` turns (the new turn is the window's last)."""
-    return list(history)[-(max_turns - 1):] if max_turns > 1 else []
+def window(history: Sequence[HistoryTurn], window_turns: int) -> list[HistoryTurn]:
+    """The sliding window: the last ``window_turns - 1`` turns (the new turn is the window's last)."""
+    return list(history)[-(window_turns - 1):] if window_turns > 1 else []
 
 
 def prompt_batch(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,
-                 max_turns: int) -> dict:
+                 window_turns: int) -> dict:
     """The left-padded batch (of one) of the inference prompt, on the model's device."""
-    past = window(history, max_turns)
+    past = window(history, window_turns)
     prompt = build_prompt(ids, tokenizer, [h.turn for h in past], instruction, model.num_query_tokens)
     reps = torch.stack([h.rep for h in past]) if past else torch.zeros(0, model.num_query_tokens, model.rep_width)
     batch = collate_sequences([Example(prompt, reps)], pad_id=ids.pad, padding_side="left")
@@ -80,11 +80,11 @@ def generate(model, ids: TokenIds, batch: dict, constrained: bool = False) -> tu
 
 
 def predict_next(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,
-                 max_turns: int, constrained: bool = False) -> Prediction:
+                 window_turns: int, constrained: bool = False) -> Prediction:
     """States and representation of the turn ``instruction`` after ``history`` (oldest first).
 
     A generation that is not exactly the 12 state tokens raises ValueError with its text.
     """
-    tokens, rep = generate(model, ids, prompt_batch(model, tokenizer, ids, history, instruction, max_turns),
+    tokens, rep = generate(model, ids, prompt_batch(model, tokenizer, ids, history, instruction, window_turns),
                            constrained)
     return Prediction(parse_states(ids, tokens, tokenizer), rep, tokens)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from animegamer.config.validate import ConfigError
+from animegamer.data.layout import MANIFEST
 from animegamer.errors import InvalidInputError
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import shards_digest
@@ -74,7 +75,6 @@ WORLD_SIZE = ("trainer.devices", "trainer.num_nodes")
 # Strategies that keep full replicas and write the same checkpoint file (one process or DDP).
 REPLICATED_STRATEGIES = ("auto", "ddp")
 MAX_STEPS = "phase.max_steps"
-MANIFEST = "manifest.json"  # each shard folder's index (data_pipeline writes it)
 # data.<key> of the folder of a phase's samples, by phase name; phase (a) reads data.<phase.input>.
 PHASE_SAMPLES = {"b": "sessions", "c": "adaptation"}
 HELD_OUT_SOURCE = "clips"  # every phase's held-out split reads the clips' shots.json
