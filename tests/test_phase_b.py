@@ -110,3 +110,18 @@ def test_empty_held_out_split_skips_validation_and_says_so(data_root, tmp_path, 
         metrics = train(cfg, composed)["metrics"]
     assert not any(name.startswith("val/") for name in metrics)
     assert "validation skipped: the held-out split is empty" in caplog.text
+
+
+def test_an_empty_training_split_fails_before_the_mllm_is_built(data_root, tmp_path, monkeypatch):
+    """Every synthetic session held out: the run stops with what to change, and PhaseB is never built."""
+    from animegamer.errors import InvalidInputError
+    from animegamer.training import runner
+
+    built = []
+    monkeypatch.setattr("animegamer.phases.phase_b.PhaseB", lambda cfg: built.append(cfg))
+    composed, cfg = tiny_b_cfg(data_root, tmp_path / "run", "data.val_fraction=1.0")
+    with pytest.raises(InvalidInputError) as caught:
+        runner.train(cfg, composed)
+    sessions = len(session_shards(tiny_b_cfg(data_root, tmp_path / "x", "data.val_fraction=0.0")[1], "train"))
+    assert f"none of its {sessions} samples is on this side of the held-out split" in str(caught.value)
+    assert "data.val_fraction" in str(caught.value) and built == []

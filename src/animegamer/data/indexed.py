@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from animegamer.data.shards import decode_sample, shard_urls
+from animegamer.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class IndexedShardDataset(Dataset):
         self.folder, self.skip_bad, self.check = str(folder), skip_bad, check
         self.bad_items: list[dict] = []  # shards left out at indexing: {"shard", "key": "*", "reason"}
         self.locations = []
+        indexed = 0  # samples in the folder's readable shards, before ``keep``
         for url in shard_urls(folder):
             try:
                 locations = index_shard(url)
@@ -128,9 +130,13 @@ class IndexedShardDataset(Dataset):
                 log.warning("skipping shard %s: %s", url, record["reason"])
                 self.bad_items.append(record)
                 continue
+            indexed += len(locations)
             self.locations += [loc for loc in locations if keep is None or keep(loc.key)]
         if not self.locations and not allow_empty:
-            raise ValueError(f"{folder}: no samples selected")
+            why = (f"none of its {indexed} samples is on this side of the held-out split (whole shots are held "
+                   f"out below data.val_fraction: change it, or add footage with more shots)") if indexed else \
+                "it holds no sample (run the pipeline step that writes it again, with more captioned clips)"
+            raise InvalidInputError(f"{folder}: no samples selected: {why}")
         self.transform = transform
         self.video = video
         self._reference: tuple | None = None

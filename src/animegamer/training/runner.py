@@ -96,12 +96,14 @@ def build_phase(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> tupl
 
         from animegamer.data import phase_b as data_b
 
+        # Indexed before the MLLM is built (minutes at 7B): an empty training split fails in seconds.
+        train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
         with init():
             module = PhaseB(cfg)
         tokenizer, ids = module.tokenizer, module.ids
         data = ShardData(
-            data_b.SessionWindows(data_b.session_shards(cfg, "train"), tokenizer, ids, cfg.data.window_weights, cfg.seed),
-            data_b.FullSessions(data_b.session_shards(cfg, "val"), tokenizer, ids),
+            data_b.SessionWindows(train_sessions, tokenizer, ids, cfg.data.window_weights, cfg.seed),
+            data_b.FullSessions(val_sessions, tokenizer, ids),
             lambda dataset, *position: data_b.train_loader(cfg, dataset, ids.pad, *position),
             lambda dataset: data_b.val_loader(cfg, dataset, ids.pad))
         return module, data, export_phase_b, []
