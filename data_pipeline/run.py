@@ -15,6 +15,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS
 from animegamer.data.layout import MANIFEST
+from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
@@ -178,7 +179,13 @@ def update_report(root: Path, report: dict) -> None:
 def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     """Run the configured steps in order; returns the report (finalize) or a summary.
 
-    Fails in seconds (ConfigError) when something the steps need is missing, before any work."""
+    Fails in seconds (ConfigError) when something the steps need is missing, before any work; the
+    output folder is locked for the run (one lock per part when ``num_parts`` machines share it)."""
+    with folder_lock(cfg.output, cfg.lock_wait_seconds, name=part_lock_name(cfg.part, cfg.num_parts)):
+        return _run_pipeline(cfg, resolved, model_cfg)
+
+
+def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     steps = running_steps(cfg)
     needs_films = {"process", "finalize"} & set(steps)
     toy_dir = Path(cfg.output) / TOY_DIR if cfg.toy_film and needs_films else None

@@ -27,6 +27,7 @@ from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
 
+from animegamer.training.checkpoint_integrity import RECORD_SUFFIX
 from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_partials, resume_checkpoint
 from animegamer.training.faults import LOSS_HISTORY, PREEMPTED_EXIT_CODE
 
@@ -229,7 +230,8 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     saved = resume_checkpoint(output / "checkpoints")
     assert saved.name == checkpoint_name(step)
     periodic = {checkpoint_name(s) for s in range(EVERY, step + 1, EVERY)}
-    assert {p.name for p in saved.parent.iterdir()} == periodic | {saved.name}  # nothing past the boundary
+    complete = periodic | {saved.name}  # nothing past the boundary, and each with its integrity record
+    assert {p.name for p in saved.parent.iterdir()} == complete | {name + RECORD_SUFFIX for name in complete}
     checkpoint = torch.load(saved, map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == step
     history = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("LossHistory"))["ranks"][0]

@@ -320,6 +320,8 @@ class PipelineConfig:
     num_parts: int = 1
     shots_per_task: int = 8  # long films are cut into tasks of this many shots
     toy_film: bool = False  # generate the toy film into the output folder and use it as input
+    # A run into an output folder another run holds waits this long for it, then stops (utils/folder_lock.py).
+    lock_wait_seconds: float = 0.0
     ingest: IngestConfig = field(default_factory=IngestConfig)
     shots: ShotsConfig = field(default_factory=ShotsConfig)
     clips: ClipsConfig = field(default_factory=ClipsConfig)
@@ -472,6 +474,9 @@ class RunConfig:
     # Resume a run folder whose recorded config differs in settings that change the training
     # (training/run_record.py); the change is recorded in <output_dir>/run_config.json.
     resume_with_changes: bool = False
+    # A start into a run folder another run holds waits this long for it to end, then stops naming it
+    # (utils/folder_lock.py); e.g. 120 for a requeued SLURM job whose previous attempt may still be exiting.
+    lock_wait_seconds: float = 0.0
     seed: int = 0
     log_level: str = "INFO"
 

@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from animegamer.training.checkpointing import checkpoint_name
+from animegamer.training.checkpointing import checkpoint_name, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,9 @@ class Preemption(L.Callback):
     hang, which a 2-process CPU test showed.) On SLURM a SIGUSR1 also requeues the job.
     """
 
-    def __init__(self, signals: list[str], folder: str | Path) -> None:
+    def __init__(self, signals: list[str], folder: str | Path, keep_last: int) -> None:
         self.signals = [getattr(signal, name) for name in signals]
-        self.folder = Path(folder)
+        self.folder, self.keep_last = Path(folder), keep_last  # checkpoint.keep_last holds for its save too
         self.received: int | None = None
         self._requested = False
 
@@ -73,7 +73,7 @@ class Preemption(L.Callback):
             return
         path = self.folder / checkpoint_name(trainer.global_step)
         if not path.exists():
-            trainer.save_checkpoint(str(path))
+            save_checkpoint(trainer, path, self.keep_last)
         log.warning("preempted at step %d: checkpoint %s saved; the next run resumes from it",
                     trainer.global_step, path)
         if self.received == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID") and trainer.is_global_zero:

@@ -49,7 +49,7 @@ ABSENT = "<absent>"
 
 # Keys (or key prefixes, ending in '.') whose value never changes what a run computes.
 ALLOWED = (
-    "logger.", "log_level", "evaluation.", "output_dir", "checkpoint.",
+    "logger.", "log_level", "evaluation.", "output_dir", "checkpoint.", "lock_wait_seconds",
     "phase.val_every_n_steps", "phase.val_clips", "phase.val_sampling_steps",
     "trainer.log_every_n_steps", "trainer.throughput_every_n_steps", "trainer.peak_tflops", "trainer.profiler",
     "trainer.profile_skip_steps", "trainer.profile_active_steps", "trainer.preemption_signals",
@@ -63,7 +63,7 @@ ALLOWED = (
     "model.mllm.attention_backends", "model.mllm.attention", "model.mllm.compile", "model.mllm.constrained_states",
     "model.encoders.vae.tiling", "model.encoders.vae.cudnn_benchmark",
     # The pipeline's execution (the shards it writes do not depend on these).
-    "pipeline.workers", "pipeline.part", "pipeline.num_parts", "pipeline.steps", "pipeline.precompute.device",
+    "pipeline.workers", "pipeline.lock_wait_seconds", "pipeline.part", "pipeline.num_parts", "pipeline.steps", "pipeline.precompute.device",
     "pipeline.precompute.batch_size", "pipeline.representations.device", "pipeline.representations.batch_size",
     "pipeline.adaptation.device", "pipeline.adaptation.batch_size",
 )

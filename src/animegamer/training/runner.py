@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import lightning as L
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,16 +17,18 @@ from animegamer.config.schema import RunConfig
 from animegamer.training.bad_data import BadDataBudget
 from animegamer.training.callbacks import (EXPORT_DIR, ExportCallback, RecordOnSave, ResumeSettings,
                                            StepProgressBar, ValidationVideos)
-from animegamer.training.checkpointing import (CHECKPOINT_DIR, PATTERN, AtomicCheckpointIO, checkpoint_name,
-                                               checkpoint_step, clean_partials, resume_checkpoint)
+from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointIO, KeepLastCheckpoint,
+                                               checkpoint_name, checkpoint_step, clean_partials, resume_checkpoint,
+                                               save_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
 from animegamer.training.profiling import make_profiler, summarise_traces
-from animegamer.training.run_record import check_run_folder
+from animegamer.training.run_record import check_run_folder, is_global_zero
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
                                             module_init)
 from animegamer.training.throughput import Throughput
+from animegamer.utils.folder_lock import folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +193,13 @@ def run_folder_callbacks(cfg: RunConfig, resolved: dict, resume: Path | None) ->
 
 
 def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
-    """Fit the configured phase; resumes from the newest complete checkpoint in ``<output>/checkpoints``."""
+    """Fit the configured phase; resumes from the newest complete checkpoint in ``<output>/checkpoints``.
+    The run folder is locked first (global rank 0), so no other run's partial files are cleaned."""
+    with folder_lock(cfg.output_dir, cfg.lock_wait_seconds, enabled=is_global_zero()):
+        return _train(cfg, resolved)
+
+
+def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.output_dir)
     folder = out / CHECKPOINT_DIR
@@ -200,10 +208,9 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     clean_partials(folder)
     resume = resume_checkpoint(folder)
     resuming = run_folder_callbacks(cfg, resolved, resume)
-    checkpoints = ModelCheckpoint(dirpath=str(folder), every_n_train_steps=cfg.checkpoint.every_n_steps,
-                                  save_top_k=cfg.checkpoint.keep_last, monitor="step", mode="max",
-                                  filename=PATTERN, auto_insert_metric_name=False)
-    callbacks = [checkpoints, Preemption(cfg.trainer.preemption_signals, folder), LossHistory(out)]
+    keep_last = cfg.checkpoint.keep_last  # for every save: periodic, preemption and final
+    checkpoints = KeepLastCheckpoint(folder, cfg.checkpoint.every_n_steps, keep_last)
+    callbacks = [checkpoints, Preemption(cfg.trainer.preemption_signals, folder, keep_last), LossHistory(out)]
     if cfg.logger.kind != "none":
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
@@ -225,7 +232,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
     if not final.exists():
-        trainer.save_checkpoint(str(final), weights_only=False)  # the full state: a longer run resumes from it
+        save_checkpoint(trainer, final, keep_last)  # the full state: a longer run resumes from it
     summarise_traces(cfg, trainer, since=started)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
