@@ -13,7 +13,7 @@ from pathlib import Path
 
 from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SESSIONS_FILE
-from animegamer.utils.io import read_json
+from animegamer.utils.io import read_json_if_exists
 from data_pipeline.fingerprint import FINGERPRINT, fingerprint, reuse_counts, shards_digest
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,7 @@ PRODUCER = {"clips": "finalize", "features": "precompute", "sessions": "sessions
 
 
 def index(root: str | Path, name: str) -> dict | None:
-    path = Path(root) / INDEX_FILES[name]
-    return read_json(path) if path.exists() else None
+    return read_json_if_exists(Path(root) / INDEX_FILES[name])
 
 
 def digest(root: str | Path, name: str) -> str | None:

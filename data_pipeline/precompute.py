@@ -135,13 +135,12 @@ def _settings(model: ModelConfig, cfg: PipelineConfig) -> dict:
     return {"encoders": encoders_fingerprint(model), "dtype": cfg.precompute.dtype}
 
 
-def _current_record(done_path: Path, out_path: Path, inputs_fp: str, settings_fp: str) -> dict | None:
-    """The per-shard record of a feature shard made from the same feature inputs with these settings."""
+def _matching_record(done_path: Path, out_path: Path, **expected: str) -> dict | None:
+    """The per-shard record of an existing feature shard whose fields equal ``expected``, else None."""
     if not (out_path.exists() and done_path.exists()):
         return None
     record = read_json(done_path)
-    current = record.get(INPUTS) == inputs_fp and record.get(FINGERPRINT) == settings_fp
-    return record if current else None
+    return record if all(record.get(key) == value for key, value in expected.items()) else None
 
 
 def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
@@ -167,8 +166,13 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     for source in tqdm(clip_shards, desc="precompute", unit="shard", disable=None):
         clip_url, out_path = str(clip_dir / source["name"]), out_dir / source["name"]
         done_path = out_dir / f".{out_path.name}.json"  # per-shard record, written after the shard
+        record = _matching_record(done_path, out_path, **{SOURCE_SHA256: source["sha256"], FINGERPRINT: settings_fp})
+        if record is not None:  # the very clip shard, the same settings: nothing to read again
+            reused += 1
+            shards.append(record)
+            continue
         inputs_fp = feature_inputs(clip_url)
-        record = _current_record(done_path, out_path, inputs_fp, settings_fp)
+        record = _matching_record(done_path, out_path, **{INPUTS: inputs_fp, FINGERPRINT: settings_fp})
         if record is None:
             if encoders is None:
                 encoders = build_frozen_encoders(model.encoders, device=cfg.precompute.device,

@@ -14,13 +14,12 @@ from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS
-from animegamer.data.layout import MANIFEST
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
-from data_pipeline.lineage import stale_reason
+from data_pipeline.lineage import INDEX_FILES, SOURCES, stale_reason
 from data_pipeline.preflight import check_run, early_problems
 from data_pipeline.process import plan_film, run_task
 from data_pipeline.staging import Staging
@@ -30,7 +29,7 @@ log = logging.getLogger(__name__)
 
 TOY_DIR = "toy_film"
 # Report keys of the steps after finalize (each reports its output, counts and reuse).
-DERIVED_KEYS = ("features", "sessions", "representations", "session_shards", "adaptation")
+DERIVED_KEYS = tuple(SOURCES)  # the derived artefacts, each reported under its own key
 STEP_SECONDS = "step_seconds"  # report key: wall seconds of each step's latest run
 # Report keys kept per step across runs: a run of some steps updates only their entries.
 MERGED_KEYS = ("reuse", STEP_SECONDS)
@@ -139,7 +138,7 @@ def running_steps(cfg: PipelineConfig) -> list[str]:
         "representations": bool(cfg.representations.export),
         # Without a representation step in this run, session shards need an earlier one's output.
         "session_shards": _session_shards_asked(cfg)
-        or (Path(cfg.output) / "representations" / MANIFEST).exists(),
+        or (Path(cfg.output) / INDEX_FILES["representations"]).exists(),
         "adaptation": bool(cfg.adaptation.export),
     }
     return [s for s in steps if optional.get(s, True)]

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from animegamer.utils.io import atomic_dir, read_json, write_json_atomic
+from animegamer.utils.io import atomic_dir, read_json, read_json_if_exists, write_json_atomic
 from data_pipeline.fingerprint import FINGERPRINT, path_key
 
 STAGING_DIR = ".staging"
@@ -31,10 +31,6 @@ def _current(record: dict | None, fingerprint: str | None) -> dict | None:
     if record is None or (fingerprint is not None and record.get(FINGERPRINT) != fingerprint):
         return None
     return record
-
-
-def _read(path: Path) -> dict | None:
-    return read_json(path) if path.exists() else None
 
 
 @dataclass(frozen=True)
@@ -118,10 +114,10 @@ class Staging:
 
     # ------------------------------------------------------------------ reading
     def plan(self, film_id: str, fingerprint: str | None = None) -> dict | None:
-        return _current(_read(self.plan_path(film_id)), fingerprint)
+        return _current(read_json_if_exists(self.plan_path(film_id)), fingerprint)
 
     def rejection(self, source: str, fingerprint: str | None = None) -> dict | None:
-        return _current(_read(self.rejection_path(source)), fingerprint)
+        return _current(read_json_if_exists(self.rejection_path(source)), fingerprint)
 
     def task_done(self, film_id: str, task: int, fingerprint: str | None = None) -> bool:
         path = self.task_dir(film_id, task) / TASK_FILE
@@ -131,10 +127,10 @@ class Staging:
         return read_json(self.task_dir(film_id, task) / TASK_FILE)
 
     def captions(self, film_id: str, task: int, fingerprint: str | None = None) -> dict | None:
-        return _current(_read(self.captions_path(film_id, task)), fingerprint)
+        return _current(read_json_if_exists(self.captions_path(film_id, task)), fingerprint)
 
     def task_error(self, film_id: str, task: int, fingerprint: str | None = None) -> dict | None:
-        return _current(_read(self.task_error_path(film_id, task)), fingerprint)
+        return _current(read_json_if_exists(self.task_error_path(film_id, task)), fingerprint)
 
     def task_clips(self, film_id: str, task: int) -> list[tuple[str, Path, dict]]:
         """(key, mp4 path, meta) of a finished task, in key order."""

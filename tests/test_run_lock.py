@@ -132,7 +132,7 @@ def test_a_lock_taken_over_meanwhile_is_left_to_its_new_holder(tmp_path, caplog)
 
 
 def test_only_global_rank_zero_locks(tmp_path, monkeypatch):
-    from animegamer.training.run_record import is_global_zero
+    from animegamer.utils.logging import is_global_zero
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     with folder_lock(tmp_path, 0, enabled=is_global_zero()) as holder:

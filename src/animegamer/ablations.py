@@ -130,14 +130,12 @@ def scored_with(composed) -> dict:
     """What a variant's reconstruction scores depend on besides its export: the evaluation settings, the
     held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the sampling
     steps the model config gives when ``evaluation.sampling_steps`` is 0."""
-    from animegamer.config.trained_data import clip_manifest
-    from animegamer.utils.io import sha256_file
+    from animegamer.config.trained_data import clip_manifest_sha256
 
     data = composed.data
-    manifest = clip_manifest(data.root, data.clips)
     return {"evaluation": OmegaConf.to_container(composed.evaluation, resolve=True),
             "data": {"root": str(Path(data.root).resolve()), "clips": data.clips, "val_fraction": data.val_fraction,
-                     "clip_manifest_sha256": sha256_file(manifest) if manifest.is_file() else None},
+                     "clip_manifest_sha256": clip_manifest_sha256(data.root, data.clips)},
             "seed": composed.seed, "sampling_steps": composed.model.diffusion.sampling_steps}
 
 

@@ -63,8 +63,7 @@ def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> Split
     metas = _clip_metas(str(folder), manifest.stat().st_mtime)
     split = HeldOut(root, clips_dir, val_fraction)
     captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
-    unit = (lambda key: split.shot_of.get(key, key)) if split.shot_of is not None else (lambda key: key)
-    shots = {unit(m["key"]): key_fraction(unit(m["key"])) for m in captioned}
+    shots = {split.unit(m["key"]): key_fraction(split.unit(m["key"])) for m in captioned}
     held = [split.clip(m["key"]) for m in captioned]
     runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
     index = Path(root) / SESSIONS_FILE

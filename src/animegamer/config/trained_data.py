@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from animegamer.config.schema import TrainDataConfig
-from animegamer.utils.io import read_json, sha256_file
+from animegamer.data.layout import MANIFEST
+from animegamer.utils.io import read_json_if_exists, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +27,19 @@ DEFAULT_CLIPS_DIR = TrainDataConfig.clips
 
 
 def clip_manifest(root: str | Path, clips_dir: str) -> Path:
-    """The manifest of a pipeline output's clip shards (the shard reader's constant, imported lazily: the
-    reader pulls in torch, which config checks do not need)."""
-    from animegamer.data.shards import MANIFEST
-
+    """The manifest of a pipeline output's clip shards."""
     return Path(root) / clips_dir / MANIFEST
+
+
+def clip_manifest_sha256(root: str | Path, clips_dir: str) -> str | None:
+    """The digest of a pipeline output's clip manifest; None where there is none."""
+    manifest = clip_manifest(root, clips_dir)
+    return sha256_file(manifest) if manifest.is_file() else None
 
 
 def _read(path: Path) -> dict | None:
     """The JSON object at ``path``; None where there is no such file."""
-    data = read_json(path) if path.is_file() else None
+    data = read_json_if_exists(path)
     return data if isinstance(data, dict) else None
 
 
@@ -62,7 +66,7 @@ def trained_data_record(config: dict) -> dict | None:
     record: dict = {"root": str(root), "clips": clips}
     size = data_clip_size(root, clips)
     if size is not None:
-        record.update(clip_size=asdict(size), clip_manifest_sha256=sha256_file(clip_manifest(root, clips)))
+        record.update(clip_size=asdict(size), clip_manifest_sha256=clip_manifest_sha256(root, clips))
     return record
 
 
@@ -192,10 +196,11 @@ def trained_clip_size(export: str | Path) -> ClipSize | None:
 def recut_since(export: str | Path, root: str | Path, clips_dir: str) -> bool:
     """Whether the clip manifest of ``root`` changed since ``export`` trained on that same folder."""
     record = trained_data(export) or {}
-    manifest = clip_manifest(root, clips_dir)
     same = record.get("root") and Path(record["root"]) == Path(root).resolve() and record.get("clips") == clips_dir
-    return bool(same and record.get("clip_manifest_sha256") and manifest.is_file()
-                and sha256_file(manifest) != record["clip_manifest_sha256"])
+    if not (same and record.get("clip_manifest_sha256")):
+        return False
+    now = clip_manifest_sha256(root, clips_dir)
+    return now is not None and now != record["clip_manifest_sha256"]
 
 
 def renderer_clip_size(exports: list[str]) -> ClipSize | None:
@@ -212,7 +217,7 @@ def at_clip_size(cfg, size: ClipSize | None):
     if size is None or clip_size_of(cfg.pipeline.clips) == size:
         return cfg
     log.info("rendering at the trained clip size, %s (the config said %s)", size, clip_size_of(cfg.pipeline.clips))
-    clips = replace(cfg.pipeline.clips, frames=size.frames, height=size.height, width=size.width, fps=size.fps)
+    clips = replace(cfg.pipeline.clips, **asdict(size))
     return replace(cfg, pipeline=replace(cfg.pipeline, clips=clips))
 
 

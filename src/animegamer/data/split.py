@@ -38,9 +38,12 @@ class HeldOut:
             {session_key(s["keys"]): s["keys"] for s in read_json(index)["sessions"]} if index.exists() else {})
         self.fraction = fraction
 
+    def unit(self, key: str) -> str:
+        """What a clip is held out with: its shot, or the clip itself where there is no shots.json."""
+        return self.shot_of.get(key, key) if self.shot_of is not None else key
+
     def clip(self, key: str) -> bool:
-        unit = self.shot_of.get(key, key) if self.shot_of is not None else key
-        return key_fraction(unit) < self.fraction
+        return key_fraction(self.unit(key)) < self.fraction
 
     def keep_clip(self, split: str) -> Callable[[str], bool]:
         return lambda key: self.clip(key) == (split == VAL)

@@ -9,11 +9,12 @@ checkpoint without a record (written before records existed) is accepted as it i
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from pathlib import Path
+
+from animegamer.utils.io import read_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -21,20 +22,11 @@ RECORD_SUFFIX = ".integrity.json"
 PARTIAL = ".partial"  # a file being written; never read, removed by a restart
 DAMAGED_SUFFIX = ".damaged"
 _SELF = "."  # the record's key for a checkpoint that is a single file
-_CHUNK = 16 * 2**20
 
 
 def record_path(checkpoint: str | Path) -> Path:
     checkpoint = Path(checkpoint)
     return checkpoint.with_name(checkpoint.name + RECORD_SUFFIX)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -63,7 +55,7 @@ def fsync_folder(folder: Path) -> None:
 
 def write_file_record(data: Path, checkpoint: Path) -> None:
     """Record the (fsynced) file ``data`` as what ``checkpoint`` must be: size and sha256."""
-    entry = {"size": data.stat().st_size, "sha256": sha256(data)}
+    entry = {"size": data.stat().st_size, "sha256": sha256_file(data)}
     write_atomically(record_path(checkpoint), json.dumps({"files": {_SELF: entry}}))
 
 
@@ -83,7 +75,7 @@ def damage(checkpoint: Path) -> str | None:
     if not record.is_file():
         return None
     try:
-        files = json.loads(record.read_text())["files"]
+        files = read_json(record)["files"]
     except (ValueError, KeyError) as error:
         return f"its integrity record {record.name} is unreadable ({error})"
     for name, entry in files.items():
@@ -93,7 +85,7 @@ def damage(checkpoint: Path) -> str | None:
         size = path.stat().st_size
         if size != entry["size"]:
             return f"{path.name} has {size} bytes, {entry['size']} were written"
-        if "sha256" in entry and sha256(path) != entry["sha256"]:
+        if "sha256" in entry and sha256_file(path) != entry["sha256"]:
             return f"{path.name} has the size written but not the content (sha256 differs)"
     return None
 

@@ -28,6 +28,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
                                                       set_aside, write_file_record, write_folder_record)
+from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
 
@@ -133,20 +134,14 @@ def is_complete(path: Path) -> bool:
 
 def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """(step, path) of the complete checkpoints in ``folder``, oldest first (set-aside ones excluded)."""
-    found = []
-    for path in folder.iterdir() if folder.is_dir() else ():
-        match = _STEP.match(path.name)
-        if match is not None and is_complete(path):
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    paths = folder.iterdir() if folder.is_dir() else ()
+    return sorted((checkpoint_step(p), p) for p in paths if _STEP.match(p.name) and is_complete(p))
 
 
 def resume_checkpoint(folder: str | Path, set_aside_damaged: bool | None = None) -> Path | None:
     """The complete checkpoint with the highest step in ``folder`` that matches its integrity record,
     or None. Newer ones that do not match are damaged: reported, and set aside by ``set_aside_damaged``
     (default: global rank 0, from the launcher's environment; other ranks skip them alike)."""
-    from animegamer.training.run_record import is_global_zero
-
     folder = Path(folder)
     if not folder.is_dir():
         return None

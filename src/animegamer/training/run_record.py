@@ -28,22 +28,24 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.validate import ConfigError
 from animegamer.data.layout import MANIFEST
 from animegamer.errors import InvalidInputError
+from animegamer.training.callbacks import EXPORT_DIR
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
+from animegamer.utils.logging import is_global_zero
 from data_pipeline.fingerprint import shards_digest
 
 log = logging.getLogger(__name__)
 
 RECORD_FILE = "run_config.json"
-EXPORT_META = Path("export") / "export.json"  # runs made before run records: the export's config
+EXPORT_META = Path(EXPORT_DIR) / EXPORT_FILE  # runs made before run records: the export's config
 OVERRIDE = "resume_with_changes"
 ABSENT = "<absent>"
 
@@ -183,8 +185,9 @@ def read_record(folder: Path) -> tuple[dict, Path] | None:
     return None
 
 
-def make_record(config: dict, changes: list[dict]) -> dict:
-    return {"config": config, "data": data_digests(config), "changes": changes}
+def make_record(config: dict, changes: list[dict], data: dict[str, str | None] | None = None) -> dict:
+    """``data``: the digests of :func:`data_digests`, when already computed."""
+    return {"config": config, "data": data_digests(config) if data is None else data, "changes": changes}
 
 
 def write_record(folder: Path, record: dict) -> None:
@@ -221,9 +224,9 @@ def data_digests(config: dict) -> dict[str, str | None]:
 DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"
 
 
-def data_changes(recorded: dict[str, str | None], config: dict) -> list[Change]:
-    """The folders whose manifest now describes other shards than the record's, named by manifest path."""
-    now = data_digests(config)
+def data_changes(recorded: dict[str, str | None], config: dict, now: dict[str, str | None]) -> list[Change]:
+    """The folders whose manifest (digests ``now``) describes other shards than the record's, named by
+    manifest path."""
     return [Change(str(manifest_path(config, key.removeprefix("data."))), recorded.get(key, ABSENT), digest)
             for key, digest in now.items() if recorded.get(key, ABSENT) != digest]
 
@@ -236,14 +239,6 @@ class Decision:
 
     changes: list[Change]
     pending: dict | None = None
-
-
-def is_global_zero() -> bool:
-    """Global rank 0 from the launcher's environment (before the trainer exists): Lightning's own
-    children, torchrun and SLURM set these variables; a plain start is rank 0."""
-    from animegamer.utils.logging import global_rank
-
-    return global_rank() == 0 and os.environ.get("NODE_RANK", "0") in ("", "0")
 
 
 def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, allow_changes: bool,
@@ -268,10 +263,11 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
                     "without checking it against the checkpoints'", folder, RECORD_FILE)
         return Decision([], make_record(config, []))
     record, source = found
+    now = data_digests(config)
     changes = diff(record["config"], config)
     refusals = refused(changes, record["config"], config)
     if "data" in record:
-        moved = data_changes(record["data"], config)
+        moved = data_changes(record["data"], config, now)
         changes, refusals = changes + moved, refusals + [(c, DATA_REASON) for c in moved]
     else:
         log.warning("%s records no digest of the data its checkpoints were trained on (made before data digests): "
@@ -279,7 +275,7 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
     if refusals and not allow_changes:
         raise RunFolderChanged(folder, source, refusals)
     if not changes:
-        return Decision([], None if "data" in record else make_record(config, record.get("changes", [])))
+        return Decision([], None if "data" in record else make_record(config, record.get("changes", []), now))
     forced = {c.key for c, _ in refusals}
     for change in changes:
         if change.key in forced:
@@ -288,4 +284,4 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
             log.info("resuming with %s", change.describe())
     entry = {"step": resume_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "forced": sorted(forced),
              "changes": {c.key: [c.old, c.new] for c in changes}}
-    return Decision(changes, make_record(config, [*record.get("changes", []), entry]))
+    return Decision(changes, make_record(config, [*record.get("changes", []), entry], now))

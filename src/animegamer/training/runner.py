@@ -23,12 +23,13 @@ from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointI
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
 from animegamer.training.profiling import make_profiler, summarise_traces
-from animegamer.training.run_record import check_run_folder, is_global_zero
+from animegamer.training.run_record import check_run_folder
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
                                             module_init)
 from animegamer.training.throughput import Throughput
 from animegamer.utils.folder_lock import folder_lock
+from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
 

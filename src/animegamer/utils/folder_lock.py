@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from animegamer.errors import UserError
+from animegamer.utils.io import read_json
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class FolderLockedError(UserError):
 def read_holder(path: Path) -> Holder | None:
     """The lock's holder, None when the file is gone or not a lock record."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
         return Holder(**data)
     except (OSError, ValueError, TypeError):
         return None

@@ -92,6 +92,11 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(f.read())
 
 
+def read_json_if_exists(path: str | os.PathLike) -> Any:
+    """:func:`read_json`, or None where there is no such file."""
+    return read_json(path) if Path(path).is_file() else None
+
+
 def npy_bytes(array: np.ndarray) -> bytes:
     """Serialise an array as ``.npy`` (never pickled; object arrays are refused)."""
     if array.dtype == object:

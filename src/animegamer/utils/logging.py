@@ -33,6 +33,12 @@ def global_rank() -> int:
     return 0
 
 
+def is_global_zero() -> bool:
+    """Global rank 0 from the launcher's environment (before the trainer exists): Lightning's own
+    children, torchrun and SLURM set these variables; a plain start is rank 0."""
+    return global_rank() == 0 and os.environ.get("NODE_RANK", "0") in ("", "0")
+
+
 class _RankFilter(logging.Filter):
     def __init__(self, rank: int) -> None:
         super().__init__()
