@@ -1,6 +1,7 @@
 """Evaluation metrics (animegamer.metrics) on inputs whose answers are known, CPU, tiny random CLIP."""
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -349,3 +350,14 @@ def test_gallery_says_each_unavailable_reason_once_and_shows_the_truth_beside_ea
     assert len(pairs) == 12
     assert pairs[:2] == [("../clips/video-0-0.mp4", "../clips/video-0-0.jpg"),
                          ("../clips/truth_video-0-0.mp4", "../clips/truth_video-0-0.jpg")]
+
+
+def test_gallery_says_why_a_game_stopped(tmp_path):
+    """A game ended by a malformed state generation shows how far it got and why, not an empty row."""
+    reason = "turn 0 ('Go.'): malformed state generation (token 4 is not </SC>)"
+    games = [{"id": "film-000000", "turns": [], "completed": 0, "planned": 3, "stopped": reason},
+             {"id": "film-000007", "turns": [], "completed": 3, "planned": 3}]
+    write_report(tmp_path / "report", {}, games)
+    page = (tmp_path / "report" / "gallery.html").read_text()
+    assert page.count("Stopped after") == 1
+    assert f"Stopped after 0 of 3 turns: {reason}" in html.unescape(page) and "</SC>)" not in page

@@ -114,11 +114,12 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
     report_games, turns = [], []
     for game in benchmark["games"]:
         folder = out / "games" / game["id"]
-        played = []
+        played, stopped = [], None
         try:
             play_game(models, [t["instruction"] for t in game["turns"]], folder, seed=cfg.seed, overwrite=True,
                       sampling_steps=cfg.evaluation.sampling_steps, on_turn=played.append)
         except ValueError as error:
+            stopped = str(error)
             log.warning("game %s stopped: %s", game["id"], error)
         rows = []
         for truth, result in zip(game["turns"], played):
@@ -129,7 +130,8 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
                          **({"truth_video": str(truth_clips[truth["key"]])} if truth.get("key") in truth_clips else {}),
                          "target_states": truth["states"],
                          "metrics": {**scores, "target_level": truth["level"]}})
-        report_games.append({"id": game["id"], "turns": rows, "completed": len(played), "planned": len(game["turns"])})
+        report_games.append({"id": game["id"], "turns": rows, "completed": len(played), "planned": len(game["turns"]),
+                             **({"stopped": stopped} if stopped else {})})
     return report_games, turns
 
 

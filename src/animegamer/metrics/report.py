@@ -378,7 +378,8 @@ def _gallery_turn(number: int, turn: Mapping, out_dir: Path) -> dict:
 
 def write_gallery(path: Path, title: str, games: Sequence[Mapping], meta: Sequence[str] = ()) -> Path:
     """Every game as a row of turn cards: the generated clip beside the ground truth, with posters."""
-    rows = [{"name": str(game.get("id", game.get("name", f"game {g + 1}"))),
+    rows = [{"name": str(game.get("id", game.get("name", f"game {g + 1}"))), "stopped": game.get("stopped"),
+             "completed": game.get("completed"), "planned": game.get("planned"),
              "turns": [_gallery_turn(t, turn, path.parent) for t, turn in enumerate(game.get("turns", []), start=1)]}
             for g, game in enumerate(games)]
     return write_page(path, GALLERY_TEMPLATE, title=title, meta=list(meta), not_measured=_not_measured(games),
