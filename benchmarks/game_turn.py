@@ -30,10 +30,17 @@ Sides:
   query mask for the representation; diffusers ``CogVideoXTransformer3DModel`` (CogVideoX-2B sizes,
   226 x 4096 text stream) in the loop of ``CogVideoXPipeline`` (CFG batched, dynamic guidance,
   ``CogVideoXDPMScheduler``, 50 steps); ``AutoencoderKLCogVideoX`` (2B sizes) decode. The plain
-  decoder has no motion-scope embedder (standard CogVideoX-2B).
+  decoder has no motion-scope embedder (standard CogVideoX-2B). Eager, PyTorch's own SDPA kernel order.
+- ``plain+compile``: the same, with what a plain user gets from two lines: the transformer compiled
+  (``transformer.compile(dynamic=False)``) and the denoising loop under SDPA's kernels in the order
+  cuDNN first (``sdpa_kernel([...], set_priority=True)``). The best plain configuration.
 
 Per side: median seconds per stage and per turn over the measured turns after the warm-up turn(s),
-and peak GPU memory (``max_memory_allocated``, weights included). The JSON (``$OUT/game_turn.json``
+peak GPU memory (``max_memory_allocated``, weights included), and ``sampling``: milliseconds per
+denoising step (the sample stage over the steps) and its MFU: the decoder's forward FLOPs on the CFG
+batch (``phase_a.model_flops``, no LoRA branch) over the bf16 matmul peak measured in the same run
+(``mfu``) and over the datasheet's dense bf16 figure (``mfu_datasheet``). ``comparisons``: the
+framework's turn and sampling stage against the fastest plain side (best plain) and each plain side. The JSON (``$OUT/game_turn.json``
 or ``--out``) is rewritten after every turn, so a run stopped by its time limit keeps what it measured;
 ``--side-timeout`` bounds each side (building included).
 """
@@ -55,14 +62,16 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run)
+from _device import building, compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
 from animegamer.config.compose import compose_config
-from animegamer.config.schema import COMPILE_MODES
+from animegamer.models.decoder import COMPILE_MODES
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
 LEVEL_FLOW = {1: 0.5, 2: 2.5, 3: 10.0, 4: 15.0, 5: 40.0}
 STAGES = ("mllm", "sample", "vae_decode", "total")
 HISTORY_TURNS = 4  # + the new turn = the 5-turn window of phase (b)
+CFG_BATCH = 2  # [unconditional; conditional] in one decoder call
+SIDES = ("framework", "plain", "plain+compile")
 STATE_TOKENS = 12
 # Fixed valid states: the played history and the fallback for a random MLLM's malformed generation.
 STATES = [{"ML": 1 + k % 5, "SC": (k % 3) - 1, "ET": 1 - (k % 2) * 2, "ST": (k % 5) - 2} for k in range(16)]
@@ -156,6 +165,29 @@ def summarise(turns: list[dict], warmup: int) -> dict:
     return {k: round(statistics.median(t[k] for t in measured), 4) for k in STAGES}
 
 
+def sampling_step_flops(cfg, latent_shape, plain: bool) -> float:
+    """Model FLOPs of one denoising step: the decoder's forward on the CFG batch, counted as phase (a)
+    counts it, without LoRA branches (merged before play, or none)."""
+    from phase_a import Shapes, model_flops
+
+    from animegamer.models.encoder import representation_tokens
+
+    _, frames, channels, height, width = latent_shape
+    p, enc = cfg.model.decoder.patch_size, cfg.model.encoder
+    shapes = Shapes(CFG_BATCH, (CFG_BATCH, frames, channels, height, width), (CFG_BATCH, enc.text_tokens, enc.text_dim),
+                    (CFG_BATCH, enc.image_tokens, enc.image_dim), representation_tokens(enc),
+                    frames * (height // p) * (width // p))
+    return model_flops(cfg, shapes, plain=plain, lora=False)["forward"]
+
+
+def sampling_summary(record: dict, cfg, peak: dict, plain: bool) -> dict:
+    """Milliseconds per denoising step and the sampling stage's MFU, from the median sample stage."""
+    seconds, steps = record["median"]["sample"], record["steps"]
+    flops = sampling_step_flops(cfg, record["latent_shape"], plain)
+    return {"step_ms": round(seconds / steps * 1e3, 2), "step_tflop": round(flops / 1e12, 3),
+            **{k: round(x, 4) if x is not None else None for k, x in mfu(flops * steps, seconds, peak).items()}}
+
+
 # --------------------------------------------------------------------------- framework
 class PredictOrFixed:
     """``predict_next`` (prompt_batch + generate + parse_states), fixed valid states when the parse fails."""
@@ -185,7 +217,7 @@ def run_framework(args, cfg, record) -> dict:
     from animegamer.mllm.sequence import Turn
     from animegamer.models.encoder import representation_tokens
     from animegamer.models.frozen_encoders import FrozenVAE
-    from animegamer.phases.phase_a import ReconstructionModel
+    from animegamer.models.reconstruction import ReconstructionModel
     from animegamer.phases.phase_b import PhaseB
 
     t0 = time.perf_counter()
@@ -222,6 +254,8 @@ def run_framework(args, cfg, record) -> dict:
         record.update(prompt_tokens=predict.prompt_tokens, generated_tokens=predict.generated_tokens,
                       fallback_states=predict.fallbacks, frames=list(result.frames.shape),
                       median=summarise(record["turns"], args.warmup))
+        if record["median"]:
+            record["sampling"] = sampling_summary(record, cfg, args.peak, plain=False)
         if args.device == "cuda":
             record["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         args.save()
@@ -230,7 +264,7 @@ def run_framework(args, cfg, record) -> dict:
 
 
 # --------------------------------------------------------------------------- plain libraries
-def run_plain(args, cfg, record) -> dict:
+def run_plain(args, cfg, record, compiled: bool = False) -> dict:
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDPMScheduler, CogVideoXTransformer3DModel
     from diffusers.utils.torch_utils import randn_tensor
     from transformers import MistralConfig, MistralForCausalLM
@@ -239,7 +273,7 @@ def run_plain(args, cfg, record) -> dict:
     from animegamer.mllm.masks import attention_mask_4d
     from animegamer.mllm.sequence import Turn, build_prompt
     from animegamer.models.encoder import representation_tokens
-    from animegamer.phases.phase_b import game_tokenizer
+    from animegamer.models.game_mllm import game_tokenizer
 
     m, dec, vcfg, clips = cfg.model.mllm, cfg.model.decoder, cfg.model.encoders.vae, cfg.pipeline.clips
     n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
@@ -279,6 +313,10 @@ def run_plain(args, cfg, record) -> dict:
                                      scaling_factor=vcfg.scaling_factor)
     for module in (llm, input_proj, output_proj, transformer, vae):  # nn.Module.to: no diffusers fp32 warning
         torch.nn.Module.to(module, device=device, dtype=dtype).eval().requires_grad_(False)
+    if compiled:  # the plain user's line; the first denoising step compiles
+        transformer.compile(dynamic=False)
+    # kernels are chosen when the compiled transformer is traced, so the preference spans the whole loop
+    attention = (lambda: prefer_cudnn_attention(device)) if compiled else contextlib.nullcontext
     sync(device)
     record["build_s"] = round(time.perf_counter() - t0, 1)
 
@@ -327,9 +365,10 @@ def run_plain(args, cfg, record) -> dict:
         prompt_embeds = torch.cat([uncond, cond])
         old_pred = None
         for i, t in enumerate(timesteps):
-            x = scheduler.scale_model_input(torch.cat([latents] * 2), t)
-            v = transformer(hidden_states=x, encoder_hidden_states=prompt_embeds, timestep=t.expand(x.shape[0]),
-                            return_dict=False)[0].float()
+            x = scheduler.scale_model_input(torch.cat([latents] * CFG_BATCH), t)
+            with attention():
+                v = transformer(hidden_states=x, encoder_hidden_states=prompt_embeds, timestep=t.expand(x.shape[0]),
+                                return_dict=False)[0].float()
             g = 1 + scale * (1 - math.cos(math.pi * ((steps - t.item()) / steps) ** exponent)) / 2
             v_uncond, v_cond = v.chunk(2)
             v = v_uncond + g * (v_cond - v_uncond)
@@ -354,20 +393,37 @@ def run_plain(args, cfg, record) -> dict:
         record["turns"].append({s: round(timings[s], 4) for s in STAGES})
         record.update(generated_tokens=token_shape[-1], frames=list(frame_shape),
                       median=summarise(record["turns"], args.warmup))
+        if record["median"]:
+            record["sampling"] = sampling_summary(record, cfg, args.peak, plain=True)
         if device == "cuda":
             record["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         args.save()
-        print(f"plain turn {k}: {record['turns'][-1]}", flush=True)
+        print(f"{'plain+compile' if compiled else 'plain'} turn {k}: {record['turns'][-1]}", flush=True)
     return record
 
 
 # --------------------------------------------------------------------------- report
+def comparisons(runs: dict) -> list[dict]:
+    """The fastest framework side against the plain sides, by turn and by sampling stage."""
+    rows = [{"name": side, "total": row["median"]["total"], "sample": row["median"]["sample"]}
+            for side, row in runs.items() if row.get("median") and "error" not in row]
+    framework = [r for r in rows if r["name"].startswith("framework")]
+    plain = [r for r in rows if r["name"].startswith("plain")]
+    if not framework or not plain:
+        return []
+    return [{"stage": stage, **compare(min(framework, key=lambda r: r[stage]), plain, stage)}
+            for stage in ("total", "sample")]
+
+
 def table(results: dict) -> str:
-    lines = ["| side | mllm s | sample s | vae_decode s | total s | peak GiB | turns | note |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| side | mllm s | sample s | vae_decode s | total s | step ms | MFU | MFU datasheet | peak GiB | turns | note |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for side, row in results["runs"].items():
         med = row.get("median") or {}
         cells = [f"{med[s]:.3f}" if s in med else "-" for s in STAGES]
+        sampling = row.get("sampling") or {}
+        cells += [f"{sampling['step_ms']:.1f}" if sampling else "-"]
+        cells += [f"{sampling[k] * 100:.1f} %" if sampling.get(k) is not None else "-" for k in ("mfu", "mfu_datasheet")]
         measured = max(0, len(row.get("turns", [])) - results["warmup"])
         note = row.get("error", "")
         if side.startswith("framework") and "fallback_states" in row:
@@ -381,7 +437,7 @@ def main() -> None:
     started = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU, 2 sampling steps")
-    parser.add_argument("--sides", nargs="+", default=["framework", "plain"], choices=["framework", "plain"])
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
     parser.add_argument("--turns", type=int, default=3, help="measured turns per side")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=0, help="sampling steps (default: the config's, 50)")
@@ -417,7 +473,10 @@ def main() -> None:
     import diffusers
     import transformers
 
-    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+    args.peak = peaks(args.device)
+    results = {**run_stamp(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+               "bf16_peak_tflops": round(args.peak["measured_tflops"], 1),
+               "datasheet_bf16_tflops": args.peak["datasheet_tflops"],
                "dtype": str(args.dtype).removeprefix("torch."), "tiny": args.tiny, "warmup": args.warmup,
                "measured_turns": args.turns, "torch": torch.__version__, "transformers": transformers.__version__,
                "diffusers": diffusers.__version__, "level_flow": LEVEL_FLOW, "runs": {}}
@@ -447,7 +506,10 @@ def main() -> None:
             limit = min(limit, left) if limit else left
         try:
             with time_limit(limit):
-                (run_framework if side == "framework" else run_plain)(args, cfg, record)
+                if side == "framework":
+                    run_framework(args, cfg, record)
+                else:
+                    run_plain(args, cfg, record, compiled=side == "plain+compile")
         except (SideTimeout, torch.OutOfMemoryError, Exception) as error:  # keep what was measured
             record["error"] = f"{type(error).__name__}: {error}"[:500]
             print(f"{side}: {record['error']}", file=sys.stderr, flush=True)
@@ -455,8 +517,14 @@ def main() -> None:
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    print(table(results))
+    results["comparisons"] = comparisons(results["runs"])
+    save()
     print(json.dumps(results, indent=2))
+    print(table(results))
+    for c in results["comparisons"]:
+        print(f"{c['stage']}: {c['framework']} {c['framework_s']:.3f} s, best plain {c['best_plain']} "
+              f"{c['best_plain_s']:.3f} s: {c['speedup_vs_best_plain']:.2f}x; "
+              + ", ".join(f"{k} {x:.2f}x" for k, x in c["speedup_vs"].items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ What is timed (forward + backward + gradient clipping + optimizer step, one samp
   (1, 226, 4096) inputs, no encoder, no motion scope), peft LoRA with the same targets via ``add_adapter``,
   AdaLN linears trainable, fused AdamW, the v-prediction MSE written inline with on-GPU randomness.
   ``-bf16`` is the usual pure-bf16 recipe (weights, grads and Adam states in bfloat16); ``-mixed`` is
-  float32 weights + autocast, the framework's precision.
+  float32 weights + autocast, the framework's precision. ``+compile`` is the best plain configuration,
+  what a plain user gets with two lines: ``transformer.compile(dynamic=False)`` and SDPA's kernels in
+  the order cuDNN first (``sdpa_kernel([...], set_priority=True)``); without it, eager with PyTorch's
+  own kernel order.
 - ``diag-*``: diagnostics, not the framework: the framework step with one thing changed in this script
   (never in src/) to test a hypothesis about where time goes: ``rep-bf16`` (encoder output cast to bf16
   under autocast), ``cuda-rng`` (the step generator on the GPU), ``frozen-bf16`` (frozen weights stored
@@ -43,12 +46,15 @@ over ``--steps`` steps after ``--warmup`` steps, from CUDA events recorded betwe
 (steps run back to back, as in training; min and max are in the JSON), samples/s, video tokens/s, MFU, peak memory
 (``torch.cuda.max_memory_allocated``, reset after the build so it counts weights, optimizer state and
 activations). MFU = model FLOPs per step / step time / the bf16 matmul peak measured in the same run
-(8192^3 products). Model FLOPs are written out in ``model_flops``: 3 x the forward (forward + backward,
+(8192^3 products); ``mfu_datasheet`` divides by the datasheet's dense bf16 figure instead (989 TFLOP/s on
+an H100 SXM or H200). Model FLOPs are written out in ``model_flops``: 3 x the forward (forward + backward,
 the usual convention, even though frozen weights need no weight gradient); recomputation under gradient
 checkpointing is not counted. ``mfu_needed`` uses the FLOPs this step actually has to do (frozen linears
 2 x forward, trainable ones and attention 3 x forward).
 
-Results are printed as a table and written to ``$OUT/phase_a_benchmark.json`` (or ``--out``).
+Results are printed as a table and written to ``$OUT/phase_a_benchmark.json`` (or ``--out``), with
+``comparisons``: per precision and checkpointing mode, the fastest framework row against the fastest
+plain row (the best plain configuration) and every other plain row.
 """
 from __future__ import annotations
 
@@ -72,6 +78,8 @@ if str(ROOT / "src") not in sys.path:  # a bare checkout (the GPU machine) has n
     sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
+
+from _device import compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
 
 PAPER_LATENT_FRAMES = 5  # (17 - 1) // 4 + 1
 VAE_TEMPORAL = 4
@@ -115,7 +123,7 @@ def shapes_of(cfg) -> Shapes:
 
 
 # --------------------------------------------------------------------------- FLOPs
-def model_flops(cfg, shapes: Shapes, plain: bool = False) -> dict:
+def model_flops(cfg, shapes: Shapes, plain: bool = False, lora: bool = True) -> dict:
     """FLOPs of one training step, written out (multiply-add = 2 FLOPs).
 
     Per transformer block, on the joint sequence S = N + video tokens (every projection and the
@@ -128,7 +136,8 @@ def model_flops(cfg, shapes: Shapes, plain: bool = False) -> dict:
     time / motion-scope embedders (one vector).
     Training step = 3 x forward (forward + backward). Gradient-checkpointing recomputation is NOT
     counted (it is not model work). ``needed`` counts what the step really has to compute: frozen
-    linears forward + input gradient (2x), trainable ones and attention 3x.
+    linears forward + input gradient (2x), trainable ones and attention 3x. ``lora=False``: a network
+    with no LoRA branch (merged for play, or none).
     """
     dec, enc = cfg.model.decoder, cfg.model.encoder
     d = dec.num_attention_heads * dec.attention_head_dim
@@ -136,7 +145,7 @@ def model_flops(cfg, shapes: Shapes, plain: bool = False) -> dict:
     s, sv, n = shapes.seq, shapes.video_tokens, shapes.rep_tokens
     c, p, te, layers = dec.in_channels, dec.patch_size, dec.time_embed_dim, dec.num_layers
     frozen_block = 2 * s * (4 * d * d + 2 * d * 4 * d)
-    lora_block = 2 * s * (4 * r * 2 * d)
+    lora_block = 2 * s * (4 * r * 2 * d) if lora else 0
     attn_block = 4 * s * s * d
     adaln_block = 2 * 2 * te * 6 * d
     patch = 2 * sv * (c * p * p) * d
@@ -174,33 +183,6 @@ def cleanup(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def measure_peak_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> dict:
-    """bf16 matmul ceiling: median of ``reps`` n^3 products on random data, after warm-up."""
-    if device.type != "cuda":
-        n, reps = 256, 3
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.matmul(a, b, out=out)
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.matmul(a, b, out=out)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            torch.matmul(a, b, out=out)
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    del a, b, out
-    return {"n": n, "median_s": med, "tflops": 2 * n ** 3 / med / 1e12, "max_tflops": 2 * n ** 3 / min(times) / 1e12}
-
-
 def host_cpu_counters() -> list[int] | None:
     """Aggregate /proc/stat CPU jiffies (user nice system idle iowait irq softirq steal), or None."""
     try:
@@ -219,9 +201,13 @@ def host_cpu_share(before, after) -> dict | None:
     return {"busy": round(1 - (delta[3] + delta[4]) / total, 4), "steal": round(delta[7] / total, 4)}
 
 
-def sdpa_context(backend: str):
+def sdpa_context(backend: str, device: torch.device):
+    """``default``: PyTorch's own kernel order; ``prefer-cudnn``: every kernel allowed, cuDNN tried
+    first (the plain user's line); a kernel's name: that kernel only."""
     if backend == "default":
         return contextlib.nullcontext()
+    if backend == "prefer-cudnn":
+        return prefer_cudnn_attention(device)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -277,7 +263,7 @@ class Variant:
     tf32: bool = False
     diag: str = ""  # framework diagnostics: rep_bf16 (cast the representation to bf16 under autocast)
     note: str = ""
-    compile: bool = False  # framework: model.decoder.compile=true (the first warm-up step compiles)
+    compile: bool = False  # framework: model.decoder.compile=true; plain: transformer.compile (first step compiles)
 
 
 @dataclass
@@ -309,8 +295,8 @@ def _build_on(device: torch.device, make: Callable[[], torch.nn.Module]) -> torc
 
 
 def build_framework(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Built:
-    from animegamer.phases.common import SampleRandom, sample_positions
     from animegamer.phases.phase_a import PhaseA
+    from animegamer.utils.randomness import SampleRandom, sample_positions
 
     if v.compile:
         from dataclasses import replace
@@ -416,6 +402,8 @@ def build_plain(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Built:
         model.to(torch.bfloat16)
     if v.gc:
         model.enable_gradient_checkpointing()
+    if v.compile:  # the one line a diffusers user adds; fixed shapes, as in the framework's decoder
+        model.compile(dynamic=False)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.phase.lr, betas=tuple(cfg.phase.betas),
@@ -458,9 +446,13 @@ def build_plain(v: Variant, cfg, shapes: Shapes, device: torch.device) -> Built:
 # --------------------------------------------------------------------------- timing
 def time_steps(step: Callable[[int], torch.Tensor], device: torch.device, warmup: int, steps: int) -> dict:
     """Back-to-back steps; per-step times from events recorded between consecutive steps."""
-    losses = []
+    losses, first = [], None
     for i in range(warmup):
+        t0 = time.perf_counter()
         losses.append(step(i).detach())
+        if i == 0:  # a compiled variant compiles here: the one-off cost a run pays
+            sync(device)
+            first = time.perf_counter() - t0
     sync(device)
     if device.type == "cuda":
         events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
@@ -483,7 +475,7 @@ def time_steps(step: Callable[[int], torch.Tensor], device: torch.device, warmup
     if not all(math.isfinite(x) for x in values):
         raise FloatingPointError(f"non-finite loss: {values}")
     return {"times_s": times, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-            "wall_per_step_s": wall / steps, "losses": values}
+            "wall_per_step_s": wall / steps, "first_step_s": first, "losses": values}
 
 
 def run_lightning(v: Variant, cfg, shapes: Shapes, device: torch.device, warmup: int, steps: int) -> dict:
@@ -627,6 +619,10 @@ def variants(args, device: torch.device) -> list[Variant]:
             Variant("framework-true", "framework", False, g, note="the project's step, Lightning bf16-true"),
             Variant("plain-bf16", "plain", False, g, note="diffusers+peft, pure bf16 (reference recipe)"),
             Variant("plain-mixed", "plain", True, g, note="diffusers+peft, fp32 weights + autocast"),
+            Variant("plain-bf16+compile", "plain", False, g, sdpa="prefer-cudnn", compile=True,
+                    note="diffusers+peft, pure bf16, transformer.compile + cuDNN attention first (best plain)"),
+            Variant("plain-mixed+compile", "plain", True, g, sdpa="prefer-cudnn", compile=True,
+                    note="diffusers+peft, fp32 weights + autocast, transformer.compile + cuDNN attention first"),
             Variant("lightning-mixed", "lightning", True, g, note="framework under lightning.Trainer (as shipped)"),
             Variant("lightning-mixed+clip-hook", "lightning", True, g, diag="clip_hook",
                     note="lightning.Trainer, clipping through a module hook (benchmark-only patch)"),
@@ -659,11 +655,11 @@ def variants(args, device: torch.device) -> list[Variant]:
     out.append(Variant("framework-mixed+sdpa=cudnn", "framework", True, True, sdpa="cudnn"))
     out.append(Variant("plain-bf16+sdpa=cudnn", "plain", False, True, sdpa="cudnn"))
     if device.type != "cuda":  # cuDNN and memory-efficient attention kernels exist on CUDA only
-        out = [v for v in out if v.sdpa in ("default", "flash", "math")]
+        out = [v for v in out if v.sdpa in ("default", "prefer-cudnn", "flash", "math")]
     if args.only:
         return [v for v in out if v.name in args.only]
     if not args.extras:
-        out = [v for v in out if v.sdpa == "default" and not v.tf32]
+        out = [v for v in out if (v.sdpa == "default" or v.compile) and not v.tf32]
     return out
 
 
@@ -673,13 +669,27 @@ PROFILED = ("framework-mixed", "plain-bf16", "plain-mixed", "framework-true", "d
 def fmt_row(r: dict) -> str:
     if "error" in r:
         return f"{r['name']:<28} gc={int(r['gc'])}  ERROR {r['error'][:90]}"
+    sheet = f"{r['mfu_datasheet'] * 100:6.1f}%" if r.get("mfu_datasheet") is not None else f"{'-':>7}"
     return (f"{r['name']:<28} gc={int(r['gc'])} {r['median_s'] * 1e3:9.1f} {r['samples_per_s']:8.3f} "
-            f"{r['video_tokens_per_s']:10.0f} {r['mfu'] * 100:6.1f}% {r['mfu_needed'] * 100:6.1f}% "
+            f"{r['video_tokens_per_s']:10.0f} {r['mfu'] * 100:6.1f}% {sheet} {r['mfu_needed'] * 100:6.1f}% "
             f"{r['peak_mem_gib']:8.2f} {r['residual_dtype']:>17}")
 
 
-HEADER = (f"{'variant':<28} {'gc':4} {'step ms':>9} {'sample/s':>8} {'vtok/s':>10} {'MFU':>7} {'MFUneed':>7} "
-          f"{'peak GiB':>8} {'residual dtype':>17}")
+HEADER = (f"{'variant':<28} {'gc':4} {'step ms':>9} {'sample/s':>8} {'vtok/s':>10} {'MFU':>7} {'MFUds':>7} "
+          f"{'MFUneed':>7} {'peak GiB':>8} {'residual dtype':>17}")
+
+
+def comparisons(rows: list[dict]) -> list[dict]:
+    """Per precision and checkpointing mode: the fastest framework row against the plain rows."""
+    out = []
+    ok = [r for r in rows if "error" not in r]
+    for precision, gc_on in sorted({(r["precision"], r["gc"]) for r in ok}):
+        same = [r for r in ok if (r["precision"], r["gc"]) == (precision, gc_on)]
+        framework = sorted((r for r in same if r["kind"] == "framework"), key=lambda r: r["median_s"])
+        plain = [r for r in same if r["kind"] == "plain"]
+        if framework and plain:
+            out.append({"precision": precision, "gc": gc_on, **compare(framework[0], plain, "median_s")})
+    return out
 
 
 def main(argv=None) -> int:
@@ -707,14 +717,15 @@ def main(argv=None) -> int:
     import lightning
     import peft
 
-    env = {"torch": torch.__version__, "diffusers": diffusers.__version__, "peft": peft.__version__,
+    env = {**run_stamp(), "torch": torch.__version__, "diffusers": diffusers.__version__, "peft": peft.__version__,
            "lightning": lightning.__version__, "python": platform.python_version(), "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
            "cfg_model": cfg.model.name, "trainer_precision_in_config": cfg.trainer.precision,
            "warmup": warmup, "steps": steps, "shapes": shapes.__dict__ | {"seq": shapes.seq}}
     print(json.dumps(env), flush=True)
-    peak = measure_peak_tflops(device)
-    print(f"bf16 matmul peak: {peak['tflops']:.1f} TFLOP/s (median of 20 {peak['n']}^3; best {peak['max_tflops']:.1f})",
+    peak = peaks(device)
+    print(f"bf16 matmul peak: {peak['measured_tflops']:.1f} TFLOP/s measured (median of {peak['matmul']['n']}^3 "
+          f"products; best {peak['matmul']['max_tflops']:.1f}); datasheet dense bf16 {peak['datasheet_tflops']}",
           flush=True)
     flops = {"framework": model_flops(cfg, shapes), "plain": model_flops(cfg, shapes, plain=True)}
     print(f"model FLOPs/step (3 x fwd): framework {flops['framework']['step'] / 1e12:.2f} T, plain "
@@ -735,7 +746,7 @@ def main(argv=None) -> int:
         built = None
         cpu0 = host_cpu_counters()
         try:
-            with sdpa_context(v.sdpa):
+            with sdpa_context(v.sdpa, device):
                 t0 = time.perf_counter()
                 if v.kind == "lightning":
                     res = run_lightning(v, cfg, shapes, device, warmup, steps)
@@ -768,8 +779,8 @@ def main(argv=None) -> int:
                        peak_mem_gib=(torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda"
                                      else float("nan")),
                        samples_per_s=shapes.batch / med, video_tokens_per_s=shapes.batch * shapes.video_tokens / med,
-                       model_tflops_per_s=f["step"] / med / 1e12, mfu=f["step"] / med / (peak["tflops"] * 1e12),
-                       mfu_needed=f["needed"] / med / (peak["tflops"] * 1e12))
+                       model_tflops_per_s=f["step"] / med / 1e12, **mfu(f["step"], med, peak),
+                       mfu_needed=mfu(f["needed"], med, peak)["mfu"])
         except Exception as error:  # noqa: BLE001 - keep the other variants' numbers
             traceback.print_exc()
             row["error"] = repr(error)
@@ -788,12 +799,18 @@ def main(argv=None) -> int:
 
     print()
     print(f"Phase a2 step, {env['gpu']}, torch {env['torch']}, diffusers {env['diffusers']}, peft {env['peft']}; "
-          f"median of {steps} after {warmup} warm-up; bf16 peak {peak['tflops']:.0f} TFLOP/s; "
+          f"median of {steps} after {warmup} warm-up; bf16 peak {peak['measured_tflops']:.0f} TFLOP/s measured "
+          f"(MFU), {peak['datasheet_tflops']} datasheet (MFUds); "
           f"model FLOPs/step {flops['framework']['step'] / 1e12:.1f} T (framework), "
           f"{flops['plain']['step'] / 1e12:.1f} T (plain)")
     print(HEADER)
     for row in report["results"]:
         print(fmt_row(row))
+    report["comparisons"] = comparisons(report["results"])
+    for c in report["comparisons"]:
+        print(f"{c['precision']} gc={int(c['gc'])}: {c['framework']} {c['framework_s'] * 1e3:.1f} ms, best plain "
+              f"{c['best_plain']} {c['best_plain_s'] * 1e3:.1f} ms: {c['speedup_vs_best_plain']:.2f}x; against each "
+              f"plain row " + ", ".join(f"{k} {x:.2f}x" for k, x in c["speedup_vs"].items()))
     save()
     print(f"\nJSON: {json_path}")
     return 0 if all("error" not in r for r in report["results"]) else 1

@@ -15,16 +15,25 @@ in bf16 weights with fused AdamW, forward + backward + clip + step.
   (``phase.pack_tokens``) instead of padding it: with ``--mixed`` (windows of 1..5 turns, as training
   draws them) that is the packing speed-up measured against the padded batch of the same windows;
 - ``plain``: ``MistralForCausalLM`` + ``peft.get_peft_model``, inputs_embeds with the history
-  scattered in, the DESIGN section 4 mask as a dense additive 4-D float mask (what a plain
-  transformers user passes), CE + MSE written inline.
+  scattered in, the game-state attention mask as a dense additive 4-D float mask (what a plain
+  transformers user passes), CE + MSE written inline; eager, PyTorch's own SDPA kernel order.
+  ``plain+compile`` is the best plain configuration, what a plain user gets with two lines: each
+  decoder layer compiled (``layer.compile()``, PyTorch's regional-compilation recipe: one graph for
+  all 32 layers, the same compilation the framework uses) and SDPA's kernels in the order cuDNN
+  first (``sdpa_kernel([...], set_priority=True)``).
 
 Per configuration: median step time after warm-up, tokens/s (real tokens), MFU (6 x params x real tokens +
-attention within each sequence, over the bf16 matmul peak measured in the same run) and peak memory.
+attention within each sequence) over the bf16 matmul peak measured in the same run (``mfu``) and over the
+datasheet's dense bf16 figure (``mfu_datasheet``), and peak memory. ``comparisons`` sets, per batch and
+checkpointing mode, the fastest framework configuration against the fastest plain one (best plain) and
+against each plain one.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from _device import building  # noqa: E402  (benchmarks/ is on sys.path when run)
+from _device import building, compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
 from animegamer.config.compose import compose_config
 from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
 from animegamer.mllm.masks import attention_mask_4d
@@ -43,24 +52,7 @@ from animegamer.models.encoder import representation_tokens
 from animegamer.phases.common import make_optimizer
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
-PEAK_SIZE = 8192
-
-
-def measure_bf16_peak(device: str) -> float:
-    """Dense bf16 matmul FLOP/s on this device (the MFU denominator), median of 10 products."""
-    if device != "cuda":
-        return float("nan")
-    a = torch.randn(PEAK_SIZE, PEAK_SIZE, device=device, dtype=torch.bfloat16)
-    b = torch.randn(PEAK_SIZE, PEAK_SIZE, device=device, dtype=torch.bfloat16)
-    times = []
-    for _ in range(13):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * PEAK_SIZE**3 / statistics.median(times[3:])
+PLAIN = ("plain", "plain+compile")  # eager with PyTorch's kernel order; the best plain configuration
 
 
 def make_batch(ids, tokenizer, n: int, d: int, batch_size: int, turns: int, device: str, mixed: bool = False,
@@ -160,7 +152,7 @@ def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER, c
     return OmegaConf.to_object(compose_config("train", overrides))
 
 
-def run_framework(args, variant: str, batch_size: int, gc: bool, peak: float) -> dict:
+def run_framework(args, variant: str, batch_size: int, gc: bool, peak: dict) -> dict:
     """``variant``: the attention kind, then ``+compile`` for ``model.mllm.compile`` and/or ``+pack`` to
     pack the batch into rows of ``--pack-tokens`` (e.g. ``sdpa+compile+pack``)."""
     from animegamer.phases.phase_b import PhaseB
@@ -183,11 +175,11 @@ def run_framework(args, variant: str, batch_size: int, gc: bool, peak: float) ->
     return result
 
 
-def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
+def run_plain(args, batch_size: int, gc: bool, peak: dict, compiled: bool = False) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import MistralConfig, MistralForCausalLM
 
-    from animegamer.phases.phase_b import game_tokenizer
+    from animegamer.models.game_mllm import game_tokenizer
 
     cfg = compose(args.tiny, "sdpa", gc, args.tokenizer)
     m = cfg.model.mllm
@@ -210,25 +202,44 @@ def run_plain(args, batch_size: int, gc: bool, peak: float) -> dict:
     if gc:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
+    if compiled:  # after peft, so the LoRA branches are inside the compiled layers
+        for layer in model.get_base_model().model.layers:
+            layer.compile()
     params = [p for p in list(model.parameters()) + list(input_proj.parameters()) + list(output_proj.parameters())
               if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.phase.lr, fused=args.device == "cuda" or None)
     batch = make_batch(ids, tokenizer, n, d, batch_size, args.turns, args.device, args.mixed)
-    seconds, memory = time_steps(plain_step(model, input_proj, output_proj, optimizer, batch, cfg.phase.grad_clip, n),
-                                 args.steps, args.warmup, args.device)
+    # kernels are chosen when the layers are traced (the first step), so the preference spans every step
+    with prefer_cudnn_attention(args.device) if compiled else contextlib.nullcontext():
+        seconds, memory = time_steps(plain_step(model, input_proj, output_proj, optimizer, batch,
+                                                cfg.phase.grad_clip, n), args.steps, args.warmup, args.device)
     del model, optimizer
     return summarise(cfg, batch, seconds, memory, peak, len(tokenizer))
 
 
-def summarise(cfg, batch: dict, seconds: float, memory: float, peak: float, vocab: int) -> dict:
+def summarise(cfg, batch: dict, seconds: float, memory: float, peak: dict, vocab: int) -> dict:
     lengths = [int(n) for n in batch["lengths"]]
     tokens = sum(lengths)
     length, rows = batch["input_ids"].shape[1], batch["input_ids"].shape[0]
-    flops = model_flops(cfg, lengths, vocab)
+    utilisation = mfu(model_flops(cfg, lengths, vocab), seconds, peak)
     return {"batch": len(lengths), "rows": rows, "seq_len": length, "tokens": tokens,
             "padded_tokens": rows * length, "step_ms": round(seconds * 1e3, 1),
-            "tokens_per_s": round(tokens / seconds, 1), "mfu": round(flops / seconds / peak, 4) if peak == peak else None,
+            "tokens_per_s": round(tokens / seconds, 1),
+            **{k: round(x, 4) if x is not None else None for k, x in utilisation.items()},
             "peak_gib": round(memory, 2) if memory == memory else None}
+
+
+def comparisons(runs: dict) -> list[dict]:
+    """Per (batch, checkpointing): the fastest framework configuration against the plain ones."""
+    rows = [{"name": spec, "gc": spec.rsplit(":", 1)[1], **row} for spec, row in runs.items() if "error" not in row]
+    out = []
+    for batch, gc in sorted({(r["batch"], r["gc"]) for r in rows}):
+        same = [r for r in rows if (r["batch"], r["gc"]) == (batch, gc)]
+        framework = sorted((r for r in same if r["name"].startswith("framework")), key=lambda r: r["step_ms"])
+        plain = [r for r in same if r["name"].startswith("plain")]
+        if framework and plain:
+            out.append({"batch": batch, "gc": gc == "1", **compare(framework[0], plain, "step_ms")})
+    return out
 
 
 def main() -> None:
@@ -241,33 +252,47 @@ def main() -> None:
     parser.add_argument("--pack-tokens", type=int, default=1536, help="row capacity of the +pack variants")
     parser.add_argument("--configs", nargs="+", default=["plain:4:0", "plain:8:1", "framework-sdpa:4:0",
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
-                        help="name:batch:gc triples; framework-<attention>[+compile][+pack]")
+                        help="name:batch:gc triples; plain, plain+compile or framework-<attention>[+compile][+pack]")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens)")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     if args.tiny:
         args.steps, args.warmup = 2, 1
-    peak = measure_bf16_peak(args.device)
-    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-               "bf16_peak_tflops": round(peak / 1e12, 1) if peak == peak else None, "runs": {}}
+    import peft
+    import transformers
+
+    peak = peaks(args.device)
+    results = {**run_stamp(), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+               "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+               "mixed_windows": args.mixed, "warmup": args.warmup, "steps": args.steps,
+               "bf16_peak_tflops": round(peak["measured_tflops"], 1),
+               "datasheet_bf16_tflops": peak["datasheet_tflops"], "runs": {}}
+    out = args.out or Path(os.environ.get("OUT", ".")) / "phase_b_benchmark.json"
     for spec in args.configs:
         name, batch, gc = spec.split(":")
         batch, gc = int(batch), gc == "1"
         try:
-            if name == "plain":
-                row = run_plain(args, batch, gc, peak)
-            else:
+            if name in PLAIN:
+                row = run_plain(args, batch, gc, peak, compiled=name == "plain+compile")
+            elif name.startswith("framework-"):
                 row = run_framework(args, name.split("-", 1)[1], batch, gc, peak)
+            else:
+                raise ValueError(f"unknown configuration {name!r} in {spec!r}: {', '.join(PLAIN)} "
+                                 f"or framework-<attention>[+compile][+pack]")
         except torch.OutOfMemoryError:
             row = {"error": "out of memory"}
         results["runs"][spec] = row
+        results["comparisons"] = comparisons(results["runs"])
+        out.write_text(json.dumps(results, indent=2))  # a run cut short keeps what it measured
         print(f"{spec:24s} {row}", flush=True)  # the benchmark's report is its output
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    out = args.out or Path(__import__("os").environ.get("OUT", ".")) / "phase_b_benchmark.json"
-    out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
+    for c in results["comparisons"]:
+        print(f"batch {c['batch']} gc={int(c['gc'])}: {c['framework']} {c['framework_s']} ms, best plain "
+              f"{c['best_plain']} {c['best_plain_s']} ms: {c['speedup_vs_best_plain']:.2f}x; "
+              + ", ".join(f"{k} {x:.2f}x" for k, x in c["speedup_vs"].items()), flush=True)
 
 
 if __name__ == "__main__":

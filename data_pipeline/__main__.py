@@ -6,9 +6,9 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from animegamer.checks import validate_pipeline_run
 from animegamer.config.compose import config_dir
 from animegamer.config.schema import register_configs
-from animegamer.config.validate import validate_pipeline_run
 from animegamer.errors import exit_on_user_error
 from animegamer.utils.logging import setup_logging
 

@@ -9,25 +9,23 @@ state tokens, which come after, cannot influence it.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from animegamer.checkpoints.export import TRAINED_FILE, load_export
+from animegamer.checkpoints.export import TRAINED_FILE
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
+from animegamer.models.game_mllm import TokenizedMLLM, build_game_mllm, run_batch
 from animegamer.training.run_record import ALLOWED, flatten
-from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
-from data_pipeline.fingerprint import FINGERPRINT
-from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
+from animegamer.utils.io import npy_bytes, sha256_file
+from data_pipeline.lineage import reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR, LATENTS
 from data_pipeline.session_shards import SESSION_SHARDS_DIR
-from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
+from data_pipeline.writer import MANIFEST, write_numbered_shards, write_step_manifest
 
 ADAPTATION_DIR = "adaptation"
 PRED_REP = "pred_rep.npy"
@@ -42,13 +40,11 @@ def model_settings(model: ModelConfig) -> dict:
     return {key: value for key, value in flatten(asdict(model), MODEL_PREFIX).items() if key not in PERFORMANCE_ONLY}
 
 
-def load_phase_b(model_cfg: ModelConfig, export: str | Path, device: str):
-    """The phase (b) module of an export, frozen, in eval mode."""
-    from animegamer.phases.phase_b import PhaseB
-
-    module = PhaseB(RunConfig(model=model_cfg))
-    load_export(export, module.model)
-    return module.eval().requires_grad_(False).to(device)
+def load_phase_b(model_cfg: ModelConfig, export: str | Path, device: str) -> TokenizedMLLM:
+    """The MLLM of a phase (b) export, frozen, in eval mode, on ``device``."""
+    mllm = build_game_mllm(RunConfig(model=model_cfg), [export])
+    mllm.model.eval().requires_grad_(False).to(device)
+    return mllm
 
 
 def targets_with_most_history(sessions: IndexedShardDataset) -> dict[str, tuple[int, int]]:
@@ -63,58 +59,45 @@ def targets_with_most_history(sessions: IndexedShardDataset) -> dict[str, tuple[
 
 
 @torch.no_grad()
-def predict(module, sessions: IndexedShardDataset, jobs: list[tuple[str, tuple[int, int]]]) -> list:
+def predict(mllm: TokenizedMLLM, sessions: IndexedShardDataset, jobs: list[tuple[str, tuple[int, int]]]) -> list:
     examples = []
     for _, (index, turn) in jobs:
         session = session_of(sessions.raw(index))
         window = type(session)(session.turns[: turn + 1], session.reps[: turn + 1], key=session.key)
-        examples.append(make_example(module.ids, module.tokenizer, window))
-    batch = collate_sequences(examples, pad_id=module.ids.pad)
-    batch = {k: v.to(module.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-    return list(module.run_model(batch)["pred"].float().cpu().numpy())
+        examples.append(make_example(mllm.ids, mllm.tokenizer, window))
+    batch = collate_sequences(examples, pad_id=mllm.ids.pad)
+    device = next(mllm.model.parameters()).device
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return list(run_batch(mllm.model, batch)["pred"].float().cpu().numpy())
 
 
 def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     settings = cfg.adaptation
     root = Path(cfg.output)
     export_sha = sha256_file(Path(settings.export) / TRAINED_FILE)
-    sources, step_fp = step_fingerprint(root, "adaptation", {
+    lineage = step_fingerprint(root, "adaptation", {
         "export_sha256": export_sha, "model": model_settings(model), "maxcount": cfg.writer.maxcount})
-    reused = reused_summary(root, "adaptation", step_fp)
+    reused = reused_summary(root, "adaptation", lineage[1])
     if reused is not None:
         return reused
     sessions = IndexedShardDataset(root / SESSION_SHARDS_DIR, lambda s: s, video=False)
     features = IndexedShardDataset(root / FEATURES_DIR, lambda s: s, video=False)
     feature_index = {key: i for i, key in enumerate(features.keys())}
-    module = load_phase_b(model, settings.export, settings.device)
+    mllm = load_phase_b(model, settings.export, settings.device)
     jobs = list(targets_with_most_history(sessions).items())
-    out_dir = root / ADAPTATION_DIR
-    groups = [jobs[i : i + cfg.writer.maxcount] for i in range(0, len(jobs), cfg.writer.maxcount)]
-    shards = []
-    for number, group in enumerate(tqdm(groups, desc="adaptation", unit="shard", disable=None)):
-        path = out_dir / SHARD_PATTERN.format(number)
-        with shard_writer(path) as tar:
-            for start in range(0, len(group), settings.batch_size):
-                chunk = group[start : start + settings.batch_size]
-                for (key, (index, turn)), pred in zip(chunk, predict(module, sessions, chunk)):
-                    clip = features.raw(feature_index[key])
-                    meta = {"key": key, "flow": clip["json"]["motion"]["flow"],
-                            "level": clip["json"]["motion"]["level"], "history_turns": turn}
-                    tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
-                               LATENTS: npy_bytes(clip[LATENTS]), PRED_REP: npy_bytes(pred.astype("float16"))})
-        shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
-    manifest = {
-        "kind": "adaptation",
-        "command": " ".join(sys.argv),
-        "config": resolved,
-        "export": str(settings.export),
-        "export_sha256": export_sha,
-        "session_shards_manifest_sha256": sha256_file(root / SESSION_SHARDS_DIR / MANIFEST),
-        "features_manifest_sha256": sha256_file(root / FEATURES_DIR / MANIFEST),
-        MADE_FROM: sources,
-        FINGERPRINT: step_fp,
-        "counts": {"clips": len(jobs)},
-        "shards": shards,
-    }
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    return built_summary(root, "adaptation", manifest["counts"])
+
+    def adaptation_records(group: list[tuple[str, tuple[int, int]]]):
+        for start in range(0, len(group), settings.batch_size):
+            chunk = group[start : start + settings.batch_size]
+            for (key, (index, turn)), pred in zip(chunk, predict(mllm, sessions, chunk)):
+                clip = features.raw(feature_index[key])
+                meta = {"key": key, "flow": clip["json"]["motion"]["flow"],
+                        "level": clip["json"]["motion"]["level"], "history_turns": turn}
+                yield {"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
+                       LATENTS: npy_bytes(clip[LATENTS]), PRED_REP: npy_bytes(pred.astype("float16"))}
+
+    shards = write_numbered_shards(jobs, root / ADAPTATION_DIR, cfg.writer.maxcount, adaptation_records, "adaptation")
+    return write_step_manifest(
+        root, "adaptation", resolved, lineage, {"clips": len(jobs)}, shards, export=str(settings.export),
+        export_sha256=export_sha, session_shards_manifest_sha256=sha256_file(root / SESSION_SHARDS_DIR / MANIFEST),
+        features_manifest_sha256=sha256_file(root / FEATURES_DIR / MANIFEST))

@@ -25,12 +25,12 @@ from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_at
 from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, RECOMPUTED, REUSED, fingerprint, reuse_counts
 from data_pipeline.lineage import MADE_FROM, made_from
-from data_pipeline.writer import CLIPS_DIR, MANIFEST, shard_writer
+from data_pipeline.writer import CLIPS_DIR, MANIFEST, write_shard
 
 log = logging.getLogger(__name__)
 
 FEATURES_DIR = "features"
-# Member names of a feature sample (DESIGN section 3).
+# Member names of a feature sample (see docs/architecture.md, 'Feature shards').
 LATENTS, TEXT, IMAGE = "latents.npy", "text.npy", "image.npy"
 FEATURE_MEMBERS = (LATENTS, TEXT, IMAGE)
 INPUTS = "inputs"  # per-shard record key: the fingerprint of its feature inputs (:func:`feature_inputs`)
@@ -101,34 +101,33 @@ def _feature_record(sample: dict, features: dict[str, np.ndarray]) -> dict:
     return record
 
 
-def _shard_record(out_path: Path, written: int, skipped: list[str]) -> dict:
-    return {"name": out_path.name, "count": written, "skipped": skipped, "sha256": sha256_file(out_path)}
-
-
 def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int) -> dict:
     """One feature shard from one clip shard, renamed into place when complete."""
-    written, skipped = 0, []
-    with shard_writer(out_path) as tar:
+    skipped: list[str] = []
+
+    def records():
         for batch in _batches(_captioned(iter_samples([clip_url]), skipped), batch_size):
             features = encode_batch(encoders, batch)
             for i, sample in enumerate(batch):
-                tar.write(_feature_record(sample, {name: array[i] for name, array in features.items()}))
-                written += 1
-    return _shard_record(out_path, written, skipped)
+                yield _feature_record(sample, {name: array[i] for name, array in features.items()})
+
+    return {**write_shard(out_path, records()), "skipped": skipped}
 
 
 def rewrite_json(clip_url: str, out_path: Path) -> dict:
     """The feature shard at ``out_path`` with the clip shard's json and its own features: for a clip
     shard whose feature inputs are unchanged (same clips, mp4 bytes and motion texts, in order)."""
-    written, skipped = 0, []
+    skipped: list[str] = []
     old = iter_samples([str(out_path)], video=False)
-    with shard_writer(out_path) as tar:  # written beside the old shard, renamed over it when complete
+
+    def records():
         for sample, features in zip(_captioned(iter_samples([clip_url], video=False), skipped), old, strict=True):
             if sample["__key__"] != features["__key__"]:
                 raise RuntimeError(f"{out_path}: holds {features['__key__']} where {clip_url} has {sample['__key__']}")
-            tar.write(_feature_record(sample, features))
-            written += 1
-    return _shard_record(out_path, written, skipped)
+            yield _feature_record(sample, features)
+
+    # written beside the old shard (still read while writing), renamed over it when complete
+    return {**write_shard(out_path, records()), "skipped": skipped}
 
 
 def _settings(model: ModelConfig, cfg: PipelineConfig) -> dict:

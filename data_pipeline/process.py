@@ -102,7 +102,8 @@ def task_windows(plan: dict, task: int, cfg: PipelineConfig) -> list[ClipWindow]
 
 
 def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: float) -> dict:
-    """The clip's json record (DESIGN section 3) minus its caption fields and its motion level."""
+    """The clip's json record minus its caption fields and its motion level (the fields: see
+    docs/architecture.md, 'Clip shards')."""
     return {
         "key": window.key,
         "film": film.film_id,

@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm import tqdm
 
-from animegamer.checkpoints.export import TRAINED_FILE, load_export
-from animegamer.config.schema import ModelConfig, PipelineConfig
+from animegamer.checkpoints.export import TRAINED_FILE
+from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.data.shards import iter_samples, shard_urls
 from animegamer.models.encoder import ActionAwareEncoder
-from animegamer.utils.io import npy_bytes, sha256_file, write_json_atomic
-from data_pipeline.fingerprint import FINGERPRINT
-from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
+from animegamer.models.reconstruction import build_encoder
+from animegamer.utils.io import npy_bytes, sha256_file
+from data_pipeline.lineage import reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR, IMAGE, TEXT, _batches
-from data_pipeline.writer import MANIFEST, shard_writer
+from data_pipeline.writer import MANIFEST, write_shard, write_step_manifest
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +32,8 @@ REP = "rep.npy"
 
 
 def load_encoder(model: ModelConfig, export: str | Path) -> ActionAwareEncoder:
-    """The encoder of a phase (a) export (its tensors are named ``encoder.*``)."""
-    holder = nn.ModuleDict({"encoder": ActionAwareEncoder(model.encoder)})
-    load_export(export, holder, prefixes=("encoder.",))
-    return holder["encoder"].eval().requires_grad_(False)
+    """The encoder of a phase (a) export (its tensors are named ``encoder.*``), frozen."""
+    return build_encoder(RunConfig(model=model), [export]).eval().requires_grad_(False)
 
 
 @torch.inference_mode()
@@ -53,38 +49,24 @@ def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: di
     features = Path(cfg.output) / FEATURES_DIR
     out_dir = Path(cfg.output) / REPRESENTATIONS_DIR
     export_sha = sha256_file(Path(settings.export) / TRAINED_FILE)
-    sources, step_fp = step_fingerprint(cfg.output, "representations", {
+    lineage = step_fingerprint(cfg.output, "representations", {
         "export_sha256": export_sha, "encoder": asdict(model.encoder), "dtype": settings.dtype})
-    reused = reused_summary(cfg.output, "representations", step_fp)
+    reused = reused_summary(cfg.output, "representations", lineage[1])
     if reused is not None:
         return reused
     encoder = load_encoder(model, settings.export).to(settings.device)
     dtype = np.dtype(settings.dtype) if settings.dtype != "bfloat16" else np.float32
-    shards = []
-    for url in tqdm(shard_urls(features), desc="representations", unit="shard", disable=None):
-        path = out_dir / Path(url).name
-        count = 0
-        with shard_writer(path) as tar:
-            for batch in _batches(iter_samples([url], video=False), settings.batch_size):
-                reps = encode_representations(encoder, batch, dtype)
-                for sample, rep in zip(batch, reps):
-                    tar.write({"__key__": sample["__key__"], REP: npy_bytes(rep),
-                               "json": json.dumps(sample["json"], sort_keys=True).encode()})
-                    count += 1
-        shards.append({"name": path.name, "count": count, "sha256": sha256_file(path)})
-    manifest = {
-        "kind": "representations",
-        "command": " ".join(sys.argv),
-        "config": resolved,
-        "export": str(settings.export),
-        "export_sha256": export_sha,
-        "features_manifest_sha256": sha256_file(features / MANIFEST),
-        MADE_FROM: sources,
-        FINGERPRINT: step_fp,
-        "shape": [encoder.num_tokens, encoder.width],
-        "dtype": str(dtype),
-        "counts": {"clips": sum(s["count"] for s in shards)},
-        "shards": shards,
-    }
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    return built_summary(cfg.output, "representations", manifest["counts"])
+
+    def rep_records(url: str):
+        for batch in _batches(iter_samples([url], video=False), settings.batch_size):
+            for sample, rep in zip(batch, encode_representations(encoder, batch, dtype)):
+                yield {"__key__": sample["__key__"], REP: npy_bytes(rep),
+                       "json": json.dumps(sample["json"], sort_keys=True).encode()}
+
+    shards = [write_shard(out_dir / Path(url).name, rep_records(url))
+              for url in tqdm(shard_urls(features), desc="representations", unit="shard", disable=None)]
+    return write_step_manifest(
+        Path(cfg.output), "representations", resolved, lineage, {"clips": sum(s["count"] for s in shards)}, shards,
+        export=str(settings.export), export_sha256=export_sha,
+        features_manifest_sha256=sha256_file(features / MANIFEST), shape=[encoder.num_tokens, encoder.width],
+        dtype=str(dtype))

@@ -8,21 +8,18 @@ reuses it.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import session_key
-from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
-from data_pipeline.fingerprint import FINGERPRINT
-from data_pipeline.lineage import MADE_FROM, built_summary, reused_summary, step_fingerprint
+from animegamer.utils.io import npy_bytes, read_json, sha256_file
+from data_pipeline.lineage import reused_summary, step_fingerprint
 from data_pipeline.representations import REP, REPRESENTATIONS_DIR
 from data_pipeline.sessions import SESSIONS_FILE
-from data_pipeline.writer import MANIFEST, SHARD_PATTERN, shard_writer
+from data_pipeline.writer import MANIFEST, write_numbered_shards, write_step_manifest
 
 SESSION_SHARDS_DIR = "session_shards"
 REPS = "reps.npy"
@@ -42,8 +39,8 @@ def turn_record(meta: dict) -> dict:
 def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
     root = Path(cfg.output)
     index_path, reps_dir = root / SESSIONS_FILE, root / REPRESENTATIONS_DIR
-    sources, step_fp = step_fingerprint(root, "session_shards", {"maxcount": cfg.writer.maxcount})
-    reused = reused_summary(root, "session_shards", step_fp)
+    lineage = step_fingerprint(root, "session_shards", {"maxcount": cfg.writer.maxcount})
+    reused = reused_summary(root, "session_shards", lineage[1])
     if reused is not None:
         return reused
     sessions = read_json(index_path)["sessions"]
@@ -52,30 +49,17 @@ def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
     missing = sorted({k for s in sessions for k in s["keys"] if k not in position})
     if missing:
         raise ValueError(f"{reps_dir}: no representation for {len(missing)} session clips, e.g. {missing[:5]}")
-    out_dir = root / SESSION_SHARDS_DIR
-    groups = [sessions[i : i + cfg.writer.maxcount] for i in range(0, len(sessions), cfg.writer.maxcount)]
-    shards = []
-    for number, group in enumerate(tqdm(groups, desc="session shards", unit="shard", disable=None)):
-        path = out_dir / SHARD_PATTERN.format(number)
-        with shard_writer(path) as tar:
-            for session in group:
-                samples = [reps.raw(position[k]) for k in session["keys"]]
-                record = {"film": session["film"], "keys": session["keys"],
-                          "turns": [turn_record(s["json"]) for s in samples]}
-                stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
-                tar.write({"__key__": session_key(session["keys"]),
-                           "json": json.dumps(record, sort_keys=True).encode(), REPS: npy_bytes(stacked)})
-        shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
-    manifest = {
-        "kind": "session_shards",
-        "command": " ".join(sys.argv),
-        "config": resolved,
-        "sessions_sha256": sha256_file(index_path),
-        "representations_manifest_sha256": sha256_file(reps_dir / MANIFEST),
-        MADE_FROM: sources,
-        FINGERPRINT: step_fp,
-        "counts": {"sessions": len(sessions)},
-        "shards": shards,
-    }
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    return built_summary(root, "session_shards", manifest["counts"])
+    def session_records(group: list[dict]):
+        for session in group:
+            samples = [reps.raw(position[k]) for k in session["keys"]]
+            record = {"film": session["film"], "keys": session["keys"],
+                      "turns": [turn_record(s["json"]) for s in samples]}
+            stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
+            yield {"__key__": session_key(session["keys"]), "json": json.dumps(record, sort_keys=True).encode(),
+                   REPS: npy_bytes(stacked)}
+
+    shards = write_numbered_shards(sessions, root / SESSION_SHARDS_DIR, cfg.writer.maxcount, session_records,
+                                   "session shards")
+    return write_step_manifest(root, "session_shards", resolved, lineage, {"sessions": len(sessions)}, shards,
+                               sessions_sha256=sha256_file(index_path),
+                               representations_manifest_sha256=sha256_file(reps_dir / MANIFEST))

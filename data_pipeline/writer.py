@@ -7,7 +7,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import webdataset as wds
 from tqdm import tqdm
@@ -18,6 +18,7 @@ from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
 from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
+from data_pipeline.lineage import MADE_FROM, built_summary, output_path
 from data_pipeline.motion import LEVELS, MotionBins, compute_bins
 from data_pipeline.staging import Staging
 
@@ -97,19 +98,48 @@ def shard_writer(path: Path) -> Iterator[wds.TarWriter]:
             yield tar
 
 
+def write_shard(path: Path, samples: Iterable[dict]) -> dict:
+    """One shard of webdataset records (:func:`shard_writer`); returns its manifest entry: name, count
+    and sha256."""
+    count = 0
+    with shard_writer(path) as tar:
+        for sample in samples:
+            tar.write(sample)
+            count += 1
+    return {"name": path.name, "count": count, "sha256": sha256_file(path)}
+
+
+def write_numbered_shards(items: Sequence, out_dir: Path, maxcount: int, samples: Callable[[Sequence], Iterable[dict]],
+                          desc: str) -> list[dict]:
+    """``items`` in order, ``maxcount`` to a shard named :data:`SHARD_PATTERN` by its number;
+    ``samples(group)`` gives the records of one shard's items. Returns the shards' manifest entries."""
+    groups = [items[i : i + maxcount] for i in range(0, len(items), maxcount)]
+    return [write_shard(out_dir / SHARD_PATTERN.format(number), samples(group))
+            for number, group in enumerate(tqdm(groups, desc=desc, unit="shard", disable=None))]
+
+
+def write_step_manifest(root: Path, step: str, resolved: dict, lineage: tuple[dict, str], counts: dict,
+                        shards: list[dict], **fields) -> dict:
+    """The manifest of a derived shard set (kind = its step, the command and config, what it was made
+    from, its fingerprint, ``fields``, the counts and shards), written into its folder last, so a set
+    is current only once complete; returns the step's summary."""
+    sources, step_fp = lineage
+    manifest = {"kind": step, "command": " ".join(sys.argv), "config": resolved, **fields, MADE_FROM: sources,
+                FINGERPRINT: step_fp, "counts": counts, "shards": shards}
+    write_json_atomic(output_path(root, step) / MANIFEST, manifest)
+    return built_summary(root, step, counts)
+
+
+def _clip_records(group: Sequence[tuple[str, Path, dict]]) -> Iterator[dict]:
+    for key, mp4_path, meta in group:
+        yield {"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(), "mp4": mp4_path.read_bytes()}
+
+
 def write_shards(clips: list[tuple[str, Path, dict]], out_dir: Path, maxcount: int) -> list[dict]:
     """Clip shards in key order; each shard renamed into place only when complete."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    shards = []
-    groups = [clips[i : i + maxcount] for i in range(0, len(clips), maxcount)]
-    for index, group in enumerate(tqdm(groups, desc="shards", unit="shard", disable=None)):
-        path = out_dir / SHARD_PATTERN.format(index)
-        with shard_writer(path) as tar:
-            for key, mp4_path, meta in group:
-                tar.write({"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
-                           "mp4": mp4_path.read_bytes()})
-        shards.append({"name": path.name, "count": len(group), "sha256": sha256_file(path)})
-    for stale in sorted(out_dir.glob("shard-*.tar"))[len(groups):]:
+    shards = write_numbered_shards(clips, out_dir, maxcount, _clip_records, "shards")
+    for stale in sorted(out_dir.glob("shard-*.tar"))[len(shards):]:
         stale.unlink()  # a previous run with more clips: its extra shards are no longer valid
     return shards
 

@@ -8,8 +8,8 @@ import pytest
 
 from animegamer.ablations import (BASELINE, DEFAULT_OUT, NONE, OWN, SCORED_WITH, experiment_of, main, plan,
                                   saved_scores, scored_with, variant_names)
+from animegamer.checks import check_export_sizes
 from animegamer.config.compose import compose_config
-from animegamer.config.disk_checks import check_export_sizes
 from animegamer.metrics.report import METRICS_FILE, PAPER_TABLE3_RECONSTRUCTION
 
 TINY = ["model=tiny", "trainer=cpu", "logger=none"]

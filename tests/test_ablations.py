@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from animegamer.checks import validate_train_run
 from animegamer.config.compose import compose_config, config_dir
-from animegamer.config.validate import ConfigError, validate_train_run
+from animegamer.config.validate import ConfigError
 from animegamer.training.runner import train
 
 ABLATIONS = sorted(p.stem for p in (config_dir() / "experiment").glob("ablation_a_*.yaml"))

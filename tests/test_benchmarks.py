@@ -42,12 +42,17 @@ def test_strategies_driver_stops_resumes_and_reuses(tmp_path):
     assert log.count("resuming from") == 1 and "step-0000003.ckpt" in log
 
 
-def test_phase_b_benchmark_plain_and_compiled_framework(tmp_path):
+def test_phase_b_benchmark_plain_eager_and_compiled_beside_compiled_framework(tmp_path):
     out = tmp_path / "b.json"
-    _run("benchmarks/phase_b.py", "--tiny", "--configs", "plain:2:0", "framework-sdpa+compile:2:0", "--out", str(out))
-    runs = json.loads(out.read_text())["runs"]
-    assert set(runs) == {"plain:2:0", "framework-sdpa+compile:2:0"}
+    _run("benchmarks/phase_b.py", "--tiny", "--configs", "plain:2:0", "plain+compile:2:0", "framework-sdpa+compile:2:0",
+         "--out", str(out))
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert set(runs) == {"plain:2:0", "plain+compile:2:0", "framework-sdpa+compile:2:0"}
     assert all(row["tokens_per_s"] > 0 for row in runs.values()), runs
+    (c,) = report["comparisons"]  # the framework against the faster of the two plain rows, and each
+    assert c["framework"] == "framework-sdpa+compile:2:0" and set(c["speedup_vs"]) == {"plain:2:0", "plain+compile:2:0"}
+    assert c["best_plain_s"] == min(runs["plain:2:0"]["step_ms"], runs["plain+compile:2:0"]["step_ms"])
 
 
 def test_phase_b_benchmark_packs_the_same_mixed_windows(tmp_path):
@@ -138,3 +143,53 @@ def test_memory_batch_lists_are_sorted_unique_and_name_known_phases(monkeypatch)
     for bad in (["a_join=1"], ["b"], ["b="], ["b=1", "b=2"]):
         with pytest.raises(ValueError, match="one of --phases"):
             batch_lists(bad, ["b", "c"])
+
+
+def test_ratios_are_against_the_fastest_plain_row_and_mfu_has_both_denominators(monkeypatch):
+    import pytest
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from _device import compare, mfu
+
+    plain = [{"name": "plain", "s": 0.30}, {"name": "plain+compile", "s": 0.25}, {"name": "broken", "s": None}]
+    c = compare({"name": "framework", "s": 0.20}, plain, "s")
+    assert c["best_plain"] == "plain+compile" and c["best_plain_s"] == 0.25
+    assert c["speedup_vs"] == pytest.approx({"plain+compile": 1.25, "plain": 1.5})
+    assert c["speedup_vs_best_plain"] == c["speedup_vs"]["plain+compile"]
+    assert compare({"name": "framework", "s": 0.20}, [], "s") == {}
+    # 4e14 FLOP in 1 s: 50 % of a measured 800 TFLOP/s, 40 % of a datasheet 1000
+    assert mfu(4e14, 1.0, {"measured_tflops": 800.0, "datasheet_tflops": 1000.0}) == pytest.approx(
+        {"mfu": 0.5, "mfu_datasheet": 0.4})
+    assert mfu(4e14, 1.0, {"measured_tflops": 800.0, "datasheet_tflops": None})["mfu_datasheet"] is None
+
+
+def test_phase_a_compares_the_fastest_framework_row_per_precision_and_checkpointing(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from phase_a import comparisons
+
+    def row(name, kind, precision, gc, seconds):
+        return {"name": name, "kind": kind, "precision": precision, "gc": gc, "median_s": seconds}
+
+    rows = [row("framework-true", "framework", "bf16-true", False, 0.23),
+            row("framework-true+compile", "framework", "bf16-true", False, 0.19),
+            row("plain-bf16", "plain", "bf16-true", False, 0.233),
+            row("plain-bf16+compile", "plain", "bf16-true", False, 0.187),
+            row("plain-mixed", "plain", "bf16-mixed", False, 0.28),  # no framework row in this mode
+            {**row("framework-mixed", "framework", "bf16-mixed", True, 0.1), "error": "OOM"}]
+    (c,) = comparisons(rows)
+    assert (c["precision"], c["gc"], c["framework"], c["best_plain"]) == ("bf16-true", False, "framework-true+compile",
+                                                                         "plain-bf16+compile")
+    assert abs(c["speedup_vs_best_plain"] - 0.187 / 0.19) < 1e-12 and c["speedup_vs_best_plain"] < 1  # slower: said so
+
+
+def test_sampling_step_flops_count_the_cfg_batch_without_lora(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from game_turn import sampling_step_flops
+    from phase_a import run_config
+
+    cfg = run_config(tiny=False)
+    flops = sampling_step_flops(cfg, (1, 5, 16, 60, 90), plain=False)
+    # per block at batch 1 (6,976 tokens, width 1,920): 0.6172 TFLOP of frozen linears, 0.3737 of attention;
+    # 30 blocks, CFG batch 2; everything else (patch, output, AdaLN, embedders) is under 1 %
+    core = 2 * 30 * (617_191_833_600 + 373_743_943_680)
+    assert core < flops < 1.01 * core  # a LoRA branch would add 1.4 %, batch 1 would halve it

@@ -1,10 +1,10 @@
 """Checkpoint integrity, full disks and ``checkpoint.keep_last`` (issue 17, points 2, 3 and 5).
 
 A damaged newest checkpoint (cut short, or one bit flipped) is set aside and the run resumes from the
-newest intact one to the uninterrupted run's result; a pickled payload whose record matches is still
-refused as unsafe; a disk that fills during a save stops with a message naming the file and keeps
-every earlier checkpoint; every save (periodic, final, preemption) leaves at most ``keep_last``.
-Tiny phase (a) runs in this process, on CPU.
+newest intact one to the uninterrupted run's result, in phases a_joint, b and c; a pickled payload
+whose record matches is still refused as unsafe; a disk that fills during a save stops with a message
+naming the file and keeps every earlier checkpoint; every save (periodic, final, preemption) leaves at
+most ``keep_last``. Tiny runs in this process, on CPU.
 """
 from __future__ import annotations
 
@@ -12,38 +12,91 @@ import errno
 import json
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features
+from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
+from phase_c_helpers import write_synthetic_adaptation
 from test_safe_loading import evil_checkpoint, marker  # noqa: F401 - the fixture checks the payload never ran
 
+from animegamer.config.compose import compose_config
 from animegamer.training import checkpointing, runner
 from animegamer.training.checkpoint_integrity import record_path, write_file_record
 from animegamer.training.checkpointing import (DiskFullError, AtomicCheckpointIO, checkpoint_name,
                                                resume_checkpoint)
 from animegamer.training.faults import LOSS_HISTORY, PREEMPTED_EXIT_CODE
 
-RUN = ("phase=a_joint", "logger=none", "phase.max_steps=6", "checkpoint.every_n_steps=2")
+STEPS, EVERY = 6, 2  # checkpoints at 2, 4 and 6: the newest damaged, steps 5..6 are trained again
+RUN = ("logger=none", f"phase.max_steps={STEPS}", f"checkpoint.every_n_steps={EVERY}")
+
+
+def tiny_c_cfg(data_root: Path, output: Path, *overrides: str):
+    """Tiny phase (c) config over ``data_root``, with phase (a)'s and (b)'s step settings."""
+    composed = compose_config("train", [
+        "model=tiny", "phase=c", "trainer=cpu", f"data.root={data_root}", f"output_dir={output}",
+        "phase.warmup_steps=2", "phase.lr=1e-3", "phase.batch_size=2", "phase.val_every_n_steps=1000",
+        "data.val_fraction=0.2", *overrides,
+    ])
+    return composed, OmegaConf.to_object(composed)
+
+
+PHASES = {  # phase -> (its tiny config, the fixture with its data)
+    "a_joint": (lambda root, output, *overrides: tiny_train_cfg(root, output, "phase=a_joint", *overrides),
+                "features"),
+    "b": (tiny_b_cfg, "sessions"),
+    "c": (tiny_c_cfg, "adaptation"),
+}
 
 
 @pytest.fixture(scope="module")
 def features(tmp_path_factory) -> Path:
-    from omegaconf import OmegaConf
-
-    from animegamer.config.compose import compose_config
-
     enc = OmegaConf.to_object(compose_config("train", ["model=tiny"])).model.encoders
     return write_synthetic_features(tmp_path_factory.mktemp("integrity_data") / "features", enc)
 
 
-def train(features: Path, output: Path, *overrides: str) -> dict:
-    composed, cfg = tiny_train_cfg(features, output, *RUN, *overrides)
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> Path:
+    return write_synthetic_sessions(tmp_path_factory.mktemp("integrity_sessions") / "sessions")
+
+
+@pytest.fixture(scope="module")
+def adaptation(tmp_path_factory) -> Path:
+    return write_synthetic_adaptation(tmp_path_factory.mktemp("integrity_adaptation") / "adaptation")
+
+
+def train_phase(phase: str, data: Path, output: Path, *overrides: str) -> dict:
+    composed, cfg = PHASES[phase][0](data, output, *RUN, *overrides)
     return runner.train(cfg, composed)
+
+
+def train(features: Path, output: Path, *overrides: str) -> dict:
+    return train_phase("a_joint", features, output, *overrides)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """``get(phase, data)``: (run folder, untouched copy of it) of the phase's uninterrupted run, which
+    saves at 2, 4 and 6; trained once for both kinds of damage. A test restores the run folder from the
+    copy, so the restart happens in the folder the checkpoints were written to, as it does for real
+    (Lightning's checkpoint state names that folder)."""
+    runs: dict[str, tuple[Path, Path]] = {}
+
+    def get(phase: str, data: Path) -> tuple[Path, Path]:
+        if phase not in runs:
+            root = tmp_path_factory.mktemp(f"uninterrupted_{phase}")
+            train_phase(phase, data, root / "run", "checkpoint.keep_last=-1")
+            shutil.copytree(root / "run", root / "untouched")
+            runs[phase] = root / "run", root / "untouched"
+        return runs[phase]
+
+    return get
 
 
 def result(output: Path) -> tuple[bytes, bytes]:
@@ -66,25 +119,32 @@ def flip_bit(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [truncate, flip_bit], ids=["truncated", "bit_flipped"])
+@pytest.mark.parametrize("phase", sorted(PHASES))
 def test_damaged_newest_checkpoint_is_set_aside_and_the_resume_matches_an_uninterrupted_run(
-        damage, features, tmp_path, caplog):
-    output = tmp_path / "run"
-    train(features, output, "checkpoint.keep_last=-1")
-    uninterrupted = result(output)
-    newest = output / "checkpoints" / checkpoint_name(6)
+        phase, damage, request, uninterrupted, caplog):
+    data = request.getfixturevalue(PHASES[phase][1])
+    output, untouched = uninterrupted(phase, data)
+    shutil.rmtree(output)  # what an earlier test of this phase left
+    shutil.copytree(untouched, output)
+    expected = result(untouched)
+    assert len(json.loads(expected[0])) == STEPS  # one loss per micro-batch, so the comparison is not vacuous
+    older, newest = (output / "checkpoints" / checkpoint_name(step) for step in (STEPS - EVERY, STEPS))
     damage(newest)
     damaged_bytes = newest.read_bytes()
-    (output / LOSS_HISTORY).unlink()
+    (output / LOSS_HISTORY).unlink()  # as a run stopped after its step-6 save would have left it
     (output / "export" / "trained.safetensors").unlink()
 
-    with caplog.at_level(logging.WARNING, logger="animegamer.training.checkpointing"):
-        assert train(features, output, "checkpoint.keep_last=-1")["step"] == 6
+    with caplog.at_level(logging.WARNING, logger="animegamer.training.checkpointing"), \
+            caplog.at_level(logging.INFO, logger="animegamer.training.runner"):
+        assert train_phase(phase, data, output, "checkpoint.keep_last=-1")["step"] == STEPS
     assert f"checkpoint {newest} is damaged" in caplog.text
-    assert "steps 5..6 (2 steps) are trained again" in caplog.text
+    assert f"set aside as {newest.name}.damaged" in caplog.text
+    assert f"resuming from {older}" in caplog.text
+    assert f"steps {STEPS - EVERY + 1}..{STEPS} ({EVERY} steps) are trained again" in caplog.text
     aside = newest.with_name(newest.name + ".damaged")
     assert aside.read_bytes() == damaged_bytes  # renamed, never deleted
     assert record_path(aside).is_file()
-    assert result(output) == uninterrupted  # loss history and export, byte for byte
+    assert result(output) == expected  # loss history and export, byte for byte
     assert resume_checkpoint(output / "checkpoints") == newest  # the re-trained step 6, intact
 
 

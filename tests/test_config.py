@@ -6,9 +6,10 @@ from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from animegamer.checks import validate_pipeline_run
 from animegamer.config.compose import compose_config, config_dir
 from animegamer.config.schema import RunConfig
-from animegamer.config.validate import ConfigError, validate_pipeline_run
+from animegamer.config.validate import ConfigError
 
 
 def _typed(cfg) -> RunConfig:
@@ -22,8 +23,20 @@ def test_every_experiment_composes_into_the_typed_schema(experiment, root):
     assert isinstance(_typed(cfg), RunConfig)
 
 
+def pipeline_problems(cfg) -> list[str]:
+    """What the pipeline validation reports for ``cfg``: [] when it accepts the config."""
+    try:
+        validate_pipeline_run(cfg)
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
 def test_quickstart_pipeline_validates():
-    validate_pipeline_run(compose_config("pipeline", ["experiment=quickstart"]))
+    assert pipeline_problems(compose_config("pipeline", ["experiment=quickstart"])) == []
+    # The pass does read this config: one bad setting on top of it is the one problem it reports.
+    problems = pipeline_problems(compose_config("pipeline", ["experiment=quickstart", "pipeline.clips.width=100"]))
+    assert len(problems) == 1 and problems[0].startswith("pipeline.clips size 100x96: width must be a multiple of 16")
 
 
 @pytest.mark.parametrize("model", ["tiny", "paper"])
@@ -70,6 +83,41 @@ def test_wrong_type_is_rejected_by_the_schema():
 
 
 def test_films_data_needs_inputs():
-    cfg = compose_config("pipeline", ["data=films", "pipeline.caption.backend=none"])
-    with pytest.raises(Exception):
-        validate_pipeline_run(cfg)  # inputs is ??? (mandatory) in data/films.yaml
+    problems = pipeline_problems(compose_config("pipeline", ["data=films", "pipeline.caption.backend=none"]))
+    assert len(problems) == 1 and problems[0].startswith("pipeline.inputs is empty"), problems
+
+
+# --------------------------------------------------------------------------- a schema per phase
+def test_every_phase_yaml_composes_into_its_specs_schema():
+    from animegamer.phases.specs import PHASES
+
+    names = sorted(p.stem for p in (config_dir() / "phase").glob("*.yaml"))
+    assert names == sorted(PHASES)
+    for name, spec in PHASES.items():
+        cfg = compose_config("train", [f"phase={name}"])
+        assert cfg.phase.name == name
+        assert OmegaConf.get_type(cfg.phase) is spec.config
+        assert type(_typed(cfg).phase) is spec.config
+
+
+@pytest.mark.parametrize("phase, override, schema", [
+    ("a_joint", "phase.pack_tokens=1024", "PhaseAConfig"),
+    ("a_warmup", "phase.pad_to_multiple=8", "PhaseAConfig"),
+    ("b", "phase.text_dropout=0.1", "PhaseBConfig"),
+    ("c", "phase.text_dropout=0", "PhaseCConfig"),  # phase (c)'s is unconditional_rep_prob
+    ("c", "phase.input=clips", "PhaseCConfig"),
+])
+def test_a_field_of_another_phase_is_rejected_naming_the_schema(phase, override, schema):
+    key = override.split("=")[0].split(".")[1]
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_config("train", [f"phase={phase}", override])
+    assert f"Key '{key}' not in '{schema}'" in str(caught.value.__cause__)
+
+
+def test_each_phase_keeps_its_own_fields():
+    b = compose_config("train", ["phase=b", "phase.pack_tokens=600", "phase.pad_to_multiple=8"])
+    assert (b.phase.pack_tokens, b.phase.pad_to_multiple) == (600, 8)
+    c = compose_config("train", ["phase=c", "phase.unconditional_rep_prob=0.25"])
+    assert c.phase.unconditional_rep_prob == 0.25 and "image_dropout" not in c.phase
+    a = compose_config("train", ["phase=a_warmup", "phase.input=clips", "phase.random_frame=true"])
+    assert (a.phase.input, a.phase.random_frame, a.phase.text_dropout) == ("clips", True, 0.05)

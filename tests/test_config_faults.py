@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 
+from animegamer.checks import validate_pipeline_run, validate_train_run
 from animegamer.config.compose import compose_config
-from animegamer.config.validate import ConfigError, validate_eval_run, validate_pipeline_run, validate_train_run
+from animegamer.config.validate import ConfigError, validate_eval_run
 
 OFFICIAL_TOKENIZER = SHARED / "reference" / "animegamer_tokenizer"
 
@@ -50,9 +51,26 @@ def only_problem(validate, cfg) -> str:
     return problems[0]
 
 
+def reported(validate, cfg) -> list[str]:
+    """The problems ``validate`` reports for ``cfg``: [] when it accepts the config."""
+    try:
+        validate(cfg)
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+SHARDS_OF_PHASE = {"a_warmup": "features", "a_joint": "features", "b": "session_shards", "c": "adaptation"}
+STRATEGY_OF_PRESET = {"gpu": "auto", "ddp": "ddp", "deepspeed_zero2": "deepspeed_stage_2",
+                      "deepspeed_zero2_offload": "deepspeed_stage_2_offload", "fsdp": "fsdp"}
+
+
 @pytest.mark.parametrize("phase", ["a_warmup", "a_joint", "b", "c"])
-def test_tiny_configs_of_every_phase_are_valid(data_root, phase):
-    validate_train_run(train_cfg(data_root, phase))
+def test_tiny_configs_of_every_phase_are_valid(data_root, tmp_path, phase):
+    assert reported(validate_train_run, train_cfg(data_root, phase)) == []
+    # The pass reads this phase's own shards: over an empty folder it names exactly that shard folder.
+    text = only_problem(validate_train_run, train_cfg(tmp_path, phase))
+    assert text.startswith(f"{tmp_path / SHARDS_OF_PHASE[phase] / 'manifest.json'}: missing"), text
 
 
 # --------------------------------------------------------------------------- sizes
@@ -130,7 +148,7 @@ def test_official_tokenizer_against_an_llm_with_fewer_rows(data_root, tmp_path):
     official.write_bytes(b"")
     ok = train_cfg(data_root, "b", f"model.mllm.tokenizer={OFFICIAL_TOKENIZER}",
                    f"model.mllm.official_checkpoint={official}")
-    validate_train_run(ok)  # all 284 tokens, consecutive ids in the official order: fits the checkpoint
+    assert reported(validate_train_run, ok) == []  # all 284 tokens, consecutive official ids: fits the checkpoint
     folder = tmp_path / "small_llm"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"hidden_size": 32, "vocab_size": 1000}))
@@ -187,13 +205,18 @@ def test_zero3_is_refused_for_phases_that_export_a_lora_adapter(data_root, phase
 
 def test_zero3_is_accepted_for_the_warmup_stage(data_root):
     """a_warmup exports no adapter; its export gathers the partitions (strategies.full_weights)."""
-    validate_train_run(train_cfg(data_root, "a_warmup", "trainer=deepspeed_zero3"))
+    assert reported(validate_train_run, train_cfg(data_root, "a_warmup", "trainer=deepspeed_zero3")) == []
+    # The same preset for a_joint, which writes a LoRA adapter folder, is refused for exactly that.
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "trainer=deepspeed_zero3"))
+    assert "partitions the LoRA weights" in text, text
 
 
 @pytest.mark.parametrize("preset", ["gpu", "ddp", "deepspeed_zero2", "deepspeed_zero2_offload", "fsdp"])
 @pytest.mark.parametrize("phase", ["a_warmup", "b"])
 def test_replicated_weight_presets_are_accepted(data_root, preset, phase):
-    validate_train_run(train_cfg(data_root, phase, f"trainer={preset}", "trainer.num_nodes=2"))
+    cfg = train_cfg(data_root, phase, f"trainer={preset}", "trainer.num_nodes=2")
+    assert (cfg.trainer.strategy, cfg.trainer.num_nodes) == (STRATEGY_OF_PRESET[preset], 2)
+    assert reported(validate_train_run, cfg) == []
 
 
 def test_deepspeed_precision_is_checked(data_root):
@@ -227,7 +250,7 @@ def test_padding_multiple_and_mllm_attention_kernels_are_checked(data_root):
 
 
 def test_decoder_compile_mode_is_checked_and_cuda_graphs_stay_out_of_training(data_root):
-    from animegamer.config.validate import check_decoder_compile
+    from animegamer.models.decoder import check_decoder_compile
 
     problems = problems_of(validate_train_run, train_cfg(data_root, "a_warmup", "model.decoder.compile_mode=fastest"))
     assert len(problems) == 2, problems  # not a mode, and no compile=true to apply it to
@@ -310,3 +333,22 @@ def test_networks_are_built_where_the_strategy_wants_them(data_root, overrides, 
     expected = {"root device": ("meta", [("precision",)]), "init_module": ("cpu", [("init_module", False)]),
                 "nowhere special": ("cpu", [])}[where]
     assert (layer.weight.device.type, used) == expected
+
+
+# --------------------------------------------------------------------------- the phase node
+def test_a_setting_appended_to_another_phase_is_refused(data_root):
+    """``+phase.pack_tokens`` gets past the schema (Hydra appends it) but would be dropped unread."""
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "+phase.pack_tokens=1024"))
+    assert text.startswith("phase.pack_tokens is not a setting of phase a_joint (PhaseAConfig has name, ")
+    assert "text_dropout" in text and "pad_to_multiple" not in text
+
+
+def test_renaming_the_phase_does_not_change_its_schema(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "b", "phase.name=c"))
+    assert text == ("phase.name='c' is configured by PhaseCConfig, but the phase node is a PhaseBConfig: choose the "
+                    "phase with phase=c instead of overriding phase.name")
+
+
+def test_an_unknown_phase_name_lists_the_phases(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "phase.name=d"))
+    assert text == "phase.name='d' is not one of ('a_warmup', 'a_joint', 'b', 'c')"

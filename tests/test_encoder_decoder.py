@@ -212,11 +212,11 @@ def test_save_and_load_lora_round_trip(model_cfg, tmp_path):
     with torch.no_grad():
         for name in decoder.lora_parameters():
             torch.nn.init.normal_(dict(decoder.named_parameters())[name])
-    folder = decoder.save_lora(tmp_path / "lora")
+    folder = decoder.save_adapter(tmp_path / "lora")
     assert (folder / "adapter_model.safetensors").is_file() and (folder / "adapter_config.json").is_file()
 
-    fresh = _decoder(model_cfg)  # no adapter yet: load_lora adds it with the folder's rank and alpha
-    fresh.load_lora(folder)
+    fresh = _decoder(model_cfg)  # no adapter yet: load_adapter adds it with the folder's rank and alpha
+    fresh.load_adapter(folder)
     saved, loaded = dict(decoder.named_parameters()), dict(fresh.named_parameters())
     assert fresh.lora_parameters() == decoder.lora_parameters()
     for name in decoder.lora_parameters():
@@ -230,7 +230,7 @@ def test_save_and_load_lora_round_trip(model_cfg, tmp_path):
     other_rank = _decoder(model_cfg, lora_rank=model_cfg.decoder.lora_rank * 2)
     other_rank.add_lora()
     with pytest.raises(ValueError, match="rank"):
-        other_rank.load_lora(folder)
+        other_rank.load_adapter(folder)
 
 
 def test_gradient_checkpointing_trains_the_same(model_cfg):

@@ -73,8 +73,8 @@ class StubPredict:
 @pytest.fixture(scope="module")
 def models():
     from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.phases.phase_a import ReconstructionModel
-    from animegamer.phases.phase_b import game_tokenizer
+    from animegamer.models.game_mllm import game_tokenizer
+    from animegamer.models.reconstruction import ReconstructionModel
 
     cfg = tiny_cfg()
     renderer = ReconstructionModel(cfg).eval().requires_grad_(False)
@@ -251,7 +251,8 @@ def test_real_mllm_turn_plays_or_names_the_turn(models):
 def exports(tmp_path_factory):
     from animegamer.checkpoints.export import save_export
     from animegamer.phases.common import set_trainable
-    from animegamer.phases.phase_a import JOINT, ReconstructionModel, stage_trainable
+    from animegamer.models.reconstruction import ReconstructionModel
+    from animegamer.phases.phase_a import JOINT, stage_trainable
     from animegamer.phases.phase_b import PhaseB
 
     cfg = tiny_cfg()

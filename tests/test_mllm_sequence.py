@@ -1,4 +1,4 @@
-"""The phase (b) token layout, masks and batches (animegamer.mllm) against DESIGN section 4 and the
+"""The phase (b) token layout, masks and batches (animegamer.mllm) against docs/architecture.md and the
 official golden sequence (../shared/reference/official_mllm_golden/case.json)."""
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_official_sequence_sanity(official, count):
 
 # --------------------------------------------------------------------------- layout (byte tokenizer)
 def expected_layout(ids, tok, turns, n, prompt=False):
-    """An independent spelling of DESIGN section 4 as one token-name string, tokenized at once."""
+    """An independent spelling of the layout (docs/architecture.md) as one token-name string, tokenized at once."""
     def block(turn, with_states):
         s = f"<TURN>{turn.instruction}<img><frame>" + "".join(f"<frame_{i:05d}>" for i in range(n))
         s += "</frame></img><ML>"
@@ -265,7 +265,7 @@ def test_reserved_text_and_bad_sizes_rejected(byte):
 
 # --------------------------------------------------------------------------- masks
 def rule(i, j, query, valid):
-    """DESIGN 4, written independently: causal; the query block both ways; padded keys blocked;
+    """The attention rule, written independently: causal; the query block both ways; padded keys blocked;
     a padded query row attends to itself only."""
     if not valid[i]:
         return i == j

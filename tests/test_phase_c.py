@@ -7,12 +7,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from animegamer.checks import validate_train_run
 from animegamer.config.compose import compose_config
-from animegamer.config.validate import validate_train_run
 from animegamer.data.phase_c import adaptation_dataset
-from animegamer.phases.common import SampleRandom, make_optimizer
+from animegamer.phases.common import make_optimizer
 from animegamer.phases.phase_c import PhaseC
 from animegamer.training.runner import train
+from animegamer.utils.randomness import SampleRandom
 from phase_c_helpers import write_synthetic_adaptation
 
 
@@ -39,7 +40,7 @@ def test_trains_exactly_motion_scope_adaln_and_lora(data_root, tmp_path):
 
 
 def test_loss_falls_on_adaptation_data(data_root, tmp_path):
-    _, cfg = _cfg(data_root, tmp_path, "phase.lr=1e-2", "phase.warmup_steps=1", "phase.text_dropout=0")
+    _, cfg = _cfg(data_root, tmp_path, "phase.lr=1e-2", "phase.warmup_steps=1", "phase.unconditional_rep_prob=0")
     module = PhaseC(cfg)
     items = [adaptation_dataset(cfg, "train")[i] for i in range(2)]
     batch = {k: torch.stack([it[k] for it in items]) for k in ("latents", "pred_rep", "flow")}

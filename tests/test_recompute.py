@@ -62,7 +62,7 @@ def test_decoder_switch_selects_blocks_and_keeps_the_loss():
 
 
 def test_mllm_switch_wraps_every_kth_layer_instead_of_all():
-    from animegamer.phases.phase_b import build_mllm
+    from animegamer.models.game_mllm import build_mllm
 
     cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "phase=b", "model.mllm.gradient_checkpointing=true",
                                                        "model.mllm.gradient_checkpointing_every=2"]))

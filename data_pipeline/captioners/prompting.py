@@ -9,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 import numpy as np
 from PIL import Image
+
+# GenerationError stays importable from here, where the caption backends' retry rules are described.
+from animegamer.utils.http import IMAGE, TEXT, ContentPart, GenerationError, answer_with_retries  # noqa: F401
 
 from .base import CaptionResult, ClipContext, FilmPaths, pick_frames
 from .fields import (
@@ -35,7 +37,6 @@ from .fields import (
 logger = logging.getLogger(__name__)
 
 VERSION_HEX_CHARS = 12
-ANSWER_SNIPPET_CHARS = 200  # how much of a bad answer is kept in the error message
 REFERENCE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg")
 DEFAULT_REFERENCE_STEM = "default"
 
@@ -98,12 +99,6 @@ class CaptionRequest:
         return replace(self, prompt=self.prompt + RETRY_SUFFIX.format(error=error))
 
 
-# One element of a chat message's content, in order: ("text", str) or ("image", PIL image).
-ContentPart = tuple[str, Union[str, Image.Image]]
-TEXT = "text"
-IMAGE = "image"
-
-
 def content_parts(request: CaptionRequest) -> list[ContentPart]:
     """The request as an ordered text/image sequence; the label before each image says what it is."""
     parts: list[ContentPart] = []
@@ -116,10 +111,6 @@ def content_parts(request: CaptionRequest) -> list[ContentPart]:
 
 
 TextGenerator = Callable[[CaptionRequest], str]
-
-
-class GenerationError(RuntimeError):
-    """A generator could not produce an answer (HTTP error, timeout): counts as one failed attempt."""
 
 
 # --------------------------------------------------------------------------- reference images
@@ -170,11 +161,6 @@ class ReferenceImages:
 
 
 # --------------------------------------------------------------------------- the loop
-def _snippet(answer: str) -> str:
-    flat = " ".join(answer.split())
-    return flat if len(flat) <= ANSWER_SNIPPET_CHARS else flat[:ANSWER_SNIPPET_CHARS] + "..."
-
-
 def caption_with_retries(
     generate: TextGenerator,
     request: CaptionRequest,
@@ -185,32 +171,17 @@ def caption_with_retries(
 ) -> CaptionResult:
     """Ask up to ``retries + 1`` times; return the first strictly parsed answer, else a failure.
 
-    A parse error is appended to the next prompt (the model gets to fix its own answer); a
-    :class:`GenerationError` re-sends the original request after ``backoff_s * attempt`` seconds.
-    The failure keeps the last error: values are never invented for a clip the model could not do.
+    The retry rules are ``animegamer.utils.http.answer_with_retries``'s: a parse error is appended to
+    the next prompt (the model gets to fix its own answer); a :class:`GenerationError` re-sends the
+    original request after ``backoff_s * attempt`` seconds. The failure keeps the last error: values
+    are never invented for a clip the model could not do.
     """
-    attempts = retries + 1
-    next_request = request
-    last_error = ""
-    for attempt in range(1, attempts + 1):
-        try:
-            answer = generate(next_request)
-        except GenerationError as exc:
-            last_error = f"attempt {attempt}/{attempts}: generation failed: {exc}"
-            logger.warning("%s: %s", captioner, last_error)
-            next_request = request
-            if backoff_s > 0 and attempt < attempts:
-                time.sleep(backoff_s * attempt)
-            continue
-        try:
-            caption, states = parse_caption_json(answer)
-        except ValueError as exc:
-            last_error = f"attempt {attempt}/{attempts}: unusable answer: {exc}; answer was: {_snippet(answer)!r}"
-            logger.debug("%s: %s", captioner, last_error)
-            next_request = request.with_feedback(str(exc))
-            continue
-        return CaptionResult.success(caption, states, captioner, version, attempts=attempt)
-    return CaptionResult.failure(last_error, captioner, version, attempts=attempts)
+    ask = lambda feedback: generate(request if feedback is None else request.with_feedback(feedback))
+    outcome = answer_with_retries(ask, parse_caption_json, retries, captioner, backoff_s)
+    if outcome.ok:
+        caption, states = outcome.value
+        return CaptionResult.success(caption, states, captioner, version, attempts=outcome.attempts)
+    return CaptionResult.failure(outcome.error, captioner, version, attempts=outcome.attempts)
 
 
 # --------------------------------------------------------------------------- shared captioner

@@ -32,6 +32,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config, config_dir
+from animegamer.phases.specs import A_JOINT, A_WARMUP
 from animegamer.recipe import evaluation_config, train_stage
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,13 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
 def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int]) -> None:
     """Every stage's config and data, checked before the first one trains (the a2 stages without
     the warm-up export they will start from, which does not exist yet)."""
-    from animegamer.config.validate import ConfigError, validate_train_run
+    from animegamer.checks import validate_train_run
+    from animegamer.config.validate import ConfigError
     from animegamer.preflight import check_recipe
 
     problems: list[str] = []
     for v in variants:
-        stages = [("a_joint", steps[1])] + ([("a_warmup", steps[0])] if v.warmup == OWN else [])
+        stages = [(A_JOINT, steps[1])] + ([(A_WARMUP, steps[0])] if v.warmup == OWN else [])
         for phase, n in stages:
             try:
                 validate_train_run(compose_config("train", v.stage(phase, extra, n)))
@@ -122,7 +124,7 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
     if problems:
         raise ConfigError(problems)
     for v in variants:
-        check_recipe(compose_config("train", v.stage("a_joint", extra, steps[1])),
+        check_recipe(compose_config("train", v.stage(A_JOINT, extra, steps[1])),
                      evaluation=evaluation_config([f"experiment={v.experiment}", *extra]))
 
 
@@ -151,13 +153,13 @@ def score(v: Variant, extra: list[str]) -> dict:
     """The reconstruction metrics of the variant's a2 export (kept while neither it nor
     :func:`scored_with` changed)."""
     from animegamer.checkpoints.export import TRAINED_FILE
-    from animegamer.config.disk_checks import check_export_sizes
+    from animegamer.checks import check_export_sizes
     from animegamer.config.validate import ConfigError, check_evaluated_exports
     from animegamer.evaluation import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
     from animegamer.metrics.report import METRICS_FILE
     from animegamer.utils.io import sha256_file
 
-    export = v.export("a_joint")
+    export = v.export(A_JOINT)
     digest = sha256_file(Path(export) / TRAINED_FILE)
     out = v.folder / RECONSTRUCTION_FOLDER
     composed = evaluation_config([f"experiment={v.experiment}", *extra, f"evaluation.reconstruction_export={export}",
@@ -220,10 +222,10 @@ def run_table3(out: Path, names: list[str], extra: list[str], steps: tuple[int, 
     for v in variants:
         start = ""
         if v.warmup == OWN:
-            start = train_stage(v.stage("a_warmup", extra, steps[0]))["export"]
+            start = train_stage(v.stage(A_WARMUP, extra, steps[0]))["export"]
         elif v.warmup != NONE:
-            start = by_name[v.warmup].export("a_warmup")
-        train_stage(v.stage("a_joint", extra, steps[1], init_from=start))
+            start = by_name[v.warmup].export(A_WARMUP)
+        train_stage(v.stage(A_JOINT, extra, steps[1], init_from=start))
         rows[v.name] = score(v, extra)
     files = write_table(out, rows, variants)
     log.info("Table 3: %s (%s)", files["md"], ", ".join(f"{n}: CLIP-I {_cell(r['clip_i'])}" for n, r in rows.items()))

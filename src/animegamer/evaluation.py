@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from animegamer.config.schema import RunConfig
+from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
 from animegamer.metrics.common import available, mean_metric, unavailable
@@ -160,15 +160,16 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
 
     import torch
 
-    from animegamer.data.phase_a import phase_a_dataset
+    from animegamer.data.phase_a import FEATURES, phase_a_dataset
     from animegamer.metrics.setup import describe_setup
     from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.phases.common import step_generator
-    from animegamer.phases.phase_a import ClipBatch, PhaseA
+    from animegamer.models.reconstruction import ClipBatch, build_reconstruction
+    from animegamer.utils.randomness import step_generator
 
     e = cfg.evaluation
-    run = replace(cfg, phase=replace(cfg.phase, name="a_joint", init_from=e.reconstruction_export, input="features"))
-    module = PhaseA(run).eval()
+    model = build_reconstruction(cfg, [e.reconstruction_export]).eval()
+    param = next(model.parameters())
+    run = replace(cfg, phase=PhaseAConfig(input=FEATURES))  # the held-out clips' feature shards, as phase (a) reads them
     vae = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae
     dataset = phase_a_dataset(run, "val")
     count = min(e.reconstruction_clips, len(dataset))
@@ -179,11 +180,11 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
         item = dataset[index]
         clips = ClipBatch(item["latents"][None], item["text"][None], item["image"][None], item["flow"][None])
         with torch.no_grad():
-            latents = module.reconstruct(clips, step_generator(cfg.seed, index, 0), e.sampling_steps)
+            latents = model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
+                                        e.sampling_steps)
             frames = (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
         rows.append(scorers.turn(frames, truth[key], "", ""))
-    param = next(module.parameters())
-    setup = describe_setup(cfg.model.name, {"encoder + decoder": module.model, "VAE": vae}, param.device, param.dtype,
+    setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,
                            sampling_steps=e.sampling_steps or cfg.model.diffusion.sampling_steps)
     return {"clips": count, "export": e.reconstruction_export, "setup": setup,
             "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
@@ -194,7 +195,7 @@ def game_setup(cfg: RunConfig, models) -> dict:
     """The model, precision and hardware the benchmark was played with (report.md's "Setup")."""
     from animegamer.metrics.setup import describe_setup
 
-    parts = {"MLLM": models.mllm, "renderer (encoder + decoder)": models.renderer, "VAE": models.vae}
+    parts = {"MLLM": models.mllm.model, "renderer (encoder + decoder)": models.renderer, "VAE": models.vae}
     return describe_setup(cfg.model.name, parts, models.device, models.dtype,
                           sampling_steps=cfg.evaluation.sampling_steps or cfg.model.diffusion.sampling_steps)
 
@@ -213,6 +214,7 @@ def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
     from animegamer.config.trained_data import clip_manifest
     from animegamer.game import load_game_models, read_level_flow
+    from animegamer.metrics.judge import judge_report_games
     from animegamer.metrics.report import write_report
 
     e = cfg.evaluation
@@ -230,6 +232,7 @@ def evaluate(cfg: RunConfig) -> dict:
                         "completed_turns": sum(g["completed"] for g in games),
                         "renderer": e.renderer_export, "mllm": e.mllm_export}
     metrics["setup"] = game_setup(cfg, models)
+    metrics["judge"] = judge_report_games(e.judge, games)  # Table 2; unavailable without an endpoint
     if e.reconstruction_export:
         metrics["reconstruction"] = write_reconstruction(cfg, scorers, out / RECONSTRUCTION_FOLDER)
     files = write_report(out, metrics, games)

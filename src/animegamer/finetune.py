@@ -18,6 +18,7 @@ from pathlib import Path
 from animegamer.config.trained_data import trained_clip_size
 from animegamer.errors import MissingInputError
 from animegamer.errors import exit_on_user_error
+from animegamer.phases.specs import A_JOINT
 from animegamer.recipe import Recipe, run_recipe
 from animegamer.utils.logging import setup_logging
 
@@ -26,7 +27,7 @@ DEFAULT_STEPS = (2000, 1500, 1000)  # phases a2, b, c: a tenth of the paper's sc
 
 def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
-    start_a = start / "a_joint" / "export"
+    start_a = start / A_JOINT / "export"
     size = trained_clip_size(start_a)
     if size is None:
         raise MissingInputError(f"{start_a}: not an export folder (no export.json); --from names a run folder "

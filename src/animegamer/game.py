@@ -49,12 +49,13 @@ from animegamer.errors import InvalidInputError, OutputExistsError, UserError, e
 from animegamer.mllm.predict import HistoryTurn, Prediction, predict_next, window
 from animegamer.mllm.sequence import Turn
 from animegamer.pages import POSTER_SUFFIX, poster_path, save_poster
+from animegamer.utils.randomness import step_seed
 
 log = logging.getLogger("animegamer.game")  # the same name under ``python -m animegamer.game``
 
 __all__ = [
     "CHARACTER_STATES", "INITIAL_STATE", "STATE_STEP", "STATE_RANGE", "GameModels", "TurnResult", "Game",
-    "GameWriter", "load_game_models", "play_game", "update_states", "unconditional_rep", "read_level_flow",
+    "GameWriter", "load_game_models", "play_game", "update_states", "read_level_flow",
     "read_instructions", "window", "main",
 ]
 
@@ -79,8 +80,8 @@ def clip_name(index: int) -> str:
 # --------------------------------------------------------------------------- models
 @dataclass
 class GameModels:
-    """Everything a turn runs: MLLM (PhaseB or any object with ``.model``, ``.tokenizer``, ``.ids``),
-    renderer (``ReconstructionModel``: its encoder gives the unconditional branch, its decoder
+    """Everything a turn runs: MLLM (a ``TokenizedMLLM`` or any object with ``.model``, ``.tokenizer``,
+    ``.ids``), renderer (``ReconstructionModel``: its encoder gives the unconditional branch, its decoder
     samples), the VAE, the level -> flow table and the run config."""
 
     mllm: object
@@ -127,18 +128,6 @@ def read_level_flow(manifest: str | Path) -> dict[int, float]:
     return check_level_flow(table)
 
 
-def _has_lora(export: str | Path) -> bool:
-    from safetensors import safe_open
-
-    from animegamer.checkpoints.export import TRAINED_FILE
-
-    path = Path(export) / TRAINED_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{export}: not an export folder (no {TRAINED_FILE})")
-    with safe_open(str(path), framework="pt") as f:
-        return any(".lora_A." in k or ".lora_B." in k for k in f.keys())
-
-
 def _as_list(exports: str | Path | Sequence[str | Path] | None) -> list[str]:
     if exports is None or exports == "":
         return []
@@ -176,11 +165,11 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     empty when the config's official checkpoint provides that network. Everything ends frozen, in
     eval mode, on ``device`` (CUDA when available) in ``dtype`` (bfloat16 on CUDA, float32 on CPU).
     """
-    from animegamer.checkpoints.export import load_export
-    from animegamer.config.validate import ConfigError, check_decoder_compile
+    from animegamer.config.validate import ConfigError
+    from animegamer.models.decoder import check_decoder_compile
     from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.phases.phase_a import ReconstructionModel, import_official
-    from animegamer.phases.phase_b import PhaseB
+    from animegamer.models.game_mllm import build_game_mllm
+    from animegamer.models.reconstruction import build_reconstruction
 
     problems = check_decoder_compile(cfg.model.decoder, training=False)
     if problems:
@@ -196,22 +185,14 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     mllm_exports = _as_list(mllm_export)
     if not mllm_exports and not cfg.model.mllm.official_checkpoint:
         raise ValueError("no MLLM weights: give a phase (b) export or set model.mllm.official_checkpoint")
-    mllm = PhaseB(cfg)
-    for export in mllm_exports:
-        load_export(export, mllm.model)
+    mllm = build_game_mllm(cfg, mllm_exports)
     merge_for_play(mllm.model)
-    mllm = _frozen(mllm, device, dtype)
+    mllm.model = _frozen(mllm.model, device, dtype)
 
     renderer_exports = _as_list(renderer_export)
     if not renderer_exports and not cfg.model.decoder.official_checkpoint:
         raise ValueError("no renderer weights: give a phase (a) export or set model.decoder.official_checkpoint")
-    renderer = ReconstructionModel(cfg)
-    if any(_has_lora(e) for e in renderer_exports):
-        renderer.decoder.add_lora()
-    if cfg.model.decoder.official_checkpoint:
-        import_official(renderer, cfg.model.decoder.official_checkpoint)
-    for export in renderer_exports:
-        load_export(export, renderer)
+    renderer = build_reconstruction(cfg, renderer_exports)
     merge_for_play(renderer.decoder)
     renderer = _frozen(renderer, device, dtype)
 
@@ -222,16 +203,6 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
                             "decoder": cfg.model.decoder.official_checkpoint}}
     log.info("game models on %s (%s): mllm %s, renderer %s", device, dtype, mllm_exports, renderer_exports)
     return GameModels(mllm, renderer, vae, level_flow, cfg, sources)
-
-
-@torch.no_grad()
-def unconditional_rep(renderer: torch.nn.Module, cfg: RunConfig) -> torch.Tensor:
-    """(1, N, D): the encoder on zero text and image features, as ``ReconstructionModel.unconditional``."""
-    enc = cfg.model.encoder
-    param = next(renderer.encoder.parameters())
-    text = torch.zeros(1, enc.text_tokens, enc.text_dim, device=param.device, dtype=param.dtype)
-    image = torch.zeros(1, enc.image_tokens, enc.image_dim, device=param.device, dtype=param.dtype)
-    return renderer.encoder(text, image)
 
 
 # --------------------------------------------------------------------------- states
@@ -320,8 +291,6 @@ class Game:
         return len(self._history)
 
     def turn_seed(self, index: int) -> int:
-        from animegamer.phases.common import step_seed
-
         return step_seed(self.seed, index, 0)
 
     # ---- one turn
@@ -331,7 +300,7 @@ class Game:
 
     def _unconditional(self) -> torch.Tensor:
         if self._uncond is None:
-            self._uncond = unconditional_rep(self.models.renderer, self.cfg)
+            self._uncond = self.models.renderer.encoder.unconditional()
         return self._uncond
 
     def flow_for(self, level: int) -> float:
@@ -556,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
     """Every missing or mismatched input of the command line, found before any model is built."""
     from animegamer.checkpoints.export import TRAINED_FILE
-    from animegamer.config.disk_checks import check_export_sizes
+    from animegamer.checks import check_export_sizes
 
     problems = []
     if args.max_turns < 0 or args.window_turns < 0:

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from animegamer.config.trained_data import TRAINED_DATA_KEY, trained_data_record
 from animegamer.utils.io import atomic_dir
 from animegamer.utils.state import clean_name, require
 
@@ -48,8 +49,6 @@ def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[
     carries the encoder it did not train, so a renderer loads from one folder). ``state``: see
     :func:`trained_state`. A ``meta["config"]`` (the resolved run config) adds the record of the data
     the run trained on (:func:`animegamer.config.trained_data.trained_data_record`)."""
-    from animegamer.config.trained_data import TRAINED_DATA_KEY, trained_data_record
-
     folder = Path(folder)
     state = trained_state(module, extra, state)
     config = meta.get("config")
@@ -87,7 +86,3 @@ def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...]
             params[name].copy_(value.to(params[name].dtype))
     log.info("loaded %d tensors from %s", len(tensors), folder)
     return sorted(tensors)
-
-
-def read_export_meta(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / EXPORT_FILE).read_text())

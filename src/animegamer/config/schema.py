@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import List
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
-# Paper numbers that several nodes derive from (DESIGN section 3 and 5).
+# Paper numbers that several nodes derive from (see docs/architecture.md, 'Clip shards' and 'Networks').
 PAPER_CLIP_FPS = 8
 PAPER_CLIP_FRAMES = 17
 PAPER_CLIP_HEIGHT = 480
@@ -82,7 +83,7 @@ PAPER_IMAGE_TOKENS = 196  # (224 / 16) ** 2 CLIP patches
 
 @dataclass
 class ActionEncoderConfig:
-    """The action-aware encoder E(text, image) -> N x D (DESIGN section 5)."""
+    """The action-aware encoder E(text, image) -> N x D (see docs/architecture.md, 'Networks')."""
 
     text_dim: int = 4096  # T5 width
     image_dim: int = 768  # CLIP width
@@ -95,14 +96,9 @@ class ActionEncoderConfig:
     layernorm_eps: float = 1e-5
 
 
-# torch.compile modes for model.decoder.compile_mode; those that record CUDA graphs (sampling only).
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
 @dataclass
 class DecoderConfig:
-    """CogVideoX-2B transformer with the motion-scope embedder and LoRA (DESIGN section 5)."""
+    """CogVideoX-2B transformer with the motion-scope embedder and LoRA (see docs/architecture.md, 'Networks')."""
 
     path: str = ""  # local diffusers transformer folder (CogVideoX-2B); '' = random weights
     # The official release's decoder (SAT mp_rank_00_model_states.pt or its folder), loaded over the
@@ -141,7 +137,7 @@ class DecoderConfig:
 
 @dataclass
 class DiffusionConfig:
-    """Zero-terminal-SNR v-prediction DDPM of CogVideoX, and its sampler (DESIGN section 5)."""
+    """Zero-terminal-SNR v-prediction DDPM of CogVideoX, and its sampler (see docs/architecture.md, 'Networks')."""
 
     num_train_timesteps: int = 1000
     beta_start: float = 0.00085
@@ -155,7 +151,7 @@ class DiffusionConfig:
 
 @dataclass
 class MLLMConfig:
-    """The game-state MLLM (DESIGN sections 4 and 5): Mistral-7B + LoRA + projections."""
+    """The game-state MLLM: Mistral-7B + LoRA + projections (see docs/architecture.md, 'Networks')."""
 
     path: str = ""  # local Mistral-7B-Instruct-v0.1 folder; '' = random weights at the sizes below
     tokenizer: str = ""  # local tokenizer folder; '' = the LLM folder, or a byte tokenizer for random builds
@@ -291,7 +287,8 @@ class SessionsConfig:
 
 @dataclass
 class RepresentationsConfig:
-    """The representation step: a trained phase (a) encoder over the feature shards (DESIGN 3)."""
+    """The representation step: a trained phase (a) encoder over the feature shards (see
+    docs/architecture.md, 'Representation shards')."""
 
     export: str = ""  # phase (a) export folder; the step runs only when this is set
     dtype: str = "float16"
@@ -337,9 +334,13 @@ class PipelineConfig:
 # --------------------------------------------------------------------------- training
 @dataclass
 class PhaseConfig:
-    """The ``phase/`` group: what trains and how (DESIGN section 5)."""
+    """The ``phase/`` group's fields common to every phase: its name, the optimiser and schedule, the
+    batch, where it starts from, validation. Each phase's own fields are in its subclass below, and
+    each ``configs/phase/*.yaml`` defaults to its phase's schema, so a field that means nothing in a
+    phase (``phase.pack_tokens`` in phase (a)) is rejected when the config is composed. The names and
+    what each phase is: ``animegamer.phases.specs``."""
 
-    name: str = "a_joint"  # a_warmup | a_joint | b | c
+    name: str = MISSING  # set by each configs/phase/*.yaml
     max_steps: int = 80_000
     lr: float = 2e-4
     warmup_steps: int = 1000
@@ -350,23 +351,44 @@ class PhaseConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     batch_size: int = 1  # per device
-    # Phase (b): pack the batch's sequences into rows of at most this many tokens instead of padding
-    # each to the longest (0 = pad). Same losses; fewer padded tokens (mllm.packing). Rows are then
-    # rounded up by pad_to_multiple.
-    pack_tokens: int = 0
-    # Phase (b): round each batch's length up to a multiple of this (0 = the longest sequence). cuDNN's
-    # attention builds (compiles) a graph per new shape, ~0.4 s each; windows of 1..5 turns give a new
-    # length nearly every step, so unrounded lengths cost a rebuild per step. 64 bounds the shapes to
-    # ~25 and pads ~4 % of the tokens.
-    pad_to_multiple: int = 64
-    text_dropout: float = 0.05  # CFG dropout of the text branch
-    image_dropout: float = 0.05  # CFG dropout of the image branch
-    random_frame: bool = False  # Table 3 ablation: condition on a random frame, not the first
-    input: str = "features"  # features (precomputed) | clips (frozen encoders run in the step)
     init_from: str = ""  # export folder of an earlier stage/phase to start from (a_joint <- a_warmup)
     val_every_n_steps: int = 1000
     val_clips: int = 2  # clips decoded and logged at each validation
     val_sampling_steps: int = 0  # 0 = model.diffusion.sampling_steps
+
+
+@dataclass
+class PhaseAConfig(PhaseConfig):
+    """Phase (a), both stages: the encoder and decoder reconstruct clips from (text, first frame)."""
+
+    text_dropout: float = 0.05  # CFG dropout of the text branch
+    image_dropout: float = 0.05  # CFG dropout of the image branch
+    random_frame: bool = False  # Table 3 ablation: condition on a random frame, not the first
+    input: str = "features"  # features (precomputed) | clips (frozen encoders run in the step)
+
+
+@dataclass
+class PhaseBConfig(PhaseConfig):
+    """Phase (b): the game-state MLLM learns the next turn from windows of a session."""
+
+    # Pack the batch's sequences into rows of at most this many tokens instead of padding each to the
+    # longest (0 = pad). Same losses; fewer padded tokens (mllm.packing). Rows are then rounded up by
+    # pad_to_multiple.
+    pack_tokens: int = 0
+    # Round each batch's length up to a multiple of this (0 = the longest sequence). cuDNN's attention
+    # builds (compiles) a graph per new shape, ~0.4 s each; windows of 1..5 turns give a new length
+    # nearly every step, so unrounded lengths cost a rebuild per step. 64 bounds the shapes to ~25 and
+    # pads ~4 % of the tokens.
+    pad_to_multiple: int = 64
+
+
+@dataclass
+class PhaseCConfig(PhaseConfig):
+    """Phase (c): the decoder adapts to the MLLM's predicted representations."""
+
+    # Probability that a sample's predicted representation is replaced by the unconditional one (the
+    # encoder on zeroed text and image), so the decoder keeps learning the CFG branch.
+    unconditional_rep_prob: float = 0.05
 
 
 @dataclass
@@ -442,6 +464,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """``evaluation.judge``: the MLLM judge of Table 2, any OpenAI-compatible chat endpoint with image input
+    (a hosted model, or a local server such as vLLM serving an open VLM)."""
+
+    url: str = ""  # base URL, e.g. http://127.0.0.1:8000/v1; '' -> the judge's scores are reported unavailable
+    model_name: str = ""  # the model name sent to the endpoint (and shown in the report)
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key (never the key itself)
+    samples: int = 3  # independent judgements per game: the report gives their mean and spread
+    frames_per_turn: int = 4  # evenly spaced frames of each turn's clip, first and last included
+    image_max_side: int = 448  # frames are scaled down to this longest side before sending
+    temperature: float = 0.7  # > 0: the samples are independent draws of the judge
+    max_tokens: int = 300
+    retries: int = 2  # per sample: a malformed answer or a failed request is asked again this many times
+    timeout_s: float = 120.0
+
+
+@dataclass
 class EvalConfig:
     """``evaluate.py``: benchmark games, the trained game to play, and the metric models."""
 
@@ -456,6 +495,7 @@ class EvalConfig:
     reconstruction_clips: int = 8
     sampling_steps: int = 0  # 0 = model.diffusion.sampling_steps
     out: str = "outputs/eval"
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
@@ -481,11 +521,16 @@ class RunConfig:
     log_level: str = "INFO"
 
 
+# configs/phase/<name>.yaml -> the schema it defaults to (its ``defaults`` list names it).
+PHASE_SCHEMAS = {"phase_a_schema": PhaseAConfig, "phase_b_schema": PhaseBConfig, "phase_c_schema": PhaseCConfig}
+
+
 def register_configs() -> None:
     """Register every schema; idempotent so tests and entry points may both call it."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="phase", name="phase_schema", node=PhaseConfig)
+    for name, node in PHASE_SCHEMAS.items():
+        cs.store(group="phase", name=name, node=node)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

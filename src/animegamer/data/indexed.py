@@ -268,8 +268,3 @@ class StepSampler(Sampler[int]):
         if self.total is None:
             raise TypeError("an endless sampler has no length")
         return max(0, self.total - self.start)
-
-
-def split_keys(keys: Sequence[str], val_fraction: float) -> tuple[set[str], set[str]]:
-    val = {k for k in keys if key_fraction(k) < val_fraction}
-    return set(keys) - val, val

@@ -15,7 +15,7 @@ from animegamer.data.split import held_out
 from data_pipeline.captioners.base import STATUS_OK
 
 FEATURES, CLIPS = "features", "clips"
-INPUTS = (FEATURES, CLIPS)
+INPUTS = (FEATURES, CLIPS)  # phase.input: precomputed features or raw clips
 # What a good sample holds (ranks; shapes must also match the first good samples').
 FEATURE_ARRAYS = ExpectArrays({"latents.npy": 4, "text.npy": 2, "image.npy": 2})
 CLIP_ARRAYS = ExpectArrays({"mp4": (None, None, None, 3)})  # (T, H, W, RGB)

@@ -11,6 +11,7 @@ from animegamer.config.schema import RunConfig
 from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler
 from animegamer.data.split import held_out
 from animegamer.mllm.collate import Example, Session, WindowSampler, collate_sequences, make_example
+from animegamer.mllm.packing import pack_sequences
 from animegamer.mllm.tokens import TokenIds
 
 REPS = "reps.npy"
@@ -88,8 +89,6 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
     per_step = cfg.phase.batch_size * cfg.trainer.accumulate_grad_batches
     sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step, with_position=True)
     if cfg.phase.pack_tokens:
-        from animegamer.mllm.packing import pack_sequences
-
         collate = partial(pack_sequences, pad_id=pad_id, capacity=cfg.phase.pack_tokens,
                           pad_to_multiple_of=cfg.phase.pad_to_multiple)
     else:

@@ -36,7 +36,7 @@ def read_manifest(folder: str | Path) -> dict:
 
 def decode_video(data: bytes) -> np.ndarray:
     """mp4 bytes -> (T, H, W, 3) uint8 RGB with decord."""
-    import decord
+    import decord  # loads ffmpeg's libraries: only readers that decode video need them
 
     reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
     return reader.get_batch(list(range(len(reader)))).asnumpy()

@@ -1,4 +1,4 @@
-"""The decoder's diffusion process: CogVideoX's noise schedule, training loss and sampler (DESIGN 5).
+"""The decoder's diffusion process: CogVideoX's noise schedule, training loss and sampler.
 
 - ``schedule``: the zero-terminal-SNR, SNR-shifted, v-prediction DDPM of CogVideoX-2B, built with
   diffusers' own CogVideoX schedulers so that training and sampling read the same ``alpha_bar``.

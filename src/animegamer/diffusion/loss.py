@@ -1,4 +1,4 @@
-"""Forward noising, velocity targets and CogVideoX's training loss (DESIGN section 5).
+"""Forward noising, velocity targets and CogVideoX's training loss.
 
 Notation: a = alpha_bar_t (from :func:`animegamer.diffusion.schedule.alphas_cumprod`), eps ~ N(0, I).
 

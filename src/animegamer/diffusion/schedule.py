@@ -1,6 +1,6 @@
 """CogVideoX-2B's noise schedule, built with diffusers' CogVideoX schedulers.
 
-The schedule (DESIGN section 5) is CogVideoX-2B's: scaled-linear betas 0.00085..0.012 over 1000 steps,
+The schedule is CogVideoX-2B's: scaled-linear betas 0.00085..0.012 over 1000 steps,
 an SD3-style SNR shift (``alpha_bar / (s + (1 - s) alpha_bar)``, s = 3) and then the zero-terminal-SNR
 rescale of Lin et al. 2023 (so ``alpha_bar[999] == 0`` exactly: the last training step is pure noise),
 v-prediction, "trailing" timestep spacing at sampling time (the first sampling step is t = 999, the

@@ -24,9 +24,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from animegamer.models.frozen_encoders import FrozenClipVision, _check_loading_info, _find_folder, _seeded
+from animegamer.models.frozen_encoders import FrozenClipVision, _check_loading_info, _find_folder
+from animegamer.utils.randomness import seeded
 
 logger = logging.getLogger(__name__)
+# transformers takes seconds to import: it is imported inside the functions that build a scorer or read
+# its folder, so importing the metrics costs nothing until CLIP scores are computed.
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json")
@@ -122,7 +125,7 @@ class ClipScorer:
             vision_config=dict(tower, image_size=image_size, patch_size=patch_size),
             projection_dim=projection_dim,
         )
-        with _seeded(seed):
+        with seeded(seed):
             model = CLIPModel(config)
         return cls(model, tokenizer, source=f"random(seed={seed})", batch_size=batch_size)
 

@@ -21,7 +21,9 @@ from typing import Iterator, Union
 
 import numpy as np
 import torch
+import torch.hub as hub
 import torch.nn.functional as F
+from PIL import Image
 
 from animegamer.metrics.common import Metric, available, unavailable
 
@@ -56,8 +58,6 @@ class DreamSimScorer:
     @staticmethod
     def preprocess(frames: ArrayLike) -> torch.Tensor:
         """uint8 (N, H, W, 3) -> float (N, 3, 224, 224) in [0, 1]: DreamSim's own PIL bicubic squash."""
-        from PIL import Image
-
         arr = frames.cpu().numpy() if isinstance(frames, torch.Tensor) else np.asarray(frames)
         if arr.ndim == 3:
             arr = arr[None]
@@ -112,8 +112,6 @@ def dreamsim_missing(path: str, dreamsim_type: str = "ensemble") -> str:
 @contextlib.contextmanager
 def _no_downloads() -> Iterator[None]:
     """Make torch.hub's download / GitHub checks raise, so loading never reaches the network."""
-    import torch.hub as hub
-
     def refuse(*args, **kwargs):
         raise RuntimeError("network access is disabled while loading DreamSim (weights must be local)")
 
@@ -136,7 +134,7 @@ def try_load_dreamsim(
         logger.info("DreamSim unavailable: %s", reason)
         return None, reason
     try:
-        from dreamsim import dreamsim
+        from dreamsim import dreamsim  # an optional dependency: its absence is a reason, checked above
 
         with _no_downloads():
             # dreamsim < 0.2 has no dreamsim_type argument (it only knows the ensemble).

@@ -130,6 +130,7 @@ def _jsonable(obj: Any) -> Any:
 # --------------------------------------------------------------------------- plots
 def _figure(width: float = 6.0, height: float = 4.0):
     """A pyplot-free Agg figure: no global backend switch, no figure registry to leak."""
+    # matplotlib takes over a second to import: loaded only when a report draws its plots.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -298,6 +299,10 @@ def _markdown(
     notes.append('"n/a (reason)" marks a metric that could not be measured (e.g. missing local weights): '
                  "it is not a zero.")
     lines += [" ".join(notes), ""]
+    if metrics.get("judge"):
+        from animegamer.metrics.judge import table2_lines  # late: ``python -m animegamer.metrics.judge`` runs it
+
+        lines += table2_lines(metrics["judge"]) + [""]
     if "consistency_plot" in plots:
         lines += ["## Consistency per turn", "", f"![consistency per turn]({plots['consistency_plot'].name})", ""]
     motion = metrics.get("motion") or {}

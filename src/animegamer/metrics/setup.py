@@ -6,11 +6,14 @@ never read as a like-for-like comparison.
 """
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 from typing import Mapping
 
 CPU_INFO = Path("/proc/cpuinfo")
+# torch is imported inside the functions that read it: the report writer imports this module and renders
+# metrics files without loading torch.
 
 
 def parameter_count(module) -> int:
@@ -21,8 +24,6 @@ def parameter_count(module) -> int:
 
 def cpu_model() -> str:
     """The CPU's model name (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` knows) and core count."""
-    import os
-
     name = ""
     if CPU_INFO.is_file():
         for line in CPU_INFO.read_text(errors="replace").splitlines():

@@ -1,4 +1,4 @@
-"""The game-state MLLM's data side (DESIGN section 4): vocabulary, sequence layout, masks, batches.
+"""The game-state MLLM's data side: vocabulary, sequence layout, masks, batches.
 
 - ``tokens``: the 284 AnimeGamer token names, tokenizer loading (local folder or an offline byte
   tokenizer), adding the tokens, :class:`TokenIds` (every id looked up by name), embedding resize.

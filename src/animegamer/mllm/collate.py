@@ -97,6 +97,14 @@ class Session:
                        f"{self.key}@{window.start}+{window.length}" if self.key else "")
 
 
+def check_window_weights(key: str, weights: Sequence[float]) -> list[str]:
+    """The relative weights of window lengths 1..K (``data.window_weights``): finite, >= 0, a positive sum."""
+    values = [float(w) for w in weights]
+    if not values or any(not math.isfinite(w) or w < 0 for w in values) or sum(values) <= 0:
+        return [f"{key}={values} must be finite and >= 0 with a positive sum"]
+    return []
+
+
 class WindowSampler:
     """Random training windows: length n ~ ``weights[n-1]`` (n = 1..K), then an end turn uniformly.
 
@@ -105,10 +113,10 @@ class WindowSampler:
     """
 
     def __init__(self, weights: Sequence[float], seed: int = 0):
-        weights = [float(w) for w in weights]
-        if not weights or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"window weights must be finite, >= 0, with a positive sum, got {weights}")
-        self.weights = weights
+        problems = check_window_weights("window weights", weights)
+        if problems:
+            raise ValueError(problems[0])
+        self.weights = [float(w) for w in weights]
         self.reseed(seed)
 
     def reseed(self, seed: int) -> None:

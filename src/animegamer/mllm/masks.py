@@ -1,4 +1,4 @@
-"""Attention masks of the game-state sequence (DESIGN section 4).
+"""Attention masks of the game-state sequence.
 
 The rule, for query position i and key position j of one sample:
 
@@ -15,6 +15,7 @@ Three forms of the same rule: :func:`allowed_matrix` (bool, True = allowed), :fu
 from __future__ import annotations
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 
 
 def _check(query_mask: torch.Tensor, padding_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,8 +74,6 @@ def flex_block_mask(query_mask: torch.Tensor, padding_mask: torch.Tensor, block_
 
     ``compiled=True`` builds it with torch.compile (faster for long sequences on GPU).
     """
-    from torch.nn.attention.flex_attention import create_block_mask
-
     query, valid = _check(query_mask, padding_mask)
     batch, length = query.shape
     return create_block_mask(mask_mod_for(query, valid, document_ids), batch, None, length, length, device=query.device,

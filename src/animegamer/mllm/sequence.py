@@ -1,4 +1,4 @@
-"""Game-state sequences: the exact token layout of DESIGN section 4, for training and inference.
+"""Game-state sequences: the official token layout, for training and inference.
 
 A sequence is ``<s>`` then one block per turn, history turns first, the target turn last::
 

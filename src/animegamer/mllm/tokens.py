@@ -1,4 +1,4 @@
-"""The AnimeGamer vocabulary: token names, tokenizer loading, id lookup, embedding resize (DESIGN 4).
+"""The AnimeGamer vocabulary: token names, tokenizer loading, id lookup, embedding resize.
 
 The 284 tokens are generated from named counts in the official order; appended to Mistral's
 32000-token vocabulary they get the official ids 32000..32283. Ids are never written as numbers
@@ -11,7 +11,11 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers import models as tokenizer_models
 
+# transformers (seconds to import) is imported where a tokenizer is made: configuration checks read this
+# module's names without it.
 logger = logging.getLogger(__name__)
 
 NUM_FRAME_TOKENS = 256  # <frame_00000>..<frame_00255>: room for up to 256 query tokens (paper N = 226)
@@ -62,14 +66,13 @@ def byte_tokenizer():
     Llama's tokenizer does, and ``<unk>`` doubles as the pad token (as in the official tokenizer).
     For tiny random models and tests; call :func:`add_animegamer_tokens` on it like on any other.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     unk, bos, eos = BYTE_SPECIALS
     vocab = {name: i for i, name in enumerate(BYTE_SPECIALS)}
     for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[char] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk))
+    backend = Tokenizer(tokenizer_models.BPE(vocab=vocab, merges=[], unk_token=unk))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.TemplateProcessing(
@@ -100,8 +103,6 @@ def add_animegamer_tokens(tokenizer) -> list[str]:
     They are added as special tokens (never split, not normalized), so a Mistral tokenizer of 32000
     gets exactly the official ids 32000..32283; the official tokenizer gets nothing.
     """
-    from tokenizers import AddedToken
-
     vocab = tokenizer.get_vocab()
     missing = [name for name in ANIMEGAMER_TOKENS if name not in vocab]
     if missing:

@@ -1,6 +1,6 @@
 """MotionScope decoder: CogVideoX-2B's transformer conditioned on the representation and motion scope.
 
-Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward (DESIGN section 5):
+Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward:
 
 - **Representation as the text stream.** The pretrained ``patch_embed.text_proj`` (T5 4096 ->
   hidden) is replaced by ``nn.Identity``: the representation already has the hidden width and is
@@ -20,7 +20,6 @@ Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward 
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
@@ -28,9 +27,10 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from animegamer.config.schema import CUDA_GRAPH_MODES, PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
+from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
+from animegamer.config.validate import choice
+from animegamer.models import lora
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
-from animegamer.utils.state import peft_adapter_state
 
 if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
     from diffusers import CogVideoXTransformer3DModel
@@ -38,14 +38,15 @@ if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
 
 logger = logging.getLogger(__name__)
 
-LORA_ADAPTER = "default"  # peft adapter name; get_peft_model_state_dict strips it from saved keys
-LORA_WEIGHTS_FILE = "adapter_model.safetensors"
-LORA_CONFIG_FILE = "adapter_config.json"
 FINAL_ADALN_EPS = 1e-6  # official final-layer LayerNorm eps (diffusers would use the block eps)
 FLIP_SIN_TO_COS = True  # official sinusoids put the cosine half first
 FREQ_SHIFT = 0  # official sinusoid frequencies: exp(-log(10000) * i / half)
 TIMESTEP_ACTIVATION = "silu"
 PAPER_REP_TOKENS = PAPER_TEXT_TOKENS + PAPER_IMAGE_TOKENS  # 226
+# torch.compile modes for model.decoder.compile_mode; those that record CUDA graphs (sampling only).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+DEFAULT_COMPILE_MODE = COMPILE_MODES[0]
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _TRANSFORMER_SUBFOLDERS = ("", "transformer")
 _DIFFUSERS_CONFIG = "config.json"
 # Settings a checkpoint folder must share with the config: the sizes the rest of the code relies
@@ -58,8 +59,17 @@ _ADALN_SUFFIXES = (".norm1.linear.weight", ".norm1.linear.bias", ".norm2.linear.
 _FINAL_ADALN_PREFIX = "transformer.norm_out.linear."
 _OFS_KEY_PREFIX = "ofs_embedding."
 _MOTION_SCOPE_PREFIX = "transformer." + _OFS_KEY_PREFIX
-_LORA_MARKERS = (".lora_A.", ".lora_B.")
-_PEFT_BASE = ".base_layer."
+
+
+def check_decoder_compile(dec: DecoderConfig, training: bool) -> list[str]:
+    """``model.decoder.compile_mode``: a torch.compile mode, and CUDA graphs only where nothing trains."""
+    problems = choice("model.decoder.compile_mode", str(dec.compile_mode), COMPILE_MODES)
+    if dec.compile_mode != DEFAULT_COMPILE_MODE and not dec.compile:
+        problems.append(f"model.decoder.compile_mode={dec.compile_mode!r} needs model.decoder.compile=true")
+    if training and dec.compile_mode in CUDA_GRAPH_MODES:
+        problems.append(f"model.decoder.compile_mode={dec.compile_mode!r} records CUDA graphs, for sampling only "
+                        "(the game, evaluation); training takes default or max-autotune-no-cudagraphs")
+    return problems
 
 
 # --------------------------------------------------------------------------- building
@@ -239,48 +249,50 @@ class MotionScopeDecoder(nn.Module):
             self.transformer.disable_gradient_checkpointing()
         checkpoint_every(self.transformer.transformer_blocks, every if enabled and every > 1 else 0, context_fn)
 
+    # ----------------------------------------------------------------------- LoRA
+    @property
+    def peft_module(self) -> nn.Module:
+        """The module the LoRA adapter lives in (:mod:`animegamer.models.lora`)."""
+        return self.transformer
+
     @property
     def has_lora(self) -> bool:
-        return LORA_ADAPTER in getattr(self.transformer, "peft_config", {})
+        return lora.has_adapter(self.transformer)
 
     def lora_config(self, rank: Optional[int] = None, alpha: Optional[float] = None,
                     targets: Optional[List[str]] = None) -> "LoraConfig":
-        """peft LoraConfig (scaling alpha / r, no dropout, B = 0 at init); unset fields from the config."""
-        from peft import LoraConfig
-
-        return LoraConfig(r=rank or self.cfg.lora_rank,
-                          lora_alpha=alpha if alpha is not None else self.cfg.lora_alpha,
-                          target_modules=sorted(targets or self.cfg.lora_targets), lora_dropout=0.0, bias="none",
-                          init_lora_weights=True)
+        """The decoder's LoRA (no dropout); unset fields from the config."""
+        return lora.make_config(self.cfg, rank, alpha, targets)
 
     def add_lora(self, config: Optional["LoraConfig"] = None) -> None:
-        """Inject the LoRA adapter; the output is unchanged at init because lora_B starts at zero.
-
-        peft marks every non-adapter parameter frozen when it injects; the previous flags are
-        restored so trainability stays the phase's decision, not a side effect of adding LoRA.
-        """
+        """Inject the LoRA adapter; the output is unchanged at init because lora_B starts at zero, and
+        what trains stays as it was, plus the new LoRA matrices."""
         if self.has_lora:
             raise RuntimeError("the decoder already has its LoRA adapter")
-        flags = {name: p.requires_grad for name, p in self.named_parameters()}
-        # diffusers' add_adapter = peft's inject_adapter_in_model plus diffusers' own adapter bookkeeping.
-        self.transformer.add_adapter(config or self.lora_config(), adapter_name=LORA_ADAPTER)
-        for name, param in self.named_parameters():
-            # peft moved each wrapped Linear's tensors under ``base_layer``; new LoRA tensors train.
-            param.requires_grad_(flags.get(name.replace(_PEFT_BASE, "."), True))
+        lora.inject(self.transformer, config or self.lora_config())
         logger.info("decoder LoRA added: %d tensors", len(self.lora_parameters()))
 
-    # ----------------------------------------------------------------------- parameter groups
     def merge_lora(self) -> None:
         """Fold the adapter into the base weights for frozen use (play): the wrapped layers then run
         their base Linear alone, one matmul instead of three. Parameter names do not change."""
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
         if not self.has_lora:
             raise RuntimeError("the decoder has no LoRA adapter to merge")
-        for module in self.transformer.modules():
-            if isinstance(module, BaseTunerLayer) and not module.merged:
-                module.merge(adapter_names=[LORA_ADAPTER])
+        lora.merge_in_place(self.transformer)
 
+    def save_adapter(self, folder: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """Write the adapter as a peft folder (adapter_model.safetensors + adapter_config.json).
+
+        ``state``: whole tensors gathered elsewhere (FSDP saves) under this module's clean parameter
+        names, read instead of the (sharded) parameters; it must hold every LoRA matrix."""
+        if not self.has_lora:
+            raise RuntimeError("the decoder has no LoRA adapter to save")
+        return lora.save_adapter(self.transformer, folder, self.lora_parameters(), state, "transformer.")
+
+    def load_adapter(self, folder: str | Path) -> None:
+        """Load a peft adapter folder, adding the adapter (with the folder's r/alpha) when absent."""
+        lora.load_adapter(self, folder, "decoder")
+
+    # ----------------------------------------------------------------------- parameter groups
     def motion_scope_parameters(self) -> List[str]:
         """Names of the motion-scope embedder's parameters (empty without motion scope)."""
         return [n for n, _ in self.named_parameters() if n.startswith(_MOTION_SCOPE_PREFIX)]
@@ -289,7 +301,7 @@ class MotionScopeDecoder(nn.Module):
         """Names of the per-block AdaLN modulation linears (norm1.linear and norm2.linear of each block).
 
         The final layer's modulation (``norm_out.linear``) is not a per-block AdaLN and stays frozen
-        by default, as DESIGN section 5 lists only the per-block ones; ``include_final`` adds it.
+        by default, as the paper trains only the per-block ones; ``include_final`` adds it.
         """
         names = [n for n, _ in self.named_parameters()
                  if n.startswith("transformer.transformer_blocks.") and n.endswith(_ADALN_SUFFIXES)]
@@ -299,46 +311,4 @@ class MotionScopeDecoder(nn.Module):
 
     def lora_parameters(self) -> List[str]:
         """Names of the LoRA matrices (empty before ``add_lora``)."""
-        return [n for n, _ in self.named_parameters() if any(m in n for m in _LORA_MARKERS)]
-
-    # ----------------------------------------------------------------------- LoRA folders
-    def save_lora(self, folder: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Path:
-        """Write the adapter as a peft folder (adapter_model.safetensors + adapter_config.json).
-
-        ``state``: whole tensors gathered elsewhere (FSDP saves) under this module's clean parameter
-        names, read instead of the (sharded) parameters; it must hold every LoRA matrix."""
-        from safetensors.torch import save_file
-
-        if not self.has_lora:
-            raise RuntimeError("the decoder has no LoRA adapter to save")
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        state = peft_adapter_state(self.transformer, LORA_ADAPTER, state, "transformer.", self.lora_parameters())
-        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / LORA_WEIGHTS_FILE))
-        self.transformer.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
-        return folder
-
-    def load_lora(self, folder: str | Path) -> None:
-        """Load a peft adapter folder, adding the adapter (with the folder's r/alpha) when absent.
-
-        Every adapter tensor must be filled and no stray key accepted: a silently partial LoRA
-        would look like a trained model and behave like an untrained one.
-        """
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        saved = json.loads((folder / LORA_CONFIG_FILE).read_text())
-        if not self.has_lora:
-            self.add_lora(self.lora_config(rank=saved["r"], alpha=saved["lora_alpha"],
-                                           targets=saved.get("target_modules")))
-        current = self.transformer.peft_config[LORA_ADAPTER]
-        if (saved["r"], saved["lora_alpha"]) != (current.r, current.lora_alpha):
-            raise ValueError(f"adapter in {folder} has rank {saved['r']} / alpha {saved['lora_alpha']}, the "
-                             f"decoder's has rank {current.r} / alpha {current.lora_alpha}")
-        state = load_file(str(folder / LORA_WEIGHTS_FILE))
-        result = set_peft_model_state_dict(self.transformer, state, adapter_name=LORA_ADAPTER)
-        missing = [k for k in result.missing_keys if any(m in f".{k}" for m in _LORA_MARKERS)]
-        if result.unexpected_keys or missing:
-            raise ValueError(f"LoRA folder {folder} does not fit the decoder: unexpected "
-                             f"{list(result.unexpected_keys)}, missing {missing}")
+        return lora.lora_names(self)

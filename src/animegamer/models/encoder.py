@@ -1,4 +1,4 @@
-"""The action-aware multimodal encoder E(text, image) -> N x D of AnimeGamer (DESIGN section 5).
+"""The action-aware multimodal encoder E(text, image) -> N x D of AnimeGamer.
 
 Two branches map frozen features into the representation space the decoder reads as its "text"
 stream: the motion text's T5 features and the first frame's CLIP patch tokens, each through
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from animegamer.config.schema import ActionEncoderConfig
+from animegamer.config.validate import choice
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,11 @@ GELU_APPROXIMATION = "none"
 def representation_tokens(cfg: ActionEncoderConfig) -> int:
     """N for a config, without building the encoder (the MLLM's query count depends on it)."""
     return cfg.image_tokens if cfg.fusion == FUSION_ADD else cfg.text_tokens + cfg.image_tokens
+
+
+def check_encoder_config(cfg: ActionEncoderConfig) -> list[str]:
+    """``model.encoder``'s choices, before anything is built."""
+    return choice("model.encoder.fusion", cfg.fusion, FUSIONS)
 
 
 def _branch_projection(in_dim: int, width: int, mlp: bool) -> nn.Module:
@@ -92,6 +98,15 @@ class ActionAwareEncoder(nn.Module):
     def num_tokens(self) -> int:
         """N, the number of representation tokens this fusion produces."""
         return representation_tokens(self.cfg)
+
+    def unconditional(self) -> torch.Tensor:
+        """(1, N, D): the representation of zero text and image features, the classifier-free guidance
+        branch (SAT's unconditional), computed on the encoder's device in its weights' dtype."""
+        param = next(self.parameters())
+        cfg = self.cfg
+        text = torch.zeros(1, cfg.text_tokens, cfg.text_dim, device=param.device, dtype=param.dtype)
+        image = torch.zeros(1, cfg.image_tokens, cfg.image_dim, device=param.device, dtype=param.dtype)
+        return self(text, image)
 
     def encode_text(self, text: torch.Tensor) -> torch.Tensor:
         """(B, Lt, text_dim) -> (B, Lt, D)."""

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from animegamer.config.schema import ClipVisionConfig, EncodersConfig, T5Config, VAEConfig
+from animegamer.utils.randomness import seeded
 
 if TYPE_CHECKING:  # heavy imports stay inside the functions that need them
     from transformers import PreTrainedTokenizerBase
@@ -47,14 +48,6 @@ _COGVIDEOX_UP_BLOCK = "CogVideoXUpBlock3D"
 
 
 # --------------------------------------------------------------------------- shared helpers
-@contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """Seed the CPU RNG for a random build without leaking the seed into the caller's stream."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
 def _find_folder(path: str, subfolders: Sequence[str], marker_files: Sequence[str]) -> Path:
     """Return ``path`` or its first pipeline-layout subfolder that holds one of ``marker_files``.
 
@@ -153,7 +146,7 @@ class FrozenT5(_FrozenModule):
             self.model, self.tokenizer, folder = _load_t5(path, dtype)
             self.from_disk, self.source = True, str(folder)
         else:
-            with _seeded(seed):
+            with seeded(seed):
                 self.model = _random_t5(cfg)
             self.tokenizer = _byte_tokenizer(cfg.vocab_size)
             self.from_disk, self.source = False, f"random(seed={seed})"
@@ -265,7 +258,7 @@ class FrozenClipVision(_FrozenModule):
             self.model, folder = _load_clip(path, dtype)
             self.from_disk, self.source = True, str(folder)
         else:
-            with _seeded(seed):
+            with seeded(seed):
                 self.model = _random_clip(cfg)
             self.from_disk, self.source = False, f"random(seed={seed})"
         self.to(dtype)  # random builds are made in float32 first, so every dtype rounds the same weights
@@ -393,7 +386,7 @@ class FrozenVAE(_FrozenModule):
             self.model, folder = _load_vae(path, dtype)
             self.from_disk, self.source = True, str(folder)
         else:
-            with _seeded(seed):
+            with seeded(seed):
                 self.model = _random_vae(cfg)
             self.from_disk, self.source = False, f"random(seed={seed})"
         # nn.Module.to on the wrapper, not ModelMixin.to (which warns about fp32-pinned modules it has none of).

@@ -1,6 +1,6 @@
-"""The game-state MLLM of phase (b): Mistral + LoRA + representation projections (DESIGN sections 4, 5).
+"""The game-state MLLM of phase (b): Mistral + LoRA + representation projections.
 
-:class:`GameStateMLLM` reads a game-state sequence (DESIGN section 4) and returns
+:class:`GameStateMLLM` reads a game-state sequence (see docs/architecture.md, 'Game-state token layout') and returns
 
 - the language-model loss on the target turn's state tokens (shifted cross-entropy, mean over the
   label tokens of the batch),
@@ -55,22 +55,24 @@ import inspect
 import json
 import logging
 import re
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence, TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional
+from typing import Sequence, TYPE_CHECKING, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from animegamer.config.schema import MLLMConfig
+from animegamer.config.schema import MLLMConfig, ModelConfig
+from animegamer.config.validate import choice, local_folder
 from animegamer.mllm.collate import gather_queries, scatter_history
 from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
-from animegamer.mllm.tokens import resize_embeddings
+from animegamer.mllm.tokens import NUM_FRAME_TOKENS, resize_embeddings
+from animegamer.models import lora
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
-from animegamer.utils.state import clean_name, peft_adapter_state, require
+from animegamer.models.encoder import representation_tokens
+from animegamer.utils.randomness import seeded
+from animegamer.utils.state import clean_name, require
 
 if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
     from peft import LoraConfig
@@ -78,36 +80,22 @@ if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
 
 logger = logging.getLogger(__name__)
 
-LORA_ADAPTER = "default"  # peft adapter name (as in the official checkpoint keys)
-LORA_WEIGHTS_FILE = "adapter_model.safetensors"
-LORA_CONFIG_FILE = "adapter_config.json"
 MODULES_FILE = "mllm_modules.safetensors"  # projections + trained norms / embeddings
 META_FILE = "mllm_meta.json"
 # The official projections use the exact (erf) GELU (nn.GELU() defaults); the golden case checks it.
 GELU_APPROXIMATION = "none"
-ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention"}
+SDPA = "sdpa"  # the one model.mllm.attention whose kernels model.mllm.attention_backends orders
+ATTENTION_IMPLEMENTATIONS = {SDPA: "sdpa", "eager": "eager", "flex": "flex_attention"}
+ATTENTIONS = tuple(ATTENTION_IMPLEMENTATIONS)  # model.mllm.attention
 # Sizes a pretrained LLM folder must share with the config: the rest of the code is built from them.
 _ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads")
 _PEFT_PREFIX = "llm.base_model.model."
-_PEFT_BASE = ".base_layer."
 _LORA_RE = re.compile(r"\.(lora_[AB])\.[^.]+\.weight$")
-_LORA_MARKERS = (".lora_A.", ".lora_B.")
 _PROJECTIONS = ("input_proj.", "output_proj.")
 
 
 # --------------------------------------------------------------------------- helpers
-@contextmanager
-def _seeded(seed: Optional[int]) -> Iterator[None]:
-    """Seed the CPU RNG for random initialisation without leaking into the caller's stream."""
-    if seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
 def canonical_name(name: str) -> str:
     """A parameter name independent of peft wrapping: ``llm.<MistralForCausalLM name>`` or the projection name.
 
@@ -118,7 +106,7 @@ def canonical_name(name: str) -> str:
     """
     if name.startswith(_PEFT_PREFIX):
         name = "llm." + name[len(_PEFT_PREFIX):]
-    name = name.replace(_PEFT_BASE, ".")
+    name = name.replace(lora.PEFT_BASE, ".")
     return _LORA_RE.sub(r".\1.weight", name)
 
 
@@ -202,7 +190,7 @@ class GameStateMLLM(nn.Module):
         self.cfg = cfg
         self.rep_width = rep_width
         self.num_query_tokens = num_query_tokens
-        with _seeded(seed):
+        with seeded(seed):
             llm = self._build_llm(cfg, dtype, vocab_size)
             added = _resize(llm, vocab_size)
             vocab_size = llm.get_input_embeddings().weight.shape[0]
@@ -254,8 +242,13 @@ class GameStateMLLM(nn.Module):
 
     # ----------------------------------------------------------------------- structure
     @property
+    def peft_module(self) -> nn.Module:
+        """The module the LoRA adapter lives in (:mod:`animegamer.models.lora`)."""
+        return self.llm
+
+    @property
     def has_lora(self) -> bool:
-        return LORA_ADAPTER in getattr(self.llm, "peft_config", {})
+        return lora.has_adapter(self.llm)
 
     @property
     def causal_lm(self) -> "MistralForCausalLM":
@@ -264,29 +257,19 @@ class GameStateMLLM(nn.Module):
 
     def lora_config(self, rank: Optional[int] = None, alpha: Optional[float] = None,
                     targets: Optional[List[str]] = None, dropout: Optional[float] = None) -> "LoraConfig":
-        """peft LoraConfig (scaling alpha / r, B = 0 at init); unset fields from the config."""
-        from peft import LoraConfig
-
-        return LoraConfig(r=rank or self.cfg.lora_rank,
-                          lora_alpha=alpha if alpha is not None else self.cfg.lora_alpha,
-                          lora_dropout=dropout if dropout is not None else self.cfg.lora_dropout,
-                          target_modules=sorted(targets or self.cfg.lora_targets), bias="none",
-                          task_type="CAUSAL_LM", init_lora_weights=True)
+        """The MLLM's LoRA (a causal LM's); unset fields from the config."""
+        return lora.make_config(self.cfg, rank, alpha, targets,
+                                dropout=dropout if dropout is not None else self.cfg.lora_dropout,
+                                task_type="CAUSAL_LM")
 
     def add_lora(self, config: Optional["LoraConfig"] = None) -> None:
         """Wrap the LLM with peft LoRA; the output is unchanged at init (lora_B = 0).
 
         peft freezes every other LLM parameter; :meth:`apply_trainable` restores the phase's set.
         """
-        from peft import get_peft_model
-
         if self.has_lora:
             raise RuntimeError("the MLLM already has its LoRA adapter")
-        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            # autocast_adapter_dtype=False: the adapter takes the LLM's dtype; mixed precision is the trainer's.
-            self.llm = get_peft_model(self.llm, config or self.lora_config(), adapter_name=LORA_ADAPTER,
-                                      autocast_adapter_dtype=False)
+        self.llm = lora.wrap(self.llm, config or self.lora_config())
         self.apply_trainable()
 
     def merge_lora(self) -> None:
@@ -296,7 +279,7 @@ class GameStateMLLM(nn.Module):
         """
         if not self.has_lora:
             raise RuntimeError("the MLLM has no LoRA adapter to merge")
-        self.llm = self.llm.merge_and_unload()
+        self.llm = lora.merge_and_unwrap(self.llm)
         self.apply_trainable()
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
@@ -326,7 +309,7 @@ class GameStateMLLM(nn.Module):
 
     # ----------------------------------------------------------------------- parameter groups
     def lora_parameters(self) -> List[str]:
-        return [n for n, _ in self.named_parameters() if any(m in n for m in _LORA_MARKERS)]
+        return lora.lora_names(self)
 
     def norm_parameters(self) -> List[str]:
         """Weights of every RMSNorm of the LLM (per-layer input / post-attention norms and the final norm)."""
@@ -365,7 +348,7 @@ class GameStateMLLM(nn.Module):
 
     def _saved_module_names(self) -> List[str]:
         """Non-LoRA tensors an adapter folder carries: projections, and norms / embeddings when trained."""
-        return [n for n in self.trainable_parameter_names() if not any(m in n for m in _LORA_MARKERS)]
+        return [n for n in self.trainable_parameter_names() if not lora.is_lora_name(n)]
 
     # ----------------------------------------------------------------------- forward pieces
     def embed_inputs(self, input_ids: torch.Tensor, history_reps: Optional[torch.Tensor] = None,
@@ -600,10 +583,8 @@ class GameStateMLLM(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         saved = self._saved_module_names()
         if self.has_lora:
-            lora = [n for n in self.trainable_parameter_names() if n not in saved]
-            adapter = peft_adapter_state(self.llm, LORA_ADAPTER, state, "llm.", lora, save_embedding_layers=False)
-            save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(folder / LORA_WEIGHTS_FILE))
-            self.llm.peft_config[LORA_ADAPTER].save_pretrained(str(folder))
+            adapter = [n for n in self.trainable_parameter_names() if n not in saved]
+            lora.save_adapter(self.llm, folder, adapter, state, "llm.", save_embedding_layers=False)
         params = dict(self.named_parameters()) if state is None else state
         require(params, saved)
         modules = {canonical_name(clean_name(n)): params[clean_name(n)].detach().contiguous().cpu() for n in saved}
@@ -619,7 +600,6 @@ class GameStateMLLM(nn.Module):
 
         A model without LoRA gets the folder's adapter (its rank / alpha) added first.
         """
-        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         folder = Path(folder)
@@ -628,21 +608,8 @@ class GameStateMLLM(nn.Module):
             mine = self.hidden if key == "hidden_size" else getattr(self, key)
             if meta[key] != mine:
                 raise ValueError(f"adapter in {folder} has {key}={meta[key]}, the model {mine}")
-        if (folder / LORA_CONFIG_FILE).is_file():
-            saved = json.loads((folder / LORA_CONFIG_FILE).read_text())
-            if not self.has_lora:
-                self.add_lora(self.lora_config(rank=saved["r"], alpha=saved["lora_alpha"],
-                                               targets=saved.get("target_modules")))
-            current = self.llm.peft_config[LORA_ADAPTER]
-            if (saved["r"], saved["lora_alpha"]) != (current.r, current.lora_alpha):
-                raise ValueError(f"adapter in {folder} has rank {saved['r']} / alpha {saved['lora_alpha']}, the "
-                                 f"model's has rank {current.r} / alpha {current.lora_alpha}")
-            state = load_file(str(folder / LORA_WEIGHTS_FILE))
-            result = set_peft_model_state_dict(self.llm, state, adapter_name=LORA_ADAPTER)
-            missing = [k for k in result.missing_keys if any(m in k for m in _LORA_MARKERS)]
-            if result.unexpected_keys or missing:
-                raise ValueError(f"LoRA in {folder} does not fit the model: unexpected "
-                                 f"{list(result.unexpected_keys)}, missing {missing}")
+        if lora.holds_adapter(folder):
+            lora.load_adapter(self, folder, "model")
         elif self.has_lora:
             raise ValueError(f"{folder} holds no LoRA adapter but the model has one")
         by_canonical = {canonical_name(n): p for n, p in self.named_parameters()}
@@ -656,3 +623,22 @@ class GameStateMLLM(nn.Module):
             for key, value in modules.items():
                 param = by_canonical[key]
                 param.copy_(value.to(dtype=param.dtype, device=param.device))
+
+
+# --------------------------------------------------------------------------- config check
+def check_mllm(model: ModelConfig) -> list[str]:
+    """``model.mllm`` before anything is built: against the encoder (query count), its head sizes,
+    its attention kernel, and its weight, tokenizer and official-checkpoint paths."""
+    m = model.mllm
+    problems = local_folder("model.mllm.path", m.path) + local_folder("model.mllm.tokenizer", m.tokenizer)
+    queries = representation_tokens(model.encoder)
+    if queries > NUM_FRAME_TOKENS:
+        problems.append(f"the encoder gives {queries} representation tokens but the layout has only "
+                        f"{NUM_FRAME_TOKENS} <frame_i> tokens for queries")
+    if m.hidden_size % m.num_attention_heads or m.num_attention_heads % m.num_key_value_heads:
+        problems.append(f"model.mllm: hidden_size={m.hidden_size}, num_attention_heads={m.num_attention_heads}, "
+                        f"num_key_value_heads={m.num_key_value_heads} do not divide")
+    problems += choice("model.mllm.attention", m.attention, ATTENTIONS)
+    if m.official_checkpoint and not Path(m.official_checkpoint).exists():
+        problems.append(f"model.mllm.official_checkpoint={m.official_checkpoint!r}: no such file")
+    return problems

@@ -28,15 +28,16 @@ reproduces; see ``tests/test_official_decoder.py``):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
 
-from animegamer.models.decoder import LORA_ADAPTER, MotionScopeDecoder
+from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.models.lora import ADAPTER as LORA_ADAPTER
+from animegamer.models.official_import import ImportReport, copy_into
 
 logger = logging.getLogger(__name__)
 
@@ -51,25 +52,6 @@ ADALN_CHUNKS = 12
 ATTN_HALF_CHUNKS = (0, 1, 2, 6, 7, 8)  # shift, scale, gate (vision) then the same for text
 FF_HALF_CHUNKS = (3, 4, 5, 9, 10, 11)
 _AFFINE = ("weight", "bias")
-
-
-@dataclass
-class ImportReport:
-    """What an import did not do; empty lists mean the modules now hold the official network."""
-
-    unplaced_keys: List[str] = field(default_factory=list)  # official keys (prefix stripped)
-    unset_parameters: List[str] = field(default_factory=list)  # "encoder.x" / "decoder.x" names
-    known_unused: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
-    placed: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.unplaced_keys and not self.unset_parameters
-
-    def summary(self) -> str:
-        return (f"placed {self.placed} tensors; unplaced official keys {len(self.unplaced_keys)}, unset module "
-                f"parameters {len(self.unset_parameters)}, known-unused {len(self.known_unused)}")
 
 
 # --------------------------------------------------------------------------- reading
@@ -263,18 +245,6 @@ class _Importer:
         return patch_embed._get_positional_embeddings(cfg.sample_height, cfg.sample_width, frames).cpu()
 
 
-def _copy_into(module: nn.Module, targets: Dict[str, torch.Tensor]) -> None:
-    """Copy values into parameters, refusing any shape mismatch with the full list."""
-    params = dict(module.named_parameters())
-    wrong = [f"{n}: module {tuple(params[n].shape)} vs official {tuple(v.shape)}"
-             for n, v in targets.items() if params[n].shape != v.shape]
-    if wrong:
-        raise ValueError("official decoder tensors do not fit the configured sizes: " + "; ".join(wrong))
-    with torch.no_grad():
-        for name, value in targets.items():
-            params[name].copy_(value.to(dtype=params[name].dtype, device=params[name].device))
-
-
 def _import_encoder(state: Dict[str, torch.Tensor], encoder: ActionAwareEncoder, used: set) -> Dict[str, torch.Tensor]:
     params = dict(encoder.named_parameters())
     targets = {}
@@ -302,9 +272,9 @@ def load_official_decoder(path: str | Path, encoder: Optional[ActionAwareEncoder
     importer = _Importer(state, decoder, merge_lora)
     report = importer.run()
     encoder_targets = _import_encoder(state, encoder, importer.used) if encoder is not None else {}
-    _copy_into(decoder.transformer, importer.targets)
+    copy_into(importer.params, importer.targets, "decoder")
     if encoder is not None:
-        _copy_into(encoder, encoder_targets)
+        copy_into(dict(encoder.named_parameters()), encoder_targets, "decoder")
     report.known_unused = [k for k in KNOWN_UNUSED if k in state]
     importer.used.update(report.known_unused)
     report.unplaced_keys = sorted(k for k in state if k not in importer.used)

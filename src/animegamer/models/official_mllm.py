@@ -30,8 +30,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from animegamer.models.lora import ADAPTER
 from animegamer.models.mllm import GameStateMLLM, canonical_name
-from animegamer.models.official_decoder import ImportReport
+from animegamer.models.official_import import ImportReport, copy_into
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def load_official_mllm(path_or_state_dict: str | Path | Mapping[str, torch.Tenso
         else:
             _place_lora(model, pairs, alpha, by_canonical, targets, unplaced, report)
 
-    _copy_into(module_params, targets)
+    copy_into(module_params, targets, "MLLM")
     report.unplaced_keys = sorted(unplaced)
     skip = set(model.lora_parameters()) if merge_lora else set()  # a fresh adapter is not an unset import
     report.unset_parameters = sorted(n for n in module_params if n not in targets and n not in skip)
@@ -212,7 +213,7 @@ def _merge(pairs, alpha, by_canonical, targets, unplaced, report) -> None:
 
 def _place_lora(model, pairs, alpha, by_canonical, targets, unplaced, report) -> None:
     """Copy the official LoRA into the model's adapter, rescaling B when the adapter's alpha differs."""
-    config = model.llm.peft_config["default"]
+    config = model.llm.peft_config[ADAPTER]
     model_scale = config.lora_alpha / config.r
     rescaled = False
     for module, ((key_a, a), (key_b, b)) in pairs.items():
@@ -228,14 +229,3 @@ def _place_lora(model, pairs, alpha, by_canonical, targets, unplaced, report) ->
     if rescaled:
         report.notes.append(f"LoRA B rescaled from official alpha {alpha:g} / r to the adapter's "
                             f"{config.lora_alpha:g} / {config.r}")
-
-
-def _copy_into(params: Dict[str, torch.nn.Parameter], targets: Dict[str, torch.Tensor]) -> None:
-    """Copy values into parameters, refusing any shape mismatch with the full list."""
-    wrong = [f"{n}: module {tuple(params[n].shape)} vs official {tuple(v.shape)}"
-             for n, v in targets.items() if params[n].shape != v.shape]
-    if wrong:
-        raise ValueError("official MLLM tensors do not fit the configured sizes: " + "; ".join(wrong))
-    with torch.no_grad():
-        for name, value in targets.items():
-            params[name].copy_(value.to(dtype=params[name].dtype, device=params[name].device))

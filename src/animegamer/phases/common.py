@@ -1,4 +1,4 @@
-"""Pieces every phase shares: the optimiser and schedule, step-seeded randomness, trainable sets."""
+"""Pieces every phase shares: the optimiser and schedule, the step index, trainable sets."""
 from __future__ import annotations
 
 import logging
@@ -9,26 +9,12 @@ import torch
 from torch import nn
 
 from animegamer.config.schema import PhaseConfig
+from animegamer.config.validate import choice
 
 log = logging.getLogger(__name__)
 
-LR_SCHEDULES = ("constant", "cosine")
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """A seed that depends only on (seed, step, rank)."""
-    return ((seed * 1_000_003 + step) * 1_009 + rank) % 2**63
-
-
-def step_generator(seed: int, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator that depends only on (seed, step, rank).
-
-    All randomness of a training step (timesteps, noise, CFG dropout) comes from it, so a resumed
-    run redraws exactly what the uninterrupted run drew, with no RNG state in the checkpoint.
-    """
-    generator = torch.Generator(device=device)
-    generator.manual_seed(step_seed(seed, step, rank))
-    return generator
+CONSTANT_SCHEDULE, COSINE_SCHEDULE = "constant", "cosine"
+LR_SCHEDULES = (CONSTANT_SCHEDULE, COSINE_SCHEDULE)  # phase.lr_schedule
 
 
 def compute_dtype(module: nn.Module) -> torch.dtype:
@@ -48,45 +34,9 @@ def micro_step(module, batch_idx: int) -> int:
     return module.global_step * accumulate + batch_idx % accumulate
 
 
-def sample_positions(micro_step: int, batch_size: int, rank: int, world_size: int) -> list[int]:
-    """Global stream positions of this rank's samples in one micro-step.
-
-    :class:`~animegamer.data.indexed.StepSampler` deals the stream round-robin (local position p of
-    rank r is global position p x world + r), so the positions of all ranks together are exactly those
-    of one process taking the whole global batch.
-    """
-    return [(micro_step * batch_size + i) * world_size + rank for i in range(batch_size)]
-
-
-class SampleRandom:
-    """All randomness of a training step, drawn per sample from a generator keyed by the sample's
-    global stream position.
-
-    A sample draws the same timestep, noise and dropout whichever rank, batch split or resumed run it
-    falls in: a run on N processes reproduces the single-process run with the same global batch, and
-    a resumed run redraws exactly what the uninterrupted run drew, with no RNG state in checkpoints.
-    Every draw loops over the samples, so each sample's generator sees the same sequence of calls.
-    """
-
-    def __init__(self, seed: int, positions: Iterable[int], device: torch.device | str = "cpu") -> None:
-        self.device = torch.device(device)
-        self.generators = [step_generator(seed, position, 0, self.device) for position in positions]
-
-    def __len__(self) -> int:
-        return len(self.generators)
-
-    def rand(self) -> torch.Tensor:
-        """(B,) uniform in [0, 1)."""
-        return torch.cat([torch.rand(1, generator=g, device=self.device) for g in self.generators])
-
-    def randint(self, high: int) -> torch.Tensor:
-        """(B,) int64 uniform in [0, high)."""
-        return torch.cat([torch.randint(0, high, (1,), generator=g, device=self.device) for g in self.generators])
-
-    def randn(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """(B, *shape) float32 standard normal."""
-        return torch.stack([torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
-                            for g in self.generators])
+def init_exports(cfg: PhaseConfig) -> list[str]:
+    """The export a phase starts from (``phase.init_from``), in the model builders' list form."""
+    return [cfg.init_from] if cfg.init_from else []
 
 
 def set_trainable(module: nn.Module, names: Iterable[str]) -> list[str]:
@@ -119,24 +69,41 @@ def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0
     gradient scaler; bf16 has none) and so crashed the first GPU step. A NaN/inf norm (a bad batch,
     a loss spike) drops every gradient, so AdamW leaves weights and moments as they were; the run
     stops once ``max_nonfinite_in_row`` steps in a row were skipped (0 = never skip, stop at once).
-    Under DDP the gradients are already reduced, so every rank takes the same decision.
+    Under DDP the gradients are already reduced, so every rank takes the same decision. Under DeepSpeed
+    the engine holds the gradients (partitioned; ``param.grad`` is empty): it clips them to its
+    ``gradient_clipping`` and skips a non-finite step itself, and the strategy counts that step
+    (``strategies.rule_keeping_deepspeed``), so nothing is done here.
     """
+    from animegamer.training.strategies import is_deepspeed_strategy
+
+    trainer = module._trainer
+    if trainer is not None and is_deepspeed_strategy(trainer.strategy):
+        return
     norm = total_grad_norm(module, max_norm)
     if norm is None:
         return
-    if bool(torch.isfinite(norm)):
+    finite = bool(torch.isfinite(norm))
+    count_step(module, finite, float(norm), max_nonfinite_in_row)
+    if not finite:
+        for param in module.parameters():
+            param.grad = None
+
+
+def count_step(module, finite: bool, norm: float, max_nonfinite_in_row: int) -> None:
+    """Count an optimizer step whose gradient norm was ``finite`` or not (then it is skipped: the caller
+    drops its gradients, or the engine did); raise :class:`FloatingPointError` once more than
+    ``max_nonfinite_in_row`` steps in a row were not finite. ``module.skipped_steps`` counts them all."""
+    if finite:
         module.nonfinite_in_row = 0
         return
     module.nonfinite_in_row = getattr(module, "nonfinite_in_row", 0) + 1
     module.skipped_steps = getattr(module, "skipped_steps", 0) + 1
     log.warning("step %d: gradient norm is %s; step skipped (%d in a row, limit %d)", module.global_step,
-                float(norm), module.nonfinite_in_row, max_nonfinite_in_row)
+                norm, module.nonfinite_in_row, max_nonfinite_in_row)
     if module.nonfinite_in_row > max_nonfinite_in_row:
         raise FloatingPointError(f"non-finite gradients in {module.nonfinite_in_row} steps in a row at step "
                                  f"{module.global_step} (trainer.max_nonfinite_in_row={max_nonfinite_in_row}): "
                                  "lower the learning rate or inspect the data of these steps")
-    for param in module.parameters():
-        param.grad = None
 
 
 def total_grad_norm(module, max_norm: float | None) -> torch.Tensor | None:
@@ -162,12 +129,17 @@ def lr_lambda(cfg: PhaseConfig):
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
+        if cfg.lr_schedule == CONSTANT_SCHEDULE:
             return 1.0
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def check_schedule(cfg: PhaseConfig) -> list[str]:
+    """``phase.lr_schedule`` is one :func:`lr_lambda` follows."""
+    return choice("phase.lr_schedule", cfg.lr_schedule, LR_SCHEDULES)
 
 
 def make_optimizer(module: nn.Module, cfg: PhaseConfig) -> dict:

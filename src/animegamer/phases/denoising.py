@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from animegamer.diffusion.loss import add_noise, cogvideox_v_loss
-from animegamer.phases.common import SampleRandom
+from animegamer.utils.randomness import SampleRandom
 
 # Validation timesteps: fixed, so the validation loss is comparable from step to step.
 VAL_TIMESTEPS = (100, 300, 500, 700, 900)

@@ -2,83 +2,44 @@
 
 Stage ``a_warmup`` trains the encoder and the motion-scope embedder only; ``a_joint`` adds decoder
 LoRA and every block's AdaLN modulation linear. The decoder sees (noisy latents, timestep,
-representation, flow) and predicts the velocity; the loss is CogVideoX's (DESIGN section 5).
+representation, flow) and predicts the velocity; the loss is CogVideoX's.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 import torch
 
-from animegamer.checkpoints.export import load_export
-from animegamer.config.schema import RunConfig
-from animegamer.diffusion.sampler import sample
+from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
-from animegamer.models.decoder import MotionScopeDecoder
-from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.models.reconstruction import ClipBatch, ReconstructionModel, build_reconstruction
+from animegamer.phases.specs import ADALN, ENCODER, LORA, MOTION_SCOPE, spec_for, spec_named
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
-from animegamer.phases.common import (SampleRandom, compute_dtype, clip_gradients, keep_trained, make_optimizer,
-                                      micro_step, sample_positions, set_trainable, trainable_names)
+from animegamer.phases.common import (compute_dtype, clip_gradients, init_exports, keep_trained, make_optimizer,
+                                      micro_step, set_trainable, trainable_names)
+from animegamer.utils.randomness import SampleRandom, sample_positions
 from animegamer.utils.state import submodule_state
 
 log = logging.getLogger(__name__)
 
-WARMUP, JOINT = "a_warmup", "a_joint"
-STAGES = (WARMUP, JOINT)
-
-
-@dataclass
-class ClipBatch:
-    """What the decoder trains on, whichever input path produced it."""
-
-    latents: torch.Tensor  # (B, T', C, H', W') scaled VAE latents
-    text: torch.Tensor  # (B, Lt, text_dim) T5 features
-    image: torch.Tensor  # (B, P, image_dim) CLIP patch tokens
-    flow: torch.Tensor  # (B,) motion-scope flow values
-
-
-class ReconstructionModel(torch.nn.Module):
-    """Encoder + decoder as one module, so trainable sets and exports have stable names."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__()
-        # Seeded construction: random frozen weights must be rebuilt identically on resume, because
-        # checkpoints and exports hold only what trains.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            self.encoder = ActionAwareEncoder(cfg.model.encoder)
-            self.decoder = MotionScopeDecoder(cfg.model.decoder, self.encoder.width, self.encoder.num_tokens)
-
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, text: torch.Tensor, image: torch.Tensor,
-                flow: torch.Tensor) -> torch.Tensor:
-        return self.decoder(x_t, t, self.encoder(text, image), flow)
-
-    def unconditional(self, like: ClipBatch) -> torch.Tensor:
-        """The CFG branch: the encoder on zeroed text and image features (SAT's unconditional)."""
-        return self.encoder(torch.zeros_like(like.text[:1]), torch.zeros_like(like.image[:1]))
-
-
-def import_official(model: ReconstructionModel, path: str) -> None:
-    """The official decoder checkpoint into encoder and decoder; anything unplaced is an error."""
-    from animegamer.models.official_decoder import load_official_decoder
-
-    report = load_official_decoder(path, model.encoder, model.decoder, merge_lora=not model.decoder.has_lora)
-    if not report.ok:
-        raise ValueError(f"{path}: {report.summary()}: unplaced {report.unplaced_keys[:10]}, "
-                         f"unset {report.unset_parameters[:10]}")
+def trained_parameters(model: ReconstructionModel, groups: tuple[str, ...]) -> list[str]:
+    """The parameter names of the reconstruction model's groups (a phase spec's ``trains``), in order."""
+    decoder = model.decoder
+    by_group = {ENCODER: lambda: [f"encoder.{n}" for n, _ in model.encoder.named_parameters()],
+                MOTION_SCOPE: lambda: [f"decoder.{n}" for n in decoder.motion_scope_parameters()],
+                ADALN: lambda: [f"decoder.{n}" for n in decoder.adaln_parameters()],
+                LORA: lambda: [f"decoder.{n}" for n in decoder.lora_parameters()]}
+    unknown = [group for group in groups if group not in by_group]
+    if unknown:
+        raise ValueError(f"the reconstruction model has no parameter groups {unknown}; it has {tuple(by_group)}")
+    return [name for group in groups for name in by_group[group]()]
 
 
 def stage_trainable(model: ReconstructionModel, stage: str) -> list[str]:
     """Exactly the parameter names a stage trains (asserted by name in the tests)."""
-    names = [f"encoder.{n}" for n, _ in model.encoder.named_parameters()]
-    names += [f"decoder.{n}" for n in model.decoder.motion_scope_parameters()]
-    if stage == JOINT:
-        names += [f"decoder.{n}" for n in model.decoder.adaln_parameters()]
-        names += [f"decoder.{n}" for n in model.decoder.lora_parameters()]
-    return names
+    return trained_parameters(model, spec_named(stage).trains)
 
 
 def cfg_dropout(text: torch.Tensor, image: torch.Tensor, p_text: float, p_image: float,
@@ -93,17 +54,12 @@ def cfg_dropout(text: torch.Tensor, image: torch.Tensor, p_text: float, p_image:
 class PhaseA(L.LightningModule):
     def __init__(self, cfg: RunConfig, frozen=None) -> None:
         super().__init__()
-        if cfg.phase.name not in STAGES:
-            raise ValueError(f"phase.name={cfg.phase.name!r} is not a phase (a) stage {STAGES}")
+        spec = spec_for(cfg)
+        if spec.config is not PhaseAConfig:
+            raise ValueError(f"phase.name={cfg.phase.name!r} is not a phase (a) stage")
         self.cfg = cfg
-        self.model = ReconstructionModel(cfg)
-        if cfg.phase.name == JOINT:
-            self.model.decoder.add_lora()
-        if cfg.model.decoder.official_checkpoint:
-            import_official(self.model, cfg.model.decoder.official_checkpoint)
-        if cfg.phase.init_from:
-            load_export(cfg.phase.init_from, self.model)
-        self.trainable = set_trainable(self.model, stage_trainable(self.model, cfg.phase.name))
+        self.model = build_reconstruction(cfg, init_exports(cfg.phase), with_lora=LORA in spec.trains)
+        self.trainable = set_trainable(self.model, trained_parameters(self.model, spec.trains))
         self._alphas_cumprod = AlphasCumprod(alphas_cumprod(cfg.model.diffusion))
         # Frozen encoders (VAE, T5, CLIP) stay out of the module tree: never saved, never optimised.
         self._frozen = [frozen]
@@ -168,17 +124,9 @@ class PhaseA(L.LightningModule):
         self.log("val/loss", loss, batch_size=clips.latents.shape[0], sync_dist=True)
         return loss
 
-    @torch.no_grad()
     def reconstruct(self, clips: ClipBatch, generator: torch.Generator, steps: int = 0) -> torch.Tensor:
-        """Sample latents (B, T', C, H', W') from the clips' own representation (the sampler of DESIGN 5)."""
-        diffusion = self.cfg.model.diffusion
-        if steps:
-            from dataclasses import replace
-
-            diffusion = replace(diffusion, sampling_steps=steps)
-        cond = self.model.encoder(clips.text, clips.image)
-        return sample(self.model.decoder, tuple(clips.latents.shape), cond, self.model.unconditional(clips),
-                      clips.flow, diffusion, generator, dtype=self.compute_dtype)
+        """Sample latents (B, T', C, H', W') from the clips' own representation (the game's sampler)."""
+        return self.model.reconstruct(clips, self.cfg.model.diffusion, generator, self.compute_dtype, steps)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -245,5 +193,5 @@ def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, state: dict |
     folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, extra, state)
     if module.model.decoder.has_lora:
         decoder_state = None if state is None else submodule_state(state, "decoder.")
-        module.model.decoder.save_lora(Path(folder) / "lora", decoder_state)
+        module.model.decoder.save_adapter(Path(folder) / "lora", decoder_state)
     return Path(folder)

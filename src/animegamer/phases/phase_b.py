@@ -2,45 +2,23 @@
 
 Inputs are windows of 1..K turns of a session (history turns carry ``input_proj(rep)`` at their
 frame positions; the target turn's frame tokens are the queries). Losses: cross-entropy on the
-target's state tokens and MSE (optionally + cosine) on the representation (DESIGN sections 4, 5).
+target's state tokens and MSE (optionally + cosine) on the representation.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import lightning as L
 import torch
 
-from animegamer.checkpoints.export import load_export, save_export
+from animegamer.checkpoints.export import save_export
 from animegamer.config.schema import RunConfig
-from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.sequence import IGNORE_INDEX
-from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
-from animegamer.models.encoder import representation_tokens
-from animegamer.models.mllm import GameStateMLLM
-from animegamer.phases.common import clip_gradients, keep_trained, make_optimizer, micro_step, step_seed
-
-log = logging.getLogger(__name__)
-
-PHASE = "b"
-MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
-              "padding_mask", "document_ids")
-
-
-def game_tokenizer(cfg: RunConfig):
-    """The configured tokenizer with every AnimeGamer token present, and its ids by name."""
-    mllm = cfg.model.mllm
-    tokenizer = load_tokenizer(mllm.tokenizer or mllm.path or None)
-    added = add_animegamer_tokens(tokenizer)
-    if added:
-        log.info("added %d AnimeGamer tokens to the tokenizer", len(added))
-    return tokenizer, TokenIds.from_tokenizer(tokenizer)
-
-
-def build_mllm(cfg: RunConfig, vocab_size: int) -> GameStateMLLM:
-    return GameStateMLLM(cfg.model.mllm, cfg.model.encoder.width, representation_tokens(cfg.model.encoder),
-                         vocab_size, seed=cfg.seed)
+from animegamer.mllm.tokens import TokenIds
+from animegamer.models.game_mllm import build_game_mllm, run_batch
+from animegamer.phases.common import clip_gradients, init_exports, keep_trained, make_optimizer, micro_step
+from animegamer.phases.specs import PHASE_B
+from animegamer.utils.randomness import step_seed
 
 
 def state_accuracy(label_logits: torch.Tensor, labels: torch.Tensor, ids: TokenIds) -> torch.Tensor:
@@ -51,31 +29,17 @@ def state_accuracy(label_logits: torch.Tensor, labels: torch.Tensor, ids: TokenI
     return (predicted[is_state] == targets[is_state]).float().mean()
 
 
-def attention_for(kind: str, batch: dict):
-    """The mask in the form that keeps the kernel fast: a FlexAttention BlockMask (the query block is
-    a few 128-blocks, the rest causal, so most blocks are skipped or dense) or None, which lets the
-    model build its boolean mask for SDPA / eager."""
-    if kind == "flex":
-        return flex_block_mask(batch["query_mask"], batch["padding_mask"], document_ids=batch.get("document_ids"))
-    return None
-
-
 class PhaseB(L.LightningModule):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tokenizer, self.ids = game_tokenizer(cfg)
-        self.model = build_mllm(cfg, len(self.tokenizer))
-        if cfg.model.mllm.official_checkpoint:
-            import_official_mllm(self.model, cfg.model.mllm.official_checkpoint)
-        if cfg.phase.init_from:
-            load_export(cfg.phase.init_from, self.model)
+        built = build_game_mllm(cfg, init_exports(cfg.phase))
+        self.model, self.tokenizer, self.ids = built.model, built.tokenizer, built.ids
         self.trainable = self.model.trainable_parameter_names()
         self.strict_loading = False  # checkpoints hold only what trains
 
     def run_model(self, batch: dict) -> dict:
-        return self.model(attention_mask_4d=attention_for(self.cfg.model.mllm.attention, batch),
-                          **{k: batch[k] for k in MODEL_KEYS if k in batch})
+        return run_batch(self.model, batch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # LoRA dropout draws from the global RNG: seed it from the step so a resumed run redraws it.
@@ -125,20 +89,12 @@ class PhaseB(L.LightningModule):
         keep_trained(checkpoint, self.trainable)
 
 
-def import_official_mllm(model: GameStateMLLM, path: str) -> None:
-    from animegamer.models.official_mllm import load_official_mllm
-
-    report = load_official_mllm(path, model)
-    if not report.ok:
-        raise ValueError(f"{path}: {report.summary()}")
-
-
 def export_phase_b(module: PhaseB, folder: str | Path, meta: dict, state: dict | None = None) -> Path:
-    """Trained tensors + json, the peft adapter folder and the tokenizer (DESIGN section 7).
+    """Trained tensors + json, the peft adapter folder and the tokenizer (see docs/architecture.md, 'Exports').
 
     ``state``: the tensors to export, gathered by an FSDP save (names relative to ``module.model``);
     None reads the module."""
-    folder = save_export(folder, module.model, {"phase": PHASE, **meta}, state=state)
+    folder = save_export(folder, module.model, {"phase": PHASE_B, **meta}, state=state)
     module.model.save_adapter(Path(folder) / "adapter", state)
     module.tokenizer.save_pretrained(str(Path(folder) / "tokenizer"))
     return Path(folder)

@@ -2,7 +2,7 @@
 
 The encoder is bypassed: the decoder is conditioned on phase (b)'s ``pred_rep`` for each clip (with
 the true history), with the clip's true latents and flow as the target. Motion-scope embedder,
-AdaLN modulation linears and LoRA train, starting from the phase (a) export (DESIGN section 5).
+AdaLN modulation linears and LoRA train, starting from the phase (a) export.
 """
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from animegamer.checkpoints.export import load_export
 from animegamer.config.schema import RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
-from animegamer.phases.common import SampleRandom, set_trainable
+from animegamer.models.reconstruction import ReconstructionModel, build_reconstruction
+from animegamer.phases.common import init_exports, set_trainable
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
-from animegamer.phases.phase_a import PhaseA, ReconstructionModel, export_phase_a, train_draw
+from animegamer.phases.phase_a import PhaseA, export_phase_a, train_draw, trained_parameters
+from animegamer.phases.specs import LORA, PHASE_C, PHASES
+from animegamer.utils.randomness import SampleRandom
 
-PHASE = "c"
+ADAPTATION = PHASES[PHASE_C]
 
 
 def adaptation_trainable(model: ReconstructionModel) -> list[str]:
-    """Motion scope + AdaLN + LoRA of the decoder; the encoder stays as phase (a) left it."""
-    decoder = model.decoder
-    return [f"decoder.{n}" for n in decoder.motion_scope_parameters() + decoder.adaln_parameters()
-            + decoder.lora_parameters()]
+    """Motion scope + AdaLN + LoRA of the decoder (its spec's); the encoder stays as phase (a) left it."""
+    return trained_parameters(model, ADAPTATION.trains)
 
 
 def rep_dropout(rep: torch.Tensor, uncond: torch.Tensor, p: float, draw: SampleRandom) -> torch.Tensor:
@@ -41,27 +41,18 @@ class PhaseC(L.LightningModule):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = ReconstructionModel(cfg)
-        self.model.decoder.add_lora()
-        if cfg.phase.init_from:
-            load_export(cfg.phase.init_from, self.model)
+        self.model = build_reconstruction(cfg, init_exports(cfg.phase), with_lora=LORA in ADAPTATION.trains)
         self.trainable = set_trainable(self.model, adaptation_trainable(self.model))
         self._alphas_cumprod = AlphasCumprod(alphas_cumprod(cfg.model.diffusion))
         self.strict_loading = False  # checkpoints hold only what trains
-
-    def unconditional(self) -> torch.Tensor:
-        """(1, N, D): the encoder on zeroed text and image features, as in phase (a) and sampling."""
-        enc = self.cfg.model.encoder
-        text = torch.zeros(1, enc.text_tokens, enc.text_dim, device=self.device, dtype=self.compute_dtype)
-        image = torch.zeros(1, enc.image_tokens, enc.image_dim, device=self.device, dtype=self.compute_dtype)
-        return self.model.encoder(text, image)
 
     def loss(self, batch: dict, draw: SampleRandom, t: torch.Tensor | None = None,
              dropout: bool = True) -> torch.Tensor:
         rep = batch["pred_rep"].to(self.compute_dtype)
         if dropout:
             with torch.no_grad():
-                rep = rep_dropout(rep, self.unconditional(), self.cfg.phase.text_dropout, draw)
+                rep = rep_dropout(rep, self.model.encoder.unconditional(), self.cfg.phase.unconditional_rep_prob,
+                                  draw)
         denoise = lambda x_t, t: self.model.decoder(x_t, t, rep, batch["flow"])
         return denoising_loss(denoise, batch["latents"], draw, self._alphas_cumprod.on(self.device),
                               self.cfg.model.diffusion.num_train_timesteps, self.compute_dtype, t)
@@ -91,4 +82,4 @@ class PhaseC(L.LightningModule):
 def export_phase_c(module: PhaseC, folder: str | Path, meta: dict, state: dict | None = None) -> Path:
     """Phase (a)'s layout plus the (frozen) encoder (``PhaseC.export_extra``), so the game's renderer
     loads from one folder."""
-    return export_phase_a(module, folder, {**meta, "phase": PHASE}, state)
+    return export_phase_a(module, folder, {**meta, "phase": PHASE_C}, state)

@@ -20,10 +20,16 @@ log = logging.getLogger(__name__)
 SHOWN = 5  # bad items named in the error
 
 
+def check_bad_sample_budget(budget: int) -> list[str]:
+    """``data.bad_sample_budget``: how many bad samples may be skipped, so >= 0."""
+    return [] if budget >= 0 else [f"data.bad_sample_budget={budget} must be >= 0"]
+
+
 class BadDataBudget(Callback):
     def __init__(self, budget: int) -> None:
-        if budget < 0:
-            raise ValueError(f"bad-data budget must be >= 0, got {budget}")
+        problems = check_bad_sample_budget(budget)
+        if problems:
+            raise ValueError(problems[0])
         self.budget = budget
         self.seen: dict[tuple[str, str], str] = {}  # (shard, key) -> reason, in the order met
 

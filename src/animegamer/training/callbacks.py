@@ -10,6 +10,9 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from animegamer.training.strategies import full_weights, is_fsdp_strategy
+from animegamer.utils.randomness import step_generator
+
 log = logging.getLogger(__name__)
 
 EXPORT_DIR = "export"
@@ -54,8 +57,6 @@ class ExportCallback(L.Callback):
         self.folder, self.export_fn, self.meta = Path(folder), export_fn, meta
 
     def _export(self, trainer: L.Trainer, module: L.LightningModule, gathered: dict | None = None) -> None:
-        from animegamer.training.strategies import full_weights, is_fsdp_strategy
-
         meta = {**self.meta, "step": trainer.global_step}
         if is_fsdp_strategy(trainer.strategy):
             if trainer.strategy._state_dict_type != "full":  # make_strategy asks for full state dicts
@@ -109,7 +110,7 @@ class RecordOnSave(L.Callback):
         self.folder, self.record = Path(folder), record
 
     def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict) -> None:
-        from animegamer.training.run_record import write_record
+        from animegamer.training.run_record import write_record  # run_record imports EXPORT_DIR from here
 
         if self.record is not None and trainer.is_global_zero:
             write_record(self.folder, self.record)
@@ -141,7 +142,7 @@ class ValidationVideos(L.Callback):
 
     def _vae_model(self, module):
         if self._vae is None:
-            from animegamer.models.frozen_encoders import build_frozen_encoders
+            from animegamer.models.frozen_encoders import build_frozen_encoders  # diffusers: only when logging
 
             self._vae = build_frozen_encoders(self.cfg.model.encoders, device=module.device, which=("vae",)).vae
         return self._vae
@@ -157,8 +158,7 @@ class ValidationVideos(L.Callback):
 
     @torch.no_grad()
     def log_videos(self, trainer, module, step: int) -> list[Path]:
-        from animegamer.phases.common import step_generator
-        from data_pipeline.clips import encode_mp4
+        from data_pipeline.clips import encode_mp4  # PyAV and OpenCV load only when videos are logged
 
         out_dir = Path(self.cfg.output_dir) / "validation" / f"step-{step:07d}"
         written = []
@@ -186,7 +186,7 @@ class ValidationVideos(L.Callback):
         for logger in trainer.loggers:
             name = type(logger).__name__
             if name == "WandbLogger":
-                import wandb
+                import wandb  # an optional dependency, present when this logger is
 
                 logger.experiment.log({"val/video": wandb.Video(str(path), format="mp4")}, step=step)
             elif name == "TensorBoardLogger":

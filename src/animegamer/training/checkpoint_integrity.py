@@ -6,6 +6,11 @@ every file in it (hashing every shard of a 7B run at each save would cost minute
 no longer matches its record (cut short by a crash or an interrupted copy, bits flipped) is damaged:
 it is set aside as ``step-N.ckpt.damaged`` (never deleted) and an older intact one is used. A
 checkpoint without a record (written before records existed) is accepted as it is.
+
+A DeepSpeed folder gets a pending record before its save starts, replaced by the sizes once every
+rank's part is written: DeepSpeed's ``latest`` marker (what makes a folder look complete) is written by
+rank 0 before the other ranks are known to have finished their shards, so a folder still pending is
+damaged, never resumed.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ RECORD_SUFFIX = ".integrity.json"
 PARTIAL = ".partial"  # a file being written; never read, removed by a restart
 DAMAGED_SUFFIX = ".damaged"
 _SELF = "."  # the record's key for a checkpoint that is a single file
+_PENDING = "pending"  # the record's key while a folder is being written
 
 
 def record_path(checkpoint: str | Path) -> Path:
@@ -69,14 +75,23 @@ def write_folder_record(checkpoint: Path) -> None:
     write_atomically(record_path(checkpoint), json.dumps({"files": files}))
 
 
+def write_pending_record(checkpoint: Path) -> None:
+    """Mark the folder ``checkpoint`` as being written (before the engine starts writing it)."""
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(record_path(checkpoint), json.dumps({_PENDING: True}))
+
+
 def damage(checkpoint: Path) -> str | None:
     """How ``checkpoint`` differs from its record, or None (it matches, or it has no record)."""
     record = record_path(checkpoint)
     if not record.is_file():
         return None
     try:
-        files = read_json(record)["files"]
-    except (ValueError, KeyError) as error:
+        content = read_json(record)
+        if content.get(_PENDING):
+            return "its save did not finish (its integrity record was never written)"
+        files = content["files"]
+    except (ValueError, KeyError, AttributeError) as error:
         return f"its integrity record {record.name} is unreadable ({error})"
     for name, entry in files.items():
         path = checkpoint if name == _SELF else checkpoint / name

@@ -3,12 +3,14 @@ one to resume from.
 
 Files (DDP, FSDP full state dict) are written to ``<name>.partial``, fsynced, recorded (size and
 sha256, :mod:`checkpoint_integrity`) then renamed: a kill while writing leaves the previous checkpoints
-as they were, and a ``.partial`` never looks like a checkpoint. DeepSpeed writes folders itself and
-writes their ``latest`` tag last, so a folder without it is incomplete; its record (file sizes) is
-written after the save returns. The resumed checkpoint is the complete one with the highest step that
-matches its record; damaged ones are set aside. A save that would not fit on the disk, or that runs
-out of space, stops with :class:`DiskFullError`. After every save the folder keeps the newest
-``checkpoint.keep_last`` checkpoints (:func:`save_checkpoint`, :class:`KeepLastCheckpoint`).
+as they were, and a ``.partial`` never looks like a checkpoint. FSDP saves one gathered file (full
+state dict) through the same :class:`AtomicCheckpointIO`. DeepSpeed writes folders itself and writes
+their ``latest`` tag last, so a folder without it is incomplete; :func:`guarded_save` gives the folder
+a pending record before the save and its record (file sizes) after it returns. The resumed checkpoint
+is the complete one with the highest step that matches its record; damaged ones are set aside. A save
+that would not fit on the disk, or that runs out of space, stops with :class:`DiskFullError`. After
+every save the folder keeps the newest ``checkpoint.keep_last`` checkpoints (:func:`save_checkpoint`,
+:class:`KeepLastCheckpoint`).
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import logging
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
@@ -27,7 +30,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
-                                                      set_aside, write_file_record, write_folder_record)
+                                                      set_aside, write_file_record, write_folder_record,
+                                                      write_pending_record)
 from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ KEEP_ALL = -1  # checkpoint.keep_last: never prune
 # Pickle framing and the zip directory on top of the tensors' bytes: a margin, not a measurement.
 SAVE_OVERHEAD = 1.05
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# torch.save into a path (DeepSpeed's shards) reports a failed write as a RuntimeError without errno;
+# a write that failed for space leaves (almost) nothing free, so less than this counts as full.
+NEARLY_FULL_BYTES = 64 * 2**20
 
 
 class DiskFullError(UserError, OSError):
@@ -202,10 +209,42 @@ def ensure_room_like_previous(path: Path) -> None:
         ensure_free_space(path, sum(p.stat().st_size for p in found[-1][1].rglob("*") if p.is_file()))
 
 
+@contextmanager
+def guarded_save(trainer, path: Path) -> Iterator[None]:
+    """Around every save (every rank). A file has its checks in :class:`AtomicCheckpointIO`; a folder the
+    engine writes itself (DeepSpeed) gets them here: the newest folder's size must be free; global rank 0
+    writes a pending record first (``checkpoint_integrity``), so a folder cut short after ``latest``
+    never counts as intact; and a disk that fills during the save stops with :class:`DiskFullError`,
+    the incomplete folder removed by global rank 0 (every earlier checkpoint is kept)."""
+    from animegamer.training.strategies import is_deepspeed_strategy
+
+    if not is_deepspeed_strategy(trainer.strategy):
+        yield
+        return
+    ensure_room_like_previous(path)
+    if trainer.is_global_zero:
+        write_pending_record(path)
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        if not _out_of_space(error, path):
+            raise
+        if trainer.is_global_zero:
+            shutil.rmtree(path, ignore_errors=True)
+            record_path(path).unlink(missing_ok=True)
+        raise DiskFullError(_disk_full_message(path, None, shutil.disk_usage(path.parent).free)) from error
+
+
+def _out_of_space(error: OSError | RuntimeError, path: Path) -> bool:
+    if isinstance(error, OSError):
+        return error.errno in OUT_OF_SPACE
+    return shutil.disk_usage(path.parent).free < NEARLY_FULL_BYTES
+
+
 def save_checkpoint(trainer, path: Path, keep_last: int) -> None:
     """The full training state to ``path`` (every rank calls it), then :func:`finish_save`."""
-    ensure_room_like_previous(path)
-    trainer.save_checkpoint(str(path), weights_only=False)
+    with guarded_save(trainer, path):
+        trainer.save_checkpoint(str(path), weights_only=False)
     finish_save(trainer, path, keep_last)
 
 
@@ -219,8 +258,8 @@ class KeepLastCheckpoint(ModelCheckpoint):
         self.keep_last = keep_last
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
-        ensure_room_like_previous(Path(filepath))
-        super()._save_checkpoint(trainer, filepath)
+        with guarded_save(trainer, Path(filepath)):
+            super()._save_checkpoint(trainer, filepath)
         finish_save(trainer, Path(filepath), self.keep_last)
 
 

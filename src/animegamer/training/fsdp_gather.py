@@ -2,10 +2,9 @@
 
 A checkpoint and an export keep only what trains (a few hundred MB; phase (c)'s export adds its
 frozen encoder), yet FSDP's full state dict and ``summon_full_params`` unshard the whole model at
-once. On 2 H200s with phase (b)'s 7B float32 model, the full copies to host memory (on every rank
-for the export, once more on rank 0 for the checkpoint) made a save take about 75 s against a 0.67 s
-step; gathering the whole model on rank 0's GPU instead took about 12.5 s but raised rank 0's peak
-from 43.8 to 82.8 GiB.
+once: copying a 7B float32 model to host memory on every rank makes each save cost the time of
+about a hundred training steps, and gathering it on one GPU instead nearly doubles that rank's peak
+memory (measured: benchmarks/README.md, 'Numbers behind comments').
 
 Here each FSDP unit (a transformer block, or the root's own weights) is unsharded on its own, and only
 when it holds something kept: every rank joins the unit's all-gather, ranks other than 0 free it at
@@ -19,13 +18,12 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from animegamer.utils.state import FSDP_PREFIX, clean_name
 
 def _own_params(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Parameter]]:
     """The parameters of ``module``'s tree outside nested FSDP units: those its unit manages."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
     for name, param in module.named_parameters(recurse=False):
         yield prefix + name, param
     for name, child in module.named_children():
@@ -35,8 +33,6 @@ def _own_params(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Parame
 
 def fsdp_units(root: nn.Module) -> list[tuple[nn.Module, list[tuple[str, nn.Parameter]]]]:
     """Every FSDP unit under ``root`` (root first) with its parameters under their clean full names."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
     units = []
     for path, unit in root.named_modules():
         if isinstance(unit, FullyShardedDataParallel):
@@ -48,8 +44,6 @@ def fsdp_units(root: nn.Module) -> list[tuple[nn.Module, list[tuple[str, nn.Para
 def gathered_state(root: nn.Module, rank: int, keep: Callable[[str, nn.Parameter], bool]) -> dict[str, torch.Tensor]:
     """Rank 0: the whole parameters ``keep(name, param)`` selects, on the host, under the names of FSDP's
     full state dict; other ranks: empty. A collective: every rank calls it with the same ``keep``."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
     state: dict[str, torch.Tensor] = {}
     for index, (unit, params) in enumerate(fsdp_units(root)):
         wanted = [(name, param) for name, param in params if keep(name, param)]

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from animegamer.config.schema import RunConfig
 
+# Lightning's loggers are imported where a run makes one, so that this module's choices can be read
+# (configuration checks) without loading Lightning.
 LOGGERS = ("wandb", "tensorboard", "csv", "none")
 CSV_METRICS = "metrics.csv"
 

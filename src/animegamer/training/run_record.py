@@ -37,6 +37,8 @@ from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.validate import ConfigError
 from animegamer.data.layout import MANIFEST
 from animegamer.errors import InvalidInputError
+from animegamer.phases.common import CONSTANT_SCHEDULE
+from animegamer.phases.specs import spec_named
 from animegamer.training.callbacks import EXPORT_DIR
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 from animegamer.utils.logging import is_global_zero
@@ -77,8 +79,6 @@ WORLD_SIZE = ("trainer.devices", "trainer.num_nodes")
 # Strategies that keep full replicas and write the same checkpoint file (one process or DDP).
 REPLICATED_STRATEGIES = ("auto", "ddp")
 MAX_STEPS = "phase.max_steps"
-# data.<key> of the folder of a phase's samples, by phase name; phase (a) reads data.<phase.input>.
-PHASE_SAMPLES = {"b": "sessions", "c": "adaptation"}
 HELD_OUT_SOURCE = "clips"  # every phase's held-out split reads the clips' shots.json
 
 
@@ -140,7 +140,7 @@ def reason_refused(change: Change, old: dict, new: dict) -> str | None:
         return None  # a key added or removed by a newer version of the code: its default keeps the old behaviour
     if key == MAX_STEPS:
         schedules = {flatten(c).get("phase.lr_schedule") for c in (old, new)}
-        return None if schedules == {"constant"} else "the cosine LR schedule spans phase.max_steps"
+        return None if schedules == {CONSTANT_SCHEDULE} else "the cosine LR schedule spans phase.max_steps"
     if key in PER_RANK_BATCH:
         return _product_changed(PER_RANK_BATCH, "the samples per optimizer step and process", old, new)
     if key in WORLD_SIZE:
@@ -198,7 +198,7 @@ def data_folders(config: dict) -> list[str]:
     """The ``data.*`` keys of the shard folders a phase reads: its samples' and the clips' (the held-out
     split reads their shots.json); ``config`` resolved."""
     phase = config["phase"]
-    samples = PHASE_SAMPLES.get(phase["name"], phase.get("input"))
+    samples = spec_named(phase["name"]).sample_key(phase)
     return list(dict.fromkeys((samples, HELD_OUT_SOURCE)))
 
 

@@ -4,19 +4,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from functools import partial
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
+from animegamer.data.indexed import IndexedShardDataset
+from animegamer.phases.specs import BuiltPhase, spec_for
 from animegamer.training.bad_data import BadDataBudget
-from animegamer.training.callbacks import (EXPORT_DIR, ExportCallback, RecordOnSave, ResumeSettings,
-                                           StepProgressBar, ValidationVideos)
+from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, RecordOnSave, ResumeSettings, StepProgressBar
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointIO, KeepLastCheckpoint,
                                                checkpoint_name, checkpoint_step, clean_partials, resume_checkpoint,
                                                save_checkpoint)
@@ -27,9 +29,10 @@ from animegamer.training.run_record import check_run_folder
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
                                             module_init)
+from animegamer.training.sweep import job_output_dir
 from animegamer.training.throughput import Throughput
 from animegamer.utils.folder_lock import folder_lock
-from animegamer.utils.logging import is_global_zero
+from animegamer.utils.logging import is_global_zero, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -60,75 +63,22 @@ class ShardData(L.LightningDataModule):
 
 def clip_lookup(cfg: RunConfig, keys: list[str]):
     """key -> ground-truth frames (T, H, W, 3) from the clip shards, for validation videos."""
-    from animegamer.data.indexed import IndexedShardDataset
-
     wanted = set(keys)
     dataset = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in wanted)
     positions = {key: i for i, key in enumerate(dataset.keys())}
     return lambda key: dataset[positions[key]]
 
 
-def build_phase(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> tuple:
-    """(module, datamodule, export function, extra callbacks) of the configured phase; modules are
-    built inside ``init()`` (the trainer's: random weights of 7B parameters straight on the GPU)."""
-    from animegamer.phases.phase_a import STAGES
-
-    if cfg.phase.name in STAGES:
-        from animegamer.phases.phase_a import PhaseA, export_phase_a
-
-
-        frozen = None
-        if cfg.phase.input == "clips":
-            from animegamer.models.frozen_encoders import build_frozen_encoders
-
-            frozen = build_frozen_encoders(cfg.model.encoders)
-        from animegamer.data import phase_a as data_a
-
-        data = ShardData(data_a.phase_a_dataset(cfg, "train"), data_a.phase_a_dataset(cfg, "val"),
-                         partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
-        callbacks = []
-        if cfg.phase.val_clips > 0 and len(data.val_set):
-            lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
-            callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
-                                              cfg.phase.val_clips, cfg.phase.val_sampling_steps))
-        with init():
-            module = PhaseA(cfg, frozen)
-        return module, data, export_phase_a, callbacks
-    if cfg.phase.name == "b":
-        from animegamer.phases.phase_b import PhaseB, export_phase_b
-
-        from animegamer.data import phase_b as data_b
-
-        # Indexed before the MLLM is built (minutes at 7B): an empty training split fails in seconds.
-        train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
-        with init():
-            module = PhaseB(cfg)
-        tokenizer, ids = module.tokenizer, module.ids
-        data = ShardData(
-            data_b.SessionWindows(train_sessions, tokenizer, ids, cfg.data.window_weights, cfg.seed),
-            data_b.FullSessions(val_sessions, tokenizer, ids),
-            lambda dataset, *position: data_b.train_loader(cfg, dataset, ids.pad, *position),
-            lambda dataset: data_b.val_loader(cfg, dataset, ids.pad))
-        return module, data, export_phase_b, []
-    if cfg.phase.name == "c":
-        from animegamer.phases.phase_c import PhaseC, export_phase_c
-
-        from animegamer.data import phase_a as data_a
-        from animegamer.data.phase_c import adaptation_dataset
-
-        data = ShardData(adaptation_dataset(cfg, "train"), adaptation_dataset(cfg, "val"),
-                         partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
-        with init():
-            module = PhaseC(cfg)
-        return module, data, export_phase_c, []
-    raise ValueError(f"unknown phase {cfg.phase.name!r}")
+def build_phase(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
+    """(module, datamodule, export function, extra callbacks) of the configured phase (its spec's
+    builder); modules are built inside ``init()`` (the trainer's: random weights of 7B parameters
+    straight on the GPU)."""
+    return spec_for(cfg).build(cfg, init)
 
 
 def plugins(cfg: RunConfig) -> list:
     """Atomic, weights-only checkpoint files (DeepSpeed writes its own folders); on SLURM, requeueing
     is left to :class:`Preemption`, which saves on a step boundary first."""
-    from lightning.pytorch.plugins.environments import SLURMEnvironment
-
     found = [] if is_deepspeed(cfg.trainer.strategy) else [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         found.append(SLURMEnvironment(auto_requeue=False))
@@ -155,8 +105,6 @@ def _not_a_tip(record: logging.LogRecord) -> bool:
 
 def quiet_lightning() -> None:
     """Drop what Lightning prints at every start that is expected and needs nothing from the user."""
-    import warnings
-
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         tips = logging.getLogger(name)  # rank_zero_info logs through whichever was imported last
         if _not_a_tip not in tips.filters:
@@ -242,9 +190,7 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 
 def run(cfg: DictConfig) -> dict:
     """Validate a composed config (every problem at once) and train; what ``train.py`` calls."""
-    from animegamer.config.validate import validate_train_run
-    from animegamer.training.sweep import job_output_dir
-    from animegamer.utils.logging import setup_logging
+    from animegamer.checks import validate_train_run
 
     setup_logging(cfg.log_level)
     cfg.output_dir = job_output_dir(cfg.output_dir)  # a --multirun job trains into its own sub-folder

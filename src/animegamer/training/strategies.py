@@ -1,10 +1,12 @@
-"""``trainer.strategy`` names -> Lightning strategy objects. Distribution is configuration only: the
-phases and models never know which engine runs them.
+"""``trainer.strategy`` names -> Lightning strategy objects. Distribution is configuration: models never
+know which engine runs them, and phases know it in one place, gradient clipping (``clip_gradients``),
+because FSDP shards the gradients and only its root module can compute their global norm, and
+DeepSpeed's engine clips and skips steps itself (``rule_keeping_deepspeed``).
 
 Every strategy saves only what trains (frozen weights are rebuilt from the config on resume):
 DDP and FSDP (full state dict) through the phases' ``on_save_checkpoint``, DeepSpeed through its
-``exclude_frozen_parameters``. FSDP also gathers only what is kept, unit by unit (``fsdp_gather``):
-copying the whole unsharded model to the host made a phase (b) save on 2 H200s take about 75 s.
+``exclude_frozen_parameters``. FSDP also gathers only what is kept, unit by unit (``fsdp_gather``),
+instead of copying the whole unsharded model to the host at every save.
 """
 from __future__ import annotations
 
@@ -14,14 +16,20 @@ from contextlib import contextmanager
 from typing import Callable, ContextManager
 
 from animegamer.config.schema import RunConfig
+from animegamer.config.validate import choice
+from animegamer.errors import UserError
+from animegamer.phases.specs import PHASES, spec_for
 
 log = logging.getLogger(__name__)
+# Lightning, torch.distributed and the network libraries are imported inside the functions that make
+# or inspect a strategy: the validation pass imports this module for its choices and checks.
 
 DDP_STRATEGIES = ("auto", "ddp", "ddp_spawn")
 FSDP = "fsdp"
 FSDP_SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")  # trainer.fsdp_sharding
-FSDP_COMPUTE = ("autocast", "bf16")  # trainer.fsdp_compute
-FSDP_INIT_DEVICES = ("cpu", "gpu")  # trainer.fsdp_init_device
+FSDP_BF16_COMPUTE, FSDP_GPU_INIT = "bf16", "gpu"
+FSDP_COMPUTE = ("autocast", FSDP_BF16_COMPUTE)  # trainer.fsdp_compute
+FSDP_INIT_DEVICES = ("cpu", FSDP_GPU_INIT)  # trainer.fsdp_init_device
 # name -> (ZeRO stage, optimizer offload to CPU)
 DEEPSPEED_STRATEGIES = {
     "deepspeed_stage_1": (1, False),
@@ -31,17 +39,22 @@ DEEPSPEED_STRATEGIES = {
     "deepspeed_stage_3_offload": (3, True),
 }
 STRATEGIES = DDP_STRATEGIES + (FSDP,) + tuple(DEEPSPEED_STRATEGIES)
+# The DeepSpeed whose ZeRO-1/2 were seen to skip a step with NaN/inf gradients in float32 and, with
+# check_grad_overflow, in bf16 (tests/test_deepspeed.py). In 0.19.0's source float32 still applies such
+# a step and 0.16.9 has no bf16 check; the versions between were not read. Also the lower bound of
+# setup.cfg's [distributed] extra.
+DEEPSPEED_MIN_VERSION = "0.19.8"
+DEEPSPEED_CLIP_KEY, DEEPSPEED_BF16_KEY, DEEPSPEED_OVERFLOW_KEY = "gradient_clipping", "bf16", "check_grad_overflow"
+LIGHTNING_CLIP_WARNING = "Since DeepSpeed handles gradient clipping internally"
+PARTITIONED_STAGE = 3  # the ZeRO stage that partitions the parameters themselves
+KNOWN_PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
+                    "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16")  # Lightning's names
+DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")  # Lightning's DeepSpeed plugin
 
 
 def block_types(cfg: RunConfig) -> set[type]:
-    """The transformer block classes of the phase's trained network: FSDP's wrapping unit."""
-    if cfg.phase.name == "b":
-        from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
-
-        return {MistralDecoderLayer}
-    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
-
-    return {CogVideoXBlock}
+    """The transformer block classes of the phase's trained network: FSDP's wrapping unit (its spec's)."""
+    return spec_for(cfg).wrap_blocks()
 
 
 def make_strategy(cfg: RunConfig):
@@ -67,11 +80,84 @@ def make_strategy(cfg: RunConfig):
         return trained_state_fsdp()(auto_wrap_policy=block_types(cfg), sharding_strategy=cfg.trainer.fsdp_sharding,
                             state_dict_type="full", use_orig_params=True, limit_all_gathers=True,
                             forward_prefetch=True, mixed_precision=fsdp_mixed_precision(cfg))
+    require_deepspeed(name)
+    stage, offload = DEEPSPEED_STRATEGIES[name]
+    return rule_keeping_deepspeed()(cfg.phase.grad_clip, cfg.trainer.max_nonfinite_in_row, stage=stage,
+                                    offload_optimizer=offload, offload_parameters=offload and stage == 3,
+                                    exclude_frozen_parameters=True, logging_level=logging.WARNING)
+
+
+def require_deepspeed(name: str) -> None:
+    """Refuse a DeepSpeed strategy when the installed DeepSpeed is missing or older than the one whose
+    skipping of non-finite steps was verified (:data:`DEEPSPEED_MIN_VERSION`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        found = version("deepspeed")
+    except PackageNotFoundError:
+        found = None
+    if found is None or Version(found) < Version(DEEPSPEED_MIN_VERSION):
+        have = f"deepspeed {found} is installed" if found else "deepspeed is not installed"
+        raise UserError(f"trainer.strategy={name!r} needs deepspeed>={DEEPSPEED_MIN_VERSION} and {have}: "
+                        f"pip install -e '.[distributed]' (0.19.0 still applies a float32 ZeRO-1/2 step with "
+                        f"NaN/inf gradients instead of skipping it)")
+
+
+def rule_keeping_deepspeed():
+    """Lightning's DeepSpeedStrategy under the framework's gradient rules.
+
+    DeepSpeed clips and steps inside its engine, so the phases' ``configure_gradient_clipping``
+    (:func:`~animegamer.phases.common.clip_gradients`) sees no gradients here and does nothing. This
+    strategy gives the engine ``gradient_clipping = phase.grad_clip`` itself, turns on bf16's
+    ``check_grad_overflow`` (ZeRO-1/2 in bf16 apply NaN/inf gradients without it; float32 and ZeRO-3
+    skip on a non-finite norm regardless), and after each optimizer step counts the steps the engine
+    skipped as non-finite (:func:`~animegamer.phases.common.count_step`), so ``max_nonfinite_in_row``
+    stops the run as under the other strategies. Every rank sees the same decision: the engine
+    all-reduces the overflow flag and the norm. Under fp16 (``16-mixed``, ``16-true``) the dynamic loss
+    scaler's skips are its way of finding the scale, not faults: they are left to DeepSpeed, which
+    stops the run once the scale reaches its minimum."""
+    import warnings
+
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    stage, offload = DEEPSPEED_STRATEGIES[name]
-    return DeepSpeedStrategy(stage=stage, offload_optimizer=offload, offload_parameters=offload and stage == 3,
-                             exclude_frozen_parameters=True, logging_level=logging.WARNING)
+    from animegamer.phases.common import count_step
+
+    class RuleKeepingDeepSpeedStrategy(DeepSpeedStrategy):
+        def __init__(self, grad_clip: float, max_nonfinite_in_row: int, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.config[DEEPSPEED_CLIP_KEY] = float(grad_clip)  # 0: no clipping, as phase.grad_clip=0
+            self.max_nonfinite_in_row = max_nonfinite_in_row
+
+        def _format_config(self) -> None:
+            super()._format_config()
+            bf16 = self.config.get(DEEPSPEED_BF16_KEY)
+            if bf16 and bf16.get("enabled"):
+                bf16[DEEPSPEED_OVERFLOW_KEY] = True
+
+        def init_deepspeed(self) -> None:
+            with warnings.catch_warnings():
+                # Lightning warns that an overridden configure_gradient_clipping does not clip: true, and
+                # by design here (the engine clips to the value set above).
+                warnings.filterwarnings("ignore", message=LIGHTNING_CLIP_WARNING)
+                super().init_deepspeed()
+            engine = self.deepspeed_engine
+            if self.lightning_module.trainer.training:
+                log.info("DeepSpeed clips the gradients' global norm to %s (phase.grad_clip; 0 = off)%s",
+                         engine.gradient_clipping(), "" if engine.fp16_enabled() else
+                         f" and skips steps with non-finite gradients, {self.max_nonfinite_in_row} in a row at most")
+
+        def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+            engine = self.deepspeed_engine
+            steps, skipped = engine.global_steps, engine.skipped_steps
+            result = super().optimizer_step(optimizer, closure, model, **kwargs)
+            if engine.global_steps > steps and not engine.fp16_enabled():  # an accumulation boundary
+                count_step(self.lightning_module, engine.skipped_steps == skipped, engine.get_global_grad_norm(),
+                           self.max_nonfinite_in_row)
+            return result
+
+    return RuleKeepingDeepSpeedStrategy
 
 
 def trained_state_fsdp():
@@ -99,15 +185,15 @@ def module_init(cfg: RunConfig, trainer) -> Callable[[], ContextManager]:
     """The context the phase's networks are built in (``runner.build_phase``'s ``init``).
 
     Lightning builds on the GPU under every strategy but FSDP, which builds on the CPU so that a model
-    larger than one GPU can still be sharded; a random or loaded 7B float32 model then takes the CPU a
-    while (phase (b) FSDP launches started about 70 s later than ZeRO-2 ones on an H200 host; not
-    profiled). ``trainer.fsdp_init_device=gpu`` builds each rank's whole model on its GPU first, as the
-    other strategies do, for models whose weights fit one GPU in the precision's dtype (float32 under
+    larger than one GPU can still be sharded; building a random or loaded 7B float32 model on the CPU
+    then delays the first step by more than a minute (benchmarks/README.md, 'Numbers behind comments').
+    ``trainer.fsdp_init_device=gpu`` builds each rank's whole model on its GPU first, as the other
+    strategies do, for models whose weights fit one GPU in the precision's dtype (float32 under
     bf16-mixed).
     """
     if cfg.trainer.accelerator == "cpu":
         return contextlib.nullcontext
-    if cfg.trainer.strategy == FSDP and cfg.trainer.fsdp_init_device == "gpu":
+    if cfg.trainer.strategy == FSDP and cfg.trainer.fsdp_init_device == FSDP_GPU_INIT:
         return lambda: _on_root_device(trainer)
     return lambda: trainer.init_module(empty_init=False)
 
@@ -125,7 +211,7 @@ def fsdp_mixed_precision(cfg: RunConfig):
     Each unit's weights are gathered in bf16 and the root's floating inputs cast to bf16, so weights
     and activations compute in bf16 as under DeepSpeed's bf16 mode; the sharded float32 parameters are
     the optimizer's master weights, and gradients are reduced and kept in float32."""
-    if cfg.trainer.strategy != FSDP or cfg.trainer.fsdp_compute != "bf16":
+    if cfg.trainer.strategy != FSDP or cfg.trainer.fsdp_compute != FSDP_BF16_COMPUTE:
         return None
     import torch
     from torch.distributed.fsdp import MixedPrecision
@@ -143,6 +229,13 @@ def is_deepspeed(name: str) -> bool:
     return name in DEEPSPEED_STRATEGIES
 
 
+def is_deepspeed_strategy(strategy) -> bool:
+    """Lightning's DeepSpeed strategy, ours (``rule_keeping_deepspeed``) included."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    return isinstance(strategy, DeepSpeedStrategy)
+
+
 def is_fsdp_strategy(strategy) -> bool:
     """Lightning's FSDP strategy, ours (``trained_state_fsdp``) included."""
     from lightning.pytorch.strategies import FSDPStrategy
@@ -156,7 +249,7 @@ def full_weights(trainer):
     full tensors. A collective: every rank must enter. FSDP exports read the gathered state instead
     (``callbacks.ExportCallback``)."""
     strategy = trainer.strategy
-    if type(strategy).__name__ == "DeepSpeedStrategy" and strategy.zero_stage_3:
+    if is_deepspeed_strategy(strategy) and strategy.zero_stage_3:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(trainer.lightning_module.parameters()), modifier_rank=None):
@@ -186,3 +279,46 @@ DEEPSPEED_PICKLED = (
     ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
 )
+
+
+def check_strategy(cfg: RunConfig) -> list[str]:
+    """``trainer.strategy``, its precision and FSDP settings, and the strategy against what the phase's
+    export needs; before anything is built."""
+    t = cfg.trainer
+    problems = choice("trainer.precision", str(t.precision), KNOWN_PRECISIONS)
+    strategy = str(t.strategy)
+    if strategy not in STRATEGIES:
+        problems.append(f"trainer.strategy={strategy!r} is not a known strategy; use one of {STRATEGIES}")
+        return problems
+    if is_deepspeed(strategy):
+        if t.accelerator == "cpu":
+            problems.append(f"trainer.strategy={strategy!r} needs trainer.accelerator=gpu: DeepSpeed has no CPU "
+                            f"path here (use strategy=ddp or auto on CPU)")
+        if str(t.precision) not in DEEPSPEED_PRECISIONS:
+            problems.append(f"trainer.precision={t.precision!r} is not supported by trainer.strategy={strategy!r}; "
+                            f"use one of {DEEPSPEED_PRECISIONS}")
+    if strategy == FSDP:
+        problems += choice("trainer.fsdp_sharding", str(t.fsdp_sharding), FSDP_SHARDINGS)
+    problems += choice("trainer.fsdp_compute", str(t.fsdp_compute), FSDP_COMPUTE)
+    problems += choice("trainer.fsdp_init_device", str(t.fsdp_init_device), FSDP_INIT_DEVICES)
+    if t.fsdp_init_device == FSDP_GPU_INIT and strategy != FSDP:
+        problems.append(f"trainer.fsdp_init_device=gpu applies to trainer.strategy=fsdp only (got {strategy!r}); "
+                        f"the other strategies build on the GPU already")
+    if t.fsdp_compute == FSDP_BF16_COMPUTE and strategy != FSDP:
+        problems.append(f"trainer.fsdp_compute=bf16 applies to trainer.strategy=fsdp only (got {strategy!r}); "
+                        f"DeepSpeed's bf16 mode is already bf16 compute with float32 master weights")
+    elif t.fsdp_compute == FSDP_BF16_COMPUTE and str(t.precision) != "bf16-mixed":
+        problems.append(f"trainer.fsdp_compute=bf16 is a bf16-mixed mode: set trainer.precision=bf16-mixed "
+                        f"(got {t.precision!r})")
+    if strategy == FSDP and t.accelerator == "cpu":
+        problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
+                        "use strategy=ddp on CPU)")
+    # ZeRO-3 partitions every parameter; exports gather them (full_weights), but the peft adapter
+    # folders of phases that write one are not verified against ZeRO-3's partitioned LoRA tensors.
+    partitioned = is_deepspeed(strategy) and DEEPSPEED_STRATEGIES[strategy][0] == PARTITIONED_STAGE
+    spec = PHASES.get(cfg.phase.name)  # an unknown name is the phase checks' to report
+    if partitioned and spec is not None and spec.exports.lora_adapter:
+        problems.append(f"trainer.strategy={strategy!r} partitions the LoRA weights, and phase {cfg.phase.name!r} "
+                        f"writes a peft LoRA adapter folder from them: use deepspeed_stage_2 (or "
+                        f"deepspeed_stage_2_offload), fsdp or ddp")
+    return problems

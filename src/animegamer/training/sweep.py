@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from animegamer.utils.io import sha256_bytes
 
 MAX_NAME = 150  # file systems allow 255 bytes a name; long override lists end in a hash instead
@@ -28,9 +31,6 @@ def job_folder_name(override_dirname: str, job_num: int) -> str:
 
 def job_output_dir(output_dir: str) -> str:
     """``output_dir`` of this process: unchanged outside a Hydra multirun, a per-job sub-folder inside one."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized():
         return output_dir
     hydra = HydraConfig.get()

@@ -34,7 +34,7 @@ def peft_adapter_state(peft_model, adapter_name: str, state: Mapping[str, torch.
     peft model's parameter names. peft finds adapter entries by the names of the model's modules,
     which FSDP's wrappers change, so the entries are handed to it under the model's own names and
     cleaned afterwards. ``required`` (clean or wrapped names in ``state``'s naming) must be present."""
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model_state_dict  # seconds to import: only savers of adapters need it
 
     if state is None:
         return get_peft_model_state_dict(peft_model, adapter_name=adapter_name, **kwargs)

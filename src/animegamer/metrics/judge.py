@@ -1,0 +1,369 @@
+"""The MLLM judge of the paper's Table 2: each played game scored from 1 to 10 in six dimensions.
+
+The paper asks GPT-4V; here any OpenAI-compatible chat endpoint with image input does (a hosted model,
+or a local server such as vLLM serving an open VLM), through ``animegamer.utils.http``'s client and
+retry rules (the pipeline's ``http`` captioner uses the same). One request per sample holds the whole
+game: for every turn its instruction, the motion level and state changes the game predicted, and
+``frames_per_turn`` evenly spaced frames of its clip; the prompt (``templates/judge_prompt.txt.j2``,
+ours: the paper's is not public) asks for one JSON object with the six integer scores. An answer is
+parsed strictly (exactly the six keys, integers within 1..10); an unusable one is asked again with
+the reason, a failed request (timeout, 429, 5xx) is sent again after a back-off, and a sample still
+without a valid answer is unavailable, never guessed. Each game is judged ``samples`` times: its
+score is the mean of its valid samples and their standard deviation is its spread. Without an
+endpoint every score is unavailable, as the model-based metrics of Table 1 are without weights.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+
+from animegamer.metrics.common import available, format_metric, unavailable
+from animegamer.utils.http import (IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient, answer_with_retries,
+                                   api_key_from_env)
+
+log = logging.getLogger("animegamer.metrics.judge")  # the same name under ``python -m``
+
+DIMENSIONS = ("overall", "instruction_following", "contextual_consistency", "character_consistency",
+              "style_consistency", "state_update")
+DIMENSION_LABELS = {
+    "overall": "Overall",
+    "instruction_following": "Instruction following",
+    "contextual_consistency": "Contextual consistency",
+    "character_consistency": "Character consistency",
+    "style_consistency": "Style consistency",
+    "state_update": "State update",
+}
+SCORE_RANGE = (1, 10)
+JUDGE_PROMPT_VERSION = "1"  # raise with every change of the prompt's text
+PROMPT_TEMPLATE = "judge_prompt.txt.j2"
+PROMPT_SHA_CHARS = 12
+PAPER_JUDGE_MODEL = "GPT-4V"
+NO_ENDPOINT = "no judge endpoint (set evaluation.judge.url and evaluation.judge.model_name)"
+SCORE_DECIMALS = 2
+LABEL = "judge"  # how the retry loop's log lines name this client
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+# --------------------------------------------------------------------------- the game as the judge sees it
+@dataclass(frozen=True)
+class JudgedTurn:
+    instruction: str
+    frames: np.ndarray  # (T, H, W, 3) uint8: the clip the game generated
+    predicted: Mapping[str, int]  # ML, SC, ET, ST as the game generated them
+
+
+@dataclass(frozen=True)
+class JudgedGame:
+    id: str
+    turns: tuple[JudgedTurn, ...]
+
+
+def _signed(delta: int) -> str:
+    return f"{delta:+d}" if delta else "0"
+
+
+def state_changes(turns: Sequence[Mapping[str, int]]) -> list[str]:
+    """Per turn: "SC +1 (50 -> 55), ET 0 (50 -> 50), ST -1 (50 -> 45)", by the game's own state rule."""
+    from animegamer.game import CHARACTER_STATES, INITIAL_STATE, update_states
+
+    states = {key: INITIAL_STATE for key in CHARACTER_STATES}
+    texts = []
+    for predicted in turns:
+        after = update_states(states, predicted)
+        texts.append(", ".join(f"{key} {_signed(int(predicted[key]))} ({states[key]} -> {after[key]})"
+                               for key in CHARACTER_STATES))
+        states = after
+    return texts
+
+
+def _frame_images(frames: np.ndarray, count: int, max_side: int) -> list:
+    from PIL import Image
+
+    from data_pipeline.captioners.base import pick_frames
+
+    images = []
+    for frame in pick_frames(frames, count):
+        image = Image.fromarray(frame)
+        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)  # keeps the aspect, never enlarges
+        images.append(image)
+    return images
+
+
+# --------------------------------------------------------------------------- the prompt
+@functools.lru_cache(maxsize=1)
+def _prompt_environment():
+    """The package's templates rendered as plain text (no HTML escaping of instructions)."""
+    import jinja2
+
+    from animegamer.pages import TEMPLATE_FOLDER, TEMPLATE_PACKAGE
+
+    return jinja2.Environment(loader=jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_FOLDER), autoescape=False,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def prompt_macros():
+    """The prompt file's macros: ``intro``, ``turn``, ``rubric``, ``feedback``."""
+    return _prompt_environment().get_template(PROMPT_TEMPLATE).module
+
+
+def prompt_sha256() -> str:
+    """The prompt file's content hash: an edited prompt shows in the report even without a new version."""
+    env = _prompt_environment()
+    source = env.loader.get_source(env, PROMPT_TEMPLATE)[0]
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:PROMPT_SHA_CHARS]
+
+
+def request_parts(game: JudgedGame, frames_per_turn: int, image_max_side: int,
+                  feedback: Optional[str] = None) -> list[ContentPart]:
+    """One request: the intro, every turn's text followed by its frames, the rubric (+ the last error)."""
+    macros = prompt_macros()
+    parts: list[ContentPart] = [(TEXT, str(macros.intro(len(game.turns), frames_per_turn)))]
+    changes = state_changes([turn.predicted for turn in game.turns])
+    for number, (turn, change) in enumerate(zip(game.turns, changes), start=1):
+        parts.append((TEXT, str(macros.turn(number, turn.instruction, int(turn.predicted["ML"]), change))))
+        parts += [(IMAGE, image) for image in _frame_images(turn.frames, frames_per_turn, image_max_side)]
+    rubric = str(macros.rubric(list(DIMENSIONS), *SCORE_RANGE))
+    parts.append((TEXT, rubric + (f"\n\n{macros.feedback(feedback)}" if feedback is not None else "")))
+    return parts
+
+
+# --------------------------------------------------------------------------- the answer
+def parse_scores(text: str) -> dict[str, int]:
+    """Exactly one JSON object (optionally in a ```json fence) with the six dimensions as integers in
+    1..10; anything else raises ``ValueError`` with a message fit to be shown back to the judge."""
+    import json
+
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1)
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the answer is not a single JSON object ({exc.msg} at char {exc.pos})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"the answer must be a JSON object, got {type(data).__name__}")
+    missing = [key for key in DIMENSIONS if key not in data]
+    unknown = sorted(key for key in data if key not in DIMENSIONS)
+    if missing or unknown:
+        raise ValueError(f"the object must have exactly the keys {list(DIMENSIONS)}"
+                         + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else ""))
+    low, high = SCORE_RANGE
+    for key in DIMENSIONS:
+        value = data[key]
+        # bool is an int subclass, and 7.5 or "7" are not the integers asked for
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f'"{key}" must be an integer from {low} to {high}, got {value!r}')
+    return {key: data[key] for key in DIMENSIONS}
+
+
+# --------------------------------------------------------------------------- scoring
+def public_endpoint(url: str) -> str:
+    """The endpoint as the report may show it: without user, password, query or fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _settings(cfg) -> dict:
+    return {"model": cfg.model_name or None, "endpoint": public_endpoint(cfg.url) if cfg.url else None,
+            "prompt_version": JUDGE_PROMPT_VERSION, "prompt_sha256": prompt_sha256(),
+            "samples_per_game": cfg.samples, "frames_per_turn": cfg.frames_per_turn,
+            "temperature": cfg.temperature, "score_range": list(SCORE_RANGE)}
+
+
+def unavailable_record(cfg, reason: str, games: int = 0) -> dict:
+    """Every dimension unavailable with ``reason`` (no endpoint, or no game to judge)."""
+    return {**_settings(cfg), "games": games, "games_scored": 0, "reason": reason,
+            "scores": {key: unavailable(reason) for key in DIMENSIONS}, "spread": {key: None for key in DIMENSIONS},
+            "per_game": []}
+
+
+def _sd(values: Sequence[float]) -> Optional[float]:
+    """Sample standard deviation; None below two values (one sample says nothing about the spread)."""
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def game_summary(game_id: str, samples: Sequence[dict]) -> dict:
+    """Mean and standard deviation of a game's valid samples, per dimension (None when none is valid)."""
+    valid = [s["scores"] for s in samples if s["scores"] is not None]
+    mean = {key: statistics.mean(v[key] for v in valid) for key in DIMENSIONS} if valid else None
+    sd = {key: _sd([v[key] for v in valid]) for key in DIMENSIONS} if valid else None
+    return {"id": game_id, "samples": list(samples), "valid_samples": len(valid), "mean": mean, "sd": sd}
+
+
+def summarize(cfg, per_game: Sequence[dict]) -> dict:
+    """Table 2's judge column: per dimension the mean over scored games of each game's mean, and the
+    spread as the mean over games of each game's sample standard deviation (the judge's own noise)."""
+    scored = [g for g in per_game if g["mean"] is not None]
+    if not scored:
+        reason = "no game scored" + (f": {per_game[-1]['samples'][-1]['error']}" if per_game and per_game[-1]["samples"]
+                                     else "")
+        return {**unavailable_record(cfg, reason, len(per_game)), "per_game": list(per_game)}
+    scores, spread = {}, {}
+    for key in DIMENSIONS:
+        scores[key] = available(statistics.mean(g["mean"][key] for g in scored))
+        sds = [g["sd"][key] for g in scored if g["sd"][key] is not None]
+        spread[key] = statistics.mean(sds) if sds else None
+    return {**_settings(cfg), "games": len(per_game), "games_scored": len(scored), "scores": scores,
+            "spread": spread, "per_game": list(per_game)}
+
+
+class Judge:
+    """Scores games through ``cfg`` (an ``evaluation.judge`` node) with an OpenAI-compatible endpoint."""
+
+    def __init__(self, cfg, backoff_s: float = RETRY_BACKOFF_S) -> None:
+        self.cfg = cfg
+        self.backoff_s = backoff_s
+        self.client = OpenAIChatClient(cfg.url, cfg.model_name, cfg.timeout_s,
+                                       api_key_from_env(cfg.api_key_env, LABEL))
+
+    def sample(self, game: JudgedGame) -> dict:
+        """One judgement of ``game``: ``{"scores": {...} or None, "attempts": n, "error": ""}``."""
+        cfg = self.cfg
+        ask: Callable[[Optional[str]], str] = lambda feedback: self.client.complete(
+            request_parts(game, cfg.frames_per_turn, cfg.image_max_side, feedback), cfg.max_tokens, cfg.temperature)
+        outcome = answer_with_retries(ask, parse_scores, cfg.retries, f"{LABEL} {game.id}", self.backoff_s)
+        if not outcome.ok:
+            log.warning("judge: game %s: a sample is unavailable: %s", game.id, outcome.error)
+        return {"scores": outcome.value, "attempts": outcome.attempts, "error": outcome.error}
+
+    def score(self, games: Sequence[JudgedGame]) -> dict:
+        per_game = []
+        for game in games:
+            samples = [self.sample(game) for _ in range(self.cfg.samples)]
+            per_game.append(game_summary(game.id, samples))
+            mean = per_game[-1]["mean"]
+            log.info("judge: game %s: %d/%d valid samples%s", game.id, per_game[-1]["valid_samples"],
+                     len(samples), f", overall {mean['overall']:.2f}" if mean else "")
+        return summarize(self.cfg, per_game)
+
+
+def judge_games(cfg, games: Sequence[JudgedGame], backoff_s: float = RETRY_BACKOFF_S) -> dict:
+    """The judge's record for ``games`` (what metrics.json keeps under ``judge``)."""
+    if not cfg.url:
+        return unavailable_record(cfg, NO_ENDPOINT, len(games))
+    if not games:
+        return unavailable_record(cfg, "no game was played")
+    return Judge(cfg, backoff_s).score(games)
+
+
+def games_from_report(games: Sequence[Mapping]) -> list[JudgedGame]:
+    """Evaluation's report games (``metrics.report``'s format), their clips decoded; turns without a
+    clip (a game that stopped) are left out, and so are games with no turn left."""
+    from animegamer.data.shards import decode_video
+
+    judged = []
+    for game in games:
+        turns = tuple(JudgedTurn(str(t["instruction"]), decode_video(Path(t["video"]).read_bytes()), dict(t["states"]))
+                      for t in game.get("turns", []) if t.get("video") and Path(t["video"]).is_file())
+        if turns:
+            judged.append(JudgedGame(str(game["id"]), turns))
+    return judged
+
+
+def judge_report_games(cfg, games: Sequence[Mapping], backoff_s: float = RETRY_BACKOFF_S) -> dict:
+    """What ``evaluate.py`` calls: the played games judged, or every score unavailable without an endpoint
+    (then no clip is decoded)."""
+    if not cfg.url:
+        return unavailable_record(cfg, NO_ENDPOINT, len(games))
+    return judge_games(cfg, games_from_report(games), backoff_s)
+
+
+# --------------------------------------------------------------------------- report
+def judge_cell(record: Mapping, key: str) -> str:
+    """"6.50 ± 0.71" (mean ± judge spread), "6.50" with one sample, or "n/a (reason)"."""
+    text = format_metric(record["scores"][key], SCORE_DECIMALS)
+    spread = record["spread"].get(key)
+    if spread is None or not record["scores"][key]["available"]:
+        return text
+    return f"{text} ± {spread:.{SCORE_DECIMALS}f}"
+
+
+def table2_lines(record: Mapping) -> list[str]:
+    """report.md's "Table 2: MLLM judge" section for one evaluation."""
+    model = f"`{record['model']}`" if record.get("model") else "none"
+    lines = ["## Table 2: MLLM judge", "",
+             f"Judge: {model}; prompt version {record['prompt_version']} (sha256 {record['prompt_sha256']}); "
+             f"{record['games_scored']} of {record['games']} games scored, {record['samples_per_game']} samples per "
+             f"game, {record['frames_per_turn']} frames per turn.", "",
+             f"| Dimension | Ours (mean ± sd) | Paper ({PAPER_JUDGE_MODEL}) |", "|---|---|---|"]
+    lines += [f"| {DIMENSION_LABELS[key]} | {judge_cell(record, key)} | not recorded |" for key in DIMENSIONS]
+    failed = [g for g in record.get("per_game", []) if g["mean"] is None]
+    lines += ["", f"Scores from {SCORE_RANGE[0]} to {SCORE_RANGE[1]}, higher is better. A game's score is the mean "
+              "of its valid samples; ours is the mean over the scored games, ± the mean over games of the samples' "
+              "standard deviation (the judge's own spread). The paper's judge prompt is not public: ours is "
+              "`src/animegamer/templates/judge_prompt.txt.j2`, so ours and the paper's scores come from different "
+              "prompts (and judges, unless ours is GPT-4V). The repository does not record the paper's Table 2 "
+              "numbers."]
+    if failed:
+        lines += ["", "Games without a valid judgement (not scored, not a zero): "
+                  + "; ".join(f"{g['id']}: {g['samples'][-1]['error']}" for g in failed if g["samples"]) + "."]
+    return lines
+
+
+# --------------------------------------------------------------------------- judging a finished evaluation
+def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) -> dict:
+    """Judge the games of an ``evaluate.py`` folder again (another judge, more samples) without playing
+    them: ``metrics.json``'s judge record and ``report.md`` are rewritten from the clips in the folder."""
+    import json
+
+    from animegamer.errors import InvalidInputError, MissingInputError
+    from animegamer.metrics.report import METRICS_FILE, VIDEO_KEYS, write_report
+
+    folder = Path(folder)
+    path = folder / METRICS_FILE
+    if not path.is_file():
+        raise MissingInputError(f"{path}: missing; pass a folder written by evaluate.py (evaluation.out)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        metrics, games = record["metrics"], record["games"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise InvalidInputError(f"{path}: not an evaluation record ({error})") from error
+    # metrics.json keeps clip paths relative to its folder; write_report reads them as this process sees them
+    games = [{**game, "turns": [{**turn, **{key: str(folder / turn[key]) for key in VIDEO_KEYS if turn.get(key)}}
+                                for turn in game.get("turns", [])]} for game in games]
+    metrics["judge"] = judge_report_games(cfg, games, backoff_s)
+    write_report(folder, metrics, games, paper=record.get("paper") or {})
+    return metrics["judge"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m animegamer.metrics.judge EVAL_FOLDER evaluation.judge.url=... [overrides]``."""
+    import sys
+
+    from animegamer.config.compose import compose_config
+    from animegamer.config.validate import ConfigError, check_judge
+    from animegamer.errors import UserError, exit_on_user_error
+    from animegamer.utils.logging import setup_logging
+
+    def run() -> int:
+        args = list(sys.argv[1:] if argv is None else argv)
+        if not args or "=" in args[0]:
+            raise UserError("usage: python -m animegamer.metrics.judge EVAL_FOLDER evaluation.judge.url=URL "
+                            "evaluation.judge.model_name=NAME [evaluation.judge.*=...]")
+        setup_logging("INFO")
+        cfg = compose_config("evaluate", args[1:]).evaluation.judge
+        problems = check_judge(cfg) + ([] if cfg.url else ["evaluation.judge.url is empty: name the judge's endpoint"])
+        if problems:
+            raise ConfigError(problems)
+        record = judge_folder(args[0], cfg)
+        log.info("judge: %d of %d games scored; report %s", record["games_scored"], record["games"],
+                 Path(args[0]) / "report.md")
+        return 0
+
+    return exit_on_user_error(run)()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""The game-state MLLM with its tokenizer, and the one place it is assembled and loaded.
+
+Phase (b) trains it, the pipeline's adaptation step predicts with it and the game plays with it: each
+builds it with :func:`build_game_mllm` (tokenizer with every AnimeGamer token, seeded network sized
+to that tokenizer, official checkpoint, exports), and runs a collated batch with :func:`run_batch`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from animegamer.checkpoints.export import load_export
+from animegamer.config.schema import RunConfig
+from animegamer.mllm.masks import flex_block_mask
+from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
+from animegamer.models.encoder import representation_tokens
+from animegamer.models.mllm import GameStateMLLM
+
+log = logging.getLogger(__name__)
+
+# The collated batch's entries the network reads (:mod:`animegamer.mllm.collate`); the rest (lengths,
+# keys) is bookkeeping.
+MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
+              "padding_mask", "document_ids")
+
+
+@dataclass
+class TokenizedMLLM:
+    """What predicting a turn needs: the network, its tokenizer and the AnimeGamer token ids."""
+
+    model: GameStateMLLM
+    tokenizer: Any  # a Hugging Face tokenizer
+    ids: TokenIds
+
+
+def game_tokenizer(cfg: RunConfig):
+    """The configured tokenizer with every AnimeGamer token present, and its ids by name."""
+    mllm = cfg.model.mllm
+    tokenizer = load_tokenizer(mllm.tokenizer or mllm.path or None)
+    added = add_animegamer_tokens(tokenizer)
+    if added:
+        log.info("added %d AnimeGamer tokens to the tokenizer", len(added))
+    return tokenizer, TokenIds.from_tokenizer(tokenizer)
+
+
+def build_mllm(cfg: RunConfig, vocab_size: int) -> GameStateMLLM:
+    """The network alone, seeded by ``cfg.seed``, for a tokenizer of ``vocab_size`` tokens."""
+    return GameStateMLLM(cfg.model.mllm, cfg.model.encoder.width, representation_tokens(cfg.model.encoder),
+                         vocab_size, seed=cfg.seed)
+
+
+def import_official_mllm(model: GameStateMLLM, path: str) -> None:
+    """The official MLLM checkpoint into ``model``; anything unplaced is an error."""
+    from animegamer.models.official_mllm import load_official_mllm
+
+    report = load_official_mllm(path, model)
+    if not report.ok:
+        raise ValueError(f"{path}: {report.summary()}")
+
+
+def build_game_mllm(cfg: RunConfig, exports: Sequence[str | Path] = ()) -> TokenizedMLLM:
+    """The game-state MLLM of ``cfg``: the tokenizer, the network sized to it, the official checkpoint
+    when the config names one, then each phase (b) export in order, each over the last."""
+    tokenizer, ids = game_tokenizer(cfg)
+    model = build_mllm(cfg, len(tokenizer))
+    if cfg.model.mllm.official_checkpoint:
+        import_official_mllm(model, cfg.model.mllm.official_checkpoint)
+    for export in exports:
+        load_export(export, model)
+    return TokenizedMLLM(model, tokenizer, ids)
+
+
+def attention_for(kind: str, batch: dict):
+    """The mask in the form that keeps the kernel fast: a FlexAttention BlockMask (the query block is
+    a few 128-blocks, the rest causal, so most blocks are skipped or dense) or None, which lets the
+    model build its boolean mask for SDPA / eager."""
+    if kind == "flex":
+        return flex_block_mask(batch["query_mask"], batch["padding_mask"], document_ids=batch.get("document_ids"))
+    return None
+
+
+def run_batch(model: GameStateMLLM, batch: dict) -> dict:
+    """The network on a collated batch (losses where the batch has targets, ``pred`` at the queries)."""
+    return model(attention_mask_4d=attention_for(model.cfg.attention, batch),
+                 **{key: batch[key] for key in MODEL_KEYS if key in batch})

@@ -1,0 +1,258 @@
+"""Each training phase in one place: its config, its module and data, what it trains and exports, the
+shards it reads, its FSDP wrap unit and its own checks.
+
+Whatever depends on which phase runs (the runner, the validation pass, the run record, the
+strategies, the export checks) asks :func:`spec_for` or :data:`PHASES`; no other module compares a
+phase name. Importing this module imports no LightningModule, network or dataset: those are imported
+when a phase is built or checked, so the validation pass and the game can read a phase's contracts
+(what its export holds) without loading training code.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
+
+A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_warmup", "a_joint", "b", "c"
+
+# Parameter groups of the reconstruction model (encoder + decoder) that a phase trains, resolved to
+# parameter names by phases/phase_a.py; a phase that trains the decoder's LoRA also adds it.
+ENCODER, MOTION_SCOPE, ADALN, LORA = "encoder", "motion_scope", "adaln", "lora"
+# The game-state MLLM's own trainable set (LoRA, and per model.mllm its norms and embeddings, the projections).
+MLLM = "mllm"
+
+
+class BuiltPhase(NamedTuple):
+    """What the runner fits: the module, its data, how it exports, the phase's own callbacks."""
+
+    module: Any
+    data: Any
+    export: Callable
+    callbacks: list
+
+
+@dataclass(frozen=True)
+class ExportContract:
+    """What a phase's export holds, as the checks compare an export with a config."""
+
+    parts: tuple[str, ...]  # model.<part> nodes whose sizes its weights fix
+    rep_only: bool  # of model.encoder only what fixes the representation's N and D (the MLLM's queries)
+    lora_adapter: bool  # a peft LoRA adapter folder beside the tensors (its LoRA rank is compared too)
+
+
+RECONSTRUCTION_EXPORT = ExportContract(("encoder", "decoder"), rep_only=False, lora_adapter=False)
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    name: str
+    config: type[PhaseConfig]  # its config dataclass (configs/phase/<name>.yaml defaults to it)
+    trains: tuple[str, ...]  # parameter groups it trains
+    exports: ExportContract
+    # data.<key> of the folder of its samples; None: phase (a)'s ``input`` names it (features | clips).
+    samples: Optional[str]
+    sample_shapes: Callable[[RunConfig], dict[str, tuple]]  # .npy members it reads (None = any size)
+    weights: tuple[str, ...]  # model weight folders it loads (config.disk_checks.check_weight_folders parts)
+    frozen_encoders: Callable[[RunConfig], tuple[str, ...]]  # frozen encoders a run builds
+    build: Callable[..., BuiltPhase]  # (cfg, init) -> module, data, export, callbacks
+    wrap_blocks: Callable[[], set[type]]  # FSDP's wrapping unit: its trained network's blocks
+    checks: tuple[Callable[[RunConfig], list[str]], ...]  # its own config fields and what only it needs
+
+    def sample_key(self, phase: PhaseConfig | Mapping) -> str:
+        """``data.<key>`` of its sample shards, from the phase config (typed, or a resolved dict)."""
+        if self.samples is not None:
+            return self.samples
+        return phase["input"] if isinstance(phase, Mapping) else phase.input
+
+
+# --------------------------------------------------------------------------- shard contracts
+def _latents(cfg: RunConfig) -> tuple:
+    return (None, cfg.model.encoders.vae.latent_channels, None, None)
+
+
+def _representation(cfg: RunConfig) -> tuple[int, int]:
+    from animegamer.models.encoder import representation_tokens
+
+    return representation_tokens(cfg.model.encoder), cfg.model.encoder.width
+
+
+def _feature_shapes(cfg: RunConfig) -> dict[str, tuple]:
+    """Precomputed features (clips are decoded whole, their size is the pipeline's business)."""
+    from animegamer.data.phase_a import FEATURES
+
+    if cfg.phase.input != FEATURES:
+        return {}
+    enc = cfg.model.encoder
+    return {"latents.npy": _latents(cfg), "text.npy": (enc.text_tokens, enc.text_dim),
+            "image.npy": (enc.image_tokens, enc.image_dim)}
+
+
+def _session_shapes(cfg: RunConfig) -> dict[str, tuple]:
+    return {"reps.npy": (None, *_representation(cfg))}
+
+
+def _adaptation_shapes(cfg: RunConfig) -> dict[str, tuple]:
+    return {"latents.npy": _latents(cfg), "pred_rep.npy": _representation(cfg)}
+
+
+def _reconstruction_encoders(cfg: RunConfig) -> tuple[str, ...]:
+    """All with raw clips; the VAE for validation videos."""
+    from animegamer.data.phase_a import CLIPS
+
+    if cfg.phase.input == CLIPS:
+        return ("t5", "clip", "vae")
+    return ("vae",) if cfg.phase.val_clips > 0 else ()
+
+
+def _no_encoders(cfg: RunConfig) -> tuple[str, ...]:
+    return ()
+
+
+# --------------------------------------------------------------------------- FSDP units
+def _decoder_blocks() -> set[type]:
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+
+    return {CogVideoXBlock}
+
+
+def _mllm_blocks() -> set[type]:
+    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
+
+    return {MistralDecoderLayer}
+
+
+# --------------------------------------------------------------------------- builders
+def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
+    from animegamer.data import phase_a as data_a
+    from animegamer.models.frozen_encoders import build_frozen_encoders
+    from animegamer.phases.phase_a import PhaseA, export_phase_a
+    from animegamer.training.callbacks import ValidationVideos
+    from animegamer.training.runner import ShardData, clip_lookup
+
+    frozen = build_frozen_encoders(cfg.model.encoders) if cfg.phase.input == data_a.CLIPS else None
+    data = ShardData(data_a.phase_a_dataset(cfg, "train"), data_a.phase_a_dataset(cfg, "val"),
+                     partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
+    callbacks = []
+    if cfg.phase.val_clips > 0 and len(data.val_set):
+        lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
+        callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
+                                          cfg.phase.val_clips, cfg.phase.val_sampling_steps))
+    with init():
+        module = PhaseA(cfg, frozen)
+    return BuiltPhase(module, data, export_phase_a, callbacks)
+
+
+def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
+    from animegamer.data import phase_b as data_b
+    from animegamer.phases.phase_b import PhaseB, export_phase_b
+    from animegamer.training.runner import ShardData
+
+    # Indexed before the MLLM is built (minutes at 7B): an empty training split fails in seconds.
+    train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
+    with init():
+        module = PhaseB(cfg)
+    tokenizer, ids = module.tokenizer, module.ids
+    data = ShardData(
+        data_b.SessionWindows(train_sessions, tokenizer, ids, cfg.data.window_weights, cfg.seed),
+        data_b.FullSessions(val_sessions, tokenizer, ids),
+        lambda dataset, *position: data_b.train_loader(cfg, dataset, ids.pad, *position),
+        lambda dataset: data_b.val_loader(cfg, dataset, ids.pad))
+    return BuiltPhase(module, data, export_phase_b, [])
+
+
+def _build_adaptation(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
+    from animegamer.data import phase_a as data_a
+    from animegamer.data.phase_c import adaptation_dataset
+    from animegamer.phases.phase_c import PhaseC, export_phase_c
+    from animegamer.training.runner import ShardData
+
+    data = ShardData(adaptation_dataset(cfg, "train"), adaptation_dataset(cfg, "val"),
+                     partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
+    with init():
+        module = PhaseC(cfg)
+    return BuiltPhase(module, data, export_phase_c, [])
+
+
+# --------------------------------------------------------------------------- each phase's own checks
+def _probability(key: str, value: float) -> list[str]:
+    return [] if 0 <= value < 1 else [f"{key}={value} must be in [0, 1)"]
+
+
+def check_reconstruction_phase(cfg: RunConfig) -> list[str]:
+    from animegamer.config.validate import choice
+    from animegamer.data.phase_a import CLIPS, INPUTS
+
+    phase = cfg.phase
+    problems = choice("phase.input", phase.input, INPUTS)
+    problems += _probability("phase.text_dropout", phase.text_dropout)
+    problems += _probability("phase.image_dropout", phase.image_dropout)
+    if phase.random_frame and phase.input != CLIPS:
+        problems.append(f"phase.random_frame needs phase.input={CLIPS}: precomputed features hold the first frame only")
+    return problems
+
+
+def check_game_state_phase(cfg: RunConfig) -> list[str]:
+    from animegamer.checks import check_tokenizer
+    from animegamer.mllm.collate import check_window_weights
+    from animegamer.models.mllm import check_mllm
+
+    phase = cfg.phase
+    problems = []
+    if phase.pack_tokens < 0:
+        problems.append(f"phase.pack_tokens={phase.pack_tokens}: must be >= 0")
+    if phase.pad_to_multiple < 0:
+        problems.append(f"phase.pad_to_multiple={phase.pad_to_multiple}: must be >= 0")
+    problems += check_mllm(cfg.model)
+    problems += check_tokenizer(cfg.model, [("phase.init_from", phase.init_from)] if phase.init_from else [])
+    problems += check_window_weights("data.window_weights", cfg.data.window_weights)
+    return problems
+
+
+def check_adaptation_phase(cfg: RunConfig) -> list[str]:
+    return _probability("phase.unconditional_rep_prob", cfg.phase.unconditional_rep_prob)
+
+
+# --------------------------------------------------------------------------- the phases
+_RECONSTRUCTION = dict(config=PhaseAConfig, samples=None, sample_shapes=_feature_shapes, weights=("decoder",),
+                       frozen_encoders=_reconstruction_encoders, build=_build_reconstruction,
+                       wrap_blocks=_decoder_blocks, checks=(check_reconstruction_phase,))
+
+PHASES: dict[str, PhaseSpec] = {spec.name: spec for spec in (
+    # Encoder branches and the motion-scope embedder; the decoder stays as loaded (LoRA merged).
+    PhaseSpec(A_WARMUP, trains=(ENCODER, MOTION_SCOPE), exports=RECONSTRUCTION_EXPORT, **_RECONSTRUCTION),
+    # + the decoder's LoRA and every block's AdaLN modulation linear.
+    PhaseSpec(A_JOINT, trains=(ENCODER, MOTION_SCOPE, ADALN, LORA),
+              exports=ExportContract(("encoder", "decoder"), rep_only=False, lora_adapter=True), **_RECONSTRUCTION),
+    PhaseSpec(PHASE_B, config=PhaseBConfig, trains=(MLLM,),
+              exports=ExportContract(("encoder", "mllm"), rep_only=True, lora_adapter=True),
+              samples="sessions", sample_shapes=_session_shapes, weights=("mllm",), frozen_encoders=_no_encoders,
+              build=_build_game_state, wrap_blocks=_mllm_blocks, checks=(check_game_state_phase,)),
+    # The decoder (encoder bypassed) on the MLLM's predicted representations; the export carries the encoder.
+    PhaseSpec(PHASE_C, config=PhaseCConfig, trains=(MOTION_SCOPE, ADALN, LORA),
+              exports=ExportContract(("encoder", "decoder"), rep_only=False, lora_adapter=True),
+              samples="adaptation", sample_shapes=_adaptation_shapes, weights=("decoder",),
+              frozen_encoders=_no_encoders, build=_build_adaptation, wrap_blocks=_decoder_blocks,
+              checks=(check_adaptation_phase,)),
+)}
+
+
+def spec_named(name: str) -> PhaseSpec:
+    try:
+        return PHASES[name]
+    except KeyError:
+        raise ValueError(f"phase.name={name!r} is not a phase; phases: {tuple(PHASES)}") from None
+
+
+def spec_for(cfg: RunConfig) -> PhaseSpec:
+    """The spec of the configured phase (``cfg.phase.name``)."""
+    return spec_named(cfg.phase.name)
+
+
+def export_contract(phase: object) -> ExportContract:
+    """What an export recorded as made by ``phase`` holds (``export.json``'s ``phase``); exports that
+    name no known phase are read as encoder + decoder without an adapter."""
+    spec = PHASES.get(phase) if isinstance(phase, str) else None
+    return RECONSTRUCTION_EXPORT if spec is None else spec.exports

@@ -1,0 +1,82 @@
+"""Randomness keyed by (seed, position) instead of a generator's running state.
+
+Training draws every step's randomness from these keys, so a resumed or re-sharded run redraws what
+the uninterrupted single-process run drew; the game seeds each turn's sampler the same way, so a
+replayed game renders the same clips; models build their random weights under a fixed seed.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+
+@contextmanager
+def seeded(seed: Optional[int]) -> Iterator[None]:
+    """Seed the CPU RNG for random initialisation without leaking into the caller's stream (None:
+    the caller's stream as it is). Models hold only what trains in checkpoints and exports, so their
+    frozen random weights must come out the same in every process and on every resume."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """A seed that depends only on (seed, step, rank)."""
+    return ((seed * 1_000_003 + step) * 1_009 + rank) % 2**63
+
+
+def step_generator(seed: int, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator that depends only on (seed, step, rank).
+
+    All randomness of a training step (timesteps, noise, CFG dropout) comes from it, so a resumed
+    run redraws exactly what the uninterrupted run drew, with no RNG state in the checkpoint.
+    """
+    generator = torch.Generator(device=device)
+    generator.manual_seed(step_seed(seed, step, rank))
+    return generator
+
+
+def sample_positions(micro_step: int, batch_size: int, rank: int, world_size: int) -> list[int]:
+    """Global stream positions of this rank's samples in one micro-step.
+
+    :class:`~animegamer.data.indexed.StepSampler` deals the stream round-robin (local position p of
+    rank r is global position p x world + r), so the positions of all ranks together are exactly those
+    of one process taking the whole global batch.
+    """
+    return [(micro_step * batch_size + i) * world_size + rank for i in range(batch_size)]
+
+
+class SampleRandom:
+    """All randomness of a training step, drawn per sample from a generator keyed by the sample's
+    global stream position.
+
+    A sample draws the same timestep, noise and dropout whichever rank, batch split or resumed run it
+    falls in: a run on N processes reproduces the single-process run with the same global batch, and
+    a resumed run redraws exactly what the uninterrupted run drew, with no RNG state in checkpoints.
+    Every draw loops over the samples, so each sample's generator sees the same sequence of calls.
+    """
+
+    def __init__(self, seed: int, positions: Iterable[int], device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generators = [step_generator(seed, position, 0, self.device) for position in positions]
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def rand(self) -> torch.Tensor:
+        """(B,) uniform in [0, 1)."""
+        return torch.cat([torch.rand(1, generator=g, device=self.device) for g in self.generators])
+
+    def randint(self, high: int) -> torch.Tensor:
+        """(B,) int64 uniform in [0, high)."""
+        return torch.cat([torch.randint(0, high, (1,), generator=g, device=self.device) for g in self.generators])
+
+    def randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """(B, *shape) float32 standard normal."""
+        return torch.stack([torch.randn(shape, generator=g, device=self.device, dtype=torch.float32)
+                            for g in self.generators])
