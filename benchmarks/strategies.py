@@ -224,9 +224,9 @@ def main() -> None:
         signal.signal(signum, stop_children)
     args.global_batch = {k: int(v) for k, v in (item.split("=") for item in args.batch)}
     if not args.peak and not args.tiny:
-        from phase_b import measure_bf16_peak
+        from _device import measure_bf16_peak
 
-        args.peak = round(measure_bf16_peak("cuda") / 1e12, 1)  # FLOP/s -> TFLOP/s
+        args.peak = round(measure_bf16_peak("cuda")["tflops"], 1)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results.setdefault("runs", {})
     results.update(peak_tflops=args.peak, steps=args.steps, global_batch=args.global_batch)

@@ -41,7 +41,9 @@ captioned time span (here: one per shot, spanning the whole shot)::
 ``start``, ``end`` (float)
     Span in seconds from the start of the video, ``start < end``.
 ``character`` (str)
-    Name of the main character of the span.
+    Name of the main character of the span. The toy film names everyone in the shot, main
+    character first (``"Qiqi and Pazu"``), so the instruction built from it tells whether a
+    second character is there (see ``CHARACTER_JOINER``).
 ``motion`` (str), ``adverb`` (str)
     What the character does and how, e.g. ``"stand"``/``"quietly"``, ``"walk"``/``"slowly"``,
     ``"run"``/``"quickly"``, ``"dash"``/``"rapidly"``. Should agree with the amount of motion.
@@ -63,6 +65,8 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -95,6 +99,10 @@ TIRING_LEVEL = 4
 # Fraction of the shots that show two interacting characters (SC = 1).
 TWO_CHARACTER_FRACTION = 0.4
 CAST_SIZE_PER_FILM = 3
+# The caption's character field names everyone in the shot, main character first. The game model
+# predicts a turn's states from its instruction and the earlier turns, never from the turn's own
+# frames, so SC ("interacts with a second character") is learnable only if the partner is named.
+CHARACTER_JOINER = " and "
 
 # What the main character does at each level (index = level - 1): (motion, adverb).
 LEVEL_VOCABULARY = (
@@ -456,10 +464,27 @@ def _shot_levels(rng: np.random.Generator) -> list[int]:
     return [int(level) for level in rng.permutation(levels)]
 
 
+@lru_cache(maxsize=1)
+def _cast_groups() -> tuple[tuple[int, ...], ...]:
+    """Every group of ``CAST_SIZE_PER_FILM`` cast members, each followed by its complement when that
+    is a group too: consecutive variants (0 and 1, 2 and 3, ...) then share no character, and a set
+    of films with consecutive variants meets every character in many different company."""
+    everyone = set(range(len(CAST)))
+    order: list[tuple[int, ...]] = []
+    for group in combinations(range(len(CAST)), CAST_SIZE_PER_FILM):
+        if group in order:
+            continue
+        order.append(group)
+        rest = tuple(sorted(everyone - set(group)))
+        if len(rest) == CAST_SIZE_PER_FILM and rest not in order:
+            order.append(rest)
+    return tuple(order)
+
+
 def _film_cast(variant: int) -> tuple[CastMember, ...]:
-    """Each variant brings a new trio of characters (cycling through the cast)."""
-    first = (variant * CAST_SIZE_PER_FILM) % len(CAST)
-    return tuple(CAST[(first + i) % len(CAST)] for i in range(CAST_SIZE_PER_FILM))
+    """The variant's group of characters (cycling through all groups)."""
+    groups = _cast_groups()
+    return tuple(CAST[i] for i in groups[variant % len(groups)])
 
 
 def _character_width(height: int) -> float:
@@ -531,7 +556,7 @@ def _caption_for(plan: _ShotPlan, film_id: str, fps: int) -> Caption:
         film=film_id,
         start=round(plan.start_frame / fps, 6),
         end=round((plan.start_frame + plan.num_frames) / fps, 6),
-        character=plan.cast[0].name,
+        character=CHARACTER_JOINER.join(member.name for member in plan.cast),
         motion=motion,
         adverb=adverb,
         environment=plan.setting.environment,

@@ -160,7 +160,8 @@ def deepspeed_run(features, output, monkeypatch, *overrides, nan_steps=(), huge_
 def _equal(a: dict, b: dict) -> bool:
     return (all(torch.equal(a["weights"][n], b["weights"][n]) for n in a["weights"])
             and all(torch.equal(x, y) for x, y in zip(a["master"], b["master"]))
-            and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a["adam"], b["adam"])))
+            and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+                    for x, y in zip(a["adam"], b["adam"])))
 
 
 @pytest.mark.parametrize("strategy, precision", [("deepspeed_stage_2", "bf16-mixed"), ("deepspeed_stage_2", "32-true"),
@@ -180,8 +181,8 @@ def test_the_engine_clips_to_phase_grad_clip_and_skips_a_nan_step(cpu_deepspeed,
     first = steps[0]
     assert (first["clip"], first["zero_clip"]) == (CLIP, CLIP)  # phase.grad_clip, as the engine applies it
     assert first["stage"] == int(strategy[-1]) and first["bf16"] == (precision == "bf16-mixed")
-    # Asked for, not left to DeepSpeed's default (False before 0.19.x): without it a bf16 ZeRO-1/2 step
-    # applies NaN gradients (measured: weights and moments NaN).
+    # Asked for, not left to DeepSpeed's default (False in 0.19.0): without it a bf16 ZeRO-1/2 step
+    # applies NaN gradients (measured with 0.19.8: weights and moments become NaN).
     assert first["bf16_config"] == ({"enabled": True, "check_grad_overflow": True} if first["bf16"] else None)
 
     # The huge step: its norm was far above CLIP, and AdamW received the gradient clipped to CLIP.

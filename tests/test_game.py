@@ -250,9 +250,10 @@ def test_real_mllm_turn_plays_or_names_the_turn(models):
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     from animegamer.checkpoints.export import save_export
-    from animegamer.phases.common import set_trainable
     from animegamer.models.reconstruction import ReconstructionModel
-    from animegamer.phases.phase_a import JOINT, stage_trainable
+    from animegamer.phases.common import set_trainable
+    from animegamer.phases.phase_a import stage_trainable
+    from animegamer.phases.specs import A_JOINT as JOINT
     from animegamer.phases.phase_b import PhaseB
 
     cfg = tiny_cfg()

@@ -136,7 +136,7 @@ def test_truth_round_trips_and_matches_captions(film_of: Callable[[str], ToyFilm
         assert record["film"] == film.film_id
         assert record["start"] == pytest.approx(shot.start_frame / film.fps)
         assert record["end"] == pytest.approx(shot.end_frame / film.fps)
-        assert record["character"] == shot.characters[0]
+        assert record["character"] == " and ".join(shot.characters)
         assert (record["motion"], record["adverb"]) == LEVEL_VOCABULARY[shot.level - 1]
         assert record["environment"] == shot.environment
         assert record["states"]["SC"] == int(len(shot.characters) > 1)

@@ -21,7 +21,7 @@ from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
 from animegamer.config.disk_checks import check_shard_shapes, check_weight_folders, read_json_object
 from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline, choice,
                                         local_folder, positive)
-from animegamer.data.layout import MANIFEST
+from animegamer.data.storage import check_remote_settings, data_source
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.encoder import check_encoder_config, representation_tokens
@@ -244,12 +244,14 @@ def check_phase(cfg, spec) -> list[str]:
     for check in spec.checks:
         problems += check(cfg)
     problems += check_weight_folders(model, spec.weights)
-    folder = Path(cfg.data.root) / getattr(cfg.data, spec.sample_key(phase))
-    if not (folder / MANIFEST).exists():
-        problems.append(f"{folder / MANIFEST}: missing; run the pipeline first (python -m data_pipeline ...) or set "
-                        f"data.root")
+    source = data_source(cfg.data, getattr(cfg.data, spec.sample_key(phase)))  # a folder or a URL
+    missing = source.manifest_problem()
+    if missing is None:
+        problems += check_shard_shapes(source, spec.sample_shapes(cfg))
+    elif source.remote:
+        problems.append(f"data.root={cfg.data.root!r}: {missing}")
     else:
-        problems += check_shard_shapes(folder, spec.sample_shapes(cfg))
+        problems.append(f"{missing}; run the pipeline first (python -m data_pipeline ...) or set data.root")
     frozen = spec.frozen_encoders(cfg)
     problems += check_encoders(model.encoders, frozen) + check_weight_folders(model, frozen)
     return problems
@@ -280,7 +282,7 @@ def check_training(cfg) -> list[str]:
         problems.append(f"phase.init_from={phase.init_from!r}: no such export folder (train the earlier stage first)")
     if not 0 < cfg.data.val_fraction < 1:
         problems.append(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
-    problems += check_bad_sample_budget(cfg.data.bad_sample_budget)
+    problems += check_bad_sample_budget(cfg.data.bad_sample_budget) + check_remote_settings(cfg.data)
     return problems
 
 

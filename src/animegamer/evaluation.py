@@ -169,7 +169,8 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     e = cfg.evaluation
     model = build_reconstruction(cfg, [e.reconstruction_export]).eval()
     param = next(model.parameters())
-    run = replace(cfg, phase=PhaseAConfig(input=FEATURES))  # the held-out clips' feature shards, as phase (a) reads them
+    # The held-out clips' feature shards, read as phase (a) reads them (whichever phase cfg names).
+    run = replace(cfg, phase=PhaseAConfig(input=FEATURES))
     vae = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae
     dataset = phase_a_dataset(run, "val")
     count = min(e.reconstruction_clips, len(dataset))

@@ -44,30 +44,35 @@ class SplitCounts:
 
 
 @lru_cache(maxsize=8)
-def _clip_metas(folder: str, manifest_mtime: float) -> tuple[dict, ...]:
-    """The json of every clip in a shard folder (no video decoded); cached per manifest version."""
-    from animegamer.data.shards import iter_samples, shard_urls
+def _clip_metas(folder: str, manifest_sha256: str) -> tuple[dict, ...]:
+    """The json of every clip in a shard folder or URL (no video read); cached per manifest version."""
+    from animegamer.data.indexed import IndexedShardDataset
 
-    return tuple(s["json"] for s in iter_samples(shard_urls(folder), video=False))
+    clips = IndexedShardDataset(folder, _json_of, video=False, allow_empty=True, members=("json",))
+    return tuple(clips[i] for i in range(len(clips)))
+
+
+def _json_of(sample: dict) -> dict:
+    return sample["json"]
 
 
 def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> SplitCounts:
     """Counts of the pipeline output at ``root`` under the held-out split at ``val_fraction``."""
-    from animegamer.data.shards import MANIFEST
-    from animegamer.utils.io import read_json
+    from animegamer.data.layout import MANIFEST
+    from animegamer.data.storage import ShardSource, join
+    from animegamer.utils.io import sha256_bytes
 
-    folder = Path(root) / clips_dir
-    manifest = folder / MANIFEST
-    if not manifest.exists():
-        raise ConfigError([f"{manifest}: missing; the pipeline has not written clip shards there"])
-    metas = _clip_metas(str(folder), manifest.stat().st_mtime)
+    folder = ShardSource(join(root, clips_dir))  # a folder or a URL
+    problem = folder.manifest_problem()
+    if problem is not None:
+        raise ConfigError([problem if folder.remote else f"{problem}; the pipeline has not written clip shards there"])
+    metas = _clip_metas(folder.folder, sha256_bytes(folder.read_bytes(MANIFEST)))
     split = HeldOut(root, clips_dir, val_fraction)
     captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
     shots = {split.unit(m["key"]): key_fraction(split.unit(m["key"])) for m in captioned}
     held = [split.clip(m["key"]) for m in captioned]
     runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
-    index = Path(root) / SESSIONS_FILE
-    sessions = read_json(index) if index.exists() else {"turns": 0, "sessions": []}
+    sessions = ShardSource(str(root)).read_json_if_exists(SESSIONS_FILE) or {"turns": 0, "sessions": []}
     keys = [session_key(s["keys"]) for s in sessions["sessions"]]
     return SplitCounts(
         folder=str(folder), val_fraction=val_fraction, clips=len(metas), captioned=len(captioned), shots=shots,

@@ -73,19 +73,21 @@ def check_weight_folders(model, parts: Iterable[str]) -> list[str]:
     return problems
 
 
-def _first_sample_shapes(folder: Path) -> dict[str, tuple] | None:
-    """``.npy`` member shapes of the first sample of the first shard: tar and npy headers only."""
+def _first_sample_shapes(folder) -> dict[str, tuple] | None:
+    """``.npy`` member shapes of the first sample of the first shard: tar and npy headers only.
+    ``folder``: a path or an ``animegamer.data.storage.ShardSource`` (a URL reads headers by range)."""
     import numpy as np
 
-    from animegamer.data.shards import shard_urls
+    from animegamer.data.storage import ShardSource
 
     try:
-        shards = shard_urls(folder)
+        source = folder if isinstance(folder, ShardSource) else ShardSource(folder)
+        shards = source.shards()
         if not shards:
             return None
         shapes: dict[str, tuple] = {}
         first = None
-        with tarfile.open(shards[0], "r:") as tar:
+        with source.open(shards[0][0]) as f, tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 if not info.isfile():
                     continue
@@ -105,8 +107,9 @@ def _first_sample_shapes(folder: Path) -> dict[str, tuple] | None:
         return None
 
 
-def check_shard_shapes(folder: Path, expected: dict[str, tuple]) -> list[str]:
-    """The data a phase reads against the sizes of the model it builds (first sample only)."""
+def check_shard_shapes(folder, expected: dict[str, tuple]) -> list[str]:
+    """The data a phase reads against the sizes of the model it builds (first sample only); ``folder``
+    as in :func:`_first_sample_shapes`."""
     shapes = _first_sample_shapes(folder) if expected else None
     problems = []
     for member, want in expected.items():

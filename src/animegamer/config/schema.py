@@ -11,6 +11,8 @@ from typing import List
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from animegamer.data.storage import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
+
 # Paper numbers that several nodes derive from (see docs/architecture.md, 'Clip shards' and 'Networks').
 PAPER_CLIP_FPS = 8
 PAPER_CLIP_FRAMES = 17
@@ -407,6 +409,10 @@ class TrainDataConfig:
     num_workers: int = 0
     # Corrupt samples or shards skipped (and logged) before training stops with an error.
     bad_sample_budget: int = 100
+    # data.root (or a sub-folder) as a URL (s3://, gs://, https://): a failed request is sent again this
+    # many times, with a back-off, before the run stops naming the URL; each request's time limit.
+    remote_retries: int = DEFAULT_RETRIES
+    remote_timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 @dataclass

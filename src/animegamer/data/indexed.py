@@ -12,15 +12,18 @@ import hashlib
 import logging
 import tarfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from animegamer.data.shards import decode_sample, shard_urls
+from animegamer.data.shards import decode_sample
+from animegamer.data.storage import RemoteReadError, ShardSource
 from animegamer.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -39,25 +42,44 @@ class SampleLocation:
     members: tuple[tuple[str, int, int], ...]  # (extension, data offset, size)
 
 
-def index_shard(path: str) -> list[SampleLocation]:
-    """Member offsets of one tar shard, grouped by sample key (webdataset naming: key.ext)."""
-    grouped: dict[str, list[tuple[str, int, int]]] = {}
-    with tarfile.open(path, "r:") as tar:
+def _scan_tar(f: BinaryIO, path: str) -> list[list]:
+    """[key, [[extension, data offset, size], ...]] per sample of the tar file ``f``, in tar order; only
+    the member headers are read (webdataset naming: key.ext)."""
+    grouped: dict[str, list[list]] = {}
+    with tarfile.open(fileobj=f, mode="r:") as tar:
         for info in tar:
             if not info.isfile():
                 continue
             key, _, ext = info.name.partition(".")
-            grouped.setdefault(key, []).append((ext, info.offset_data, info.size))
+            grouped.setdefault(key, []).append([ext, info.offset_data, info.size])
         end = tar.offset
     # tarfile stops quietly at a truncated or corrupt header past the first: without the end-of-archive
     # marker where the listing stopped, the listing is incomplete.
     if grouped:
-        with open(path, "rb") as f:
-            f.seek(end)
-            tail = f.read(TAR_END)
+        f.seek(end)
+        tail = f.read(TAR_END)
         if len(tail) < TAR_END or tail.count(0) != TAR_END:
             raise tarfile.ReadError(f"truncated or corrupt tar: no end-of-archive marker at byte {end}")
-    return [SampleLocation(path, key, tuple(members)) for key, members in grouped.items()]
+    return [[key, members] for key, members in grouped.items()]
+
+
+def index_shard(path: str, source: ShardSource | None = None, entry: Mapping | None = None) -> list[SampleLocation]:
+    """Member offsets of one tar shard, grouped by sample key. A shard of a remote ``source`` is indexed
+    once per version and cached (``entry``: its manifest entry, see :meth:`ShardSource.cached`)."""
+    source = ShardSource(str(Path(path).parent)) if source is None else source
+    samples = source.cached(path, entry or {}, lambda f: _scan_tar(f, path))
+    return [SampleLocation(path, key, tuple((ext, offset, size) for ext, offset, size in members))
+            for key, members in samples]
+
+
+REMOTE_INDEX_THREADS = 8  # remote shards indexed at once: each scan is a chain of small requests
+
+
+def _index_or_error(source: ShardSource, shard: tuple[str, dict]) -> list[SampleLocation] | Exception:
+    try:
+        return index_shard(shard[0], source, shard[1])
+    except (tarfile.TarError, OSError, EOFError) as error:
+        return error
 
 
 class BadSample(ValueError):
@@ -113,19 +135,29 @@ class IndexedShardDataset(Dataset):
 
     REFERENCE_SAMPLES = 3  # the shapes of a good sample: the most common among the first good ones
 
-    def __init__(self, folder: str | Path, transform: Callable[[dict], dict], keep: Callable[[str], bool] | None = None,
-                 video: bool = True, allow_empty: bool = False, skip_bad: bool = False,
-                 check: Callable[[dict], None] | None = None) -> None:
-        self.folder, self.skip_bad, self.check = str(folder), skip_bad, check
+    def __init__(self, folder: str | Path | ShardSource, transform: Callable[[dict], dict],
+                 keep: Callable[[str], bool] | None = None, video: bool = True, allow_empty: bool = False,
+                 skip_bad: bool = False, check: Callable[[dict], None] | None = None,
+                 members: Sequence[str] | None = None) -> None:
+        # ``folder``: a local folder, or a ShardSource (a URL with its retry settings, see data.storage).
+        # ``members``: the extensions read (None: all), e.g. ("json",) reads no video.
+        self.source = folder if isinstance(folder, ShardSource) else ShardSource(folder)
+        self.members = None if members is None else frozenset(members)
+        self.folder, self.skip_bad, self.check = self.source.folder, skip_bad, check
         self.bad_items: list[dict] = []  # shards left out at indexing: {"shard", "key": "*", "reason"}
         self.locations = []
         indexed = 0  # samples in the folder's readable shards, before ``keep``
-        for url in shard_urls(folder):
-            try:
-                locations = index_shard(url)
-            except (tarfile.TarError, OSError, EOFError) as error:
+        shards = self.source.shards()
+        if self.source.remote:
+            with ThreadPoolExecutor(REMOTE_INDEX_THREADS) as pool:
+                results = list(pool.map(partial(_index_or_error, self.source), shards))
+        else:
+            results = [_index_or_error(self.source, shard) for shard in shards]
+        for (url, _), locations in zip(shards, results):
+            if isinstance(locations, Exception):
+                error = locations
                 if not skip_bad:
-                    raise
+                    raise error
                 record = {"shard": url, "key": WHOLE_SHARD, "reason": f"unreadable shard: {error}"}
                 log.warning("skipping shard %s: %s", url, record["reason"])
                 self.bad_items.append(record)
@@ -136,7 +168,7 @@ class IndexedShardDataset(Dataset):
             why = (f"none of its {indexed} samples is on this side of the held-out split (whole shots are held "
                    f"out below data.val_fraction: change it, or add footage with more shots)") if indexed else \
                 "it holds no sample (run the pipeline step that writes it again, with more captioned clips)"
-            raise InvalidInputError(f"{folder}: no samples selected: {why}")
+            raise InvalidInputError(f"{self.folder}: no samples selected: {why}")
         self.transform = transform
         self.video = video
         self._reference: tuple | None = None
@@ -150,11 +182,15 @@ class IndexedShardDataset(Dataset):
 
     def raw(self, index: int) -> dict:
         loc = self.locations[index]
+        members = [m for m in loc.members if self.members is None or m[0] in self.members]
         sample = {"__key__": loc.key, "__url__": loc.shard}
-        with open(loc.shard, "rb") as f:
-            for ext, offset, size in loc.members:
-                f.seek(offset)
-                sample[ext] = f.read(size)
+        if not members:
+            return decode_sample(sample, video=self.video)
+        # One read spanning the sample's members (one range request for a remote shard).
+        start = min(offset for _, offset, _ in members)
+        span = self.source.read_range(loc.shard, start, max(offset + size for _, offset, size in members))
+        for ext, offset, size in members:
+            sample[ext] = span[offset - start: offset - start + size]
         return decode_sample(sample, video=self.video)
 
     def _checked(self, index: int) -> dict:
@@ -198,6 +234,8 @@ class IndexedShardDataset(Dataset):
             current = (index + attempt) % len(self)
             try:
                 item = self._good(current)
+            except RemoteReadError:
+                raise  # the storage failed, not the sample: skipping would change what the run reads
             except Exception as error:  # noqa: BLE001 - whatever breaks a sample makes it a bad one
                 reason = str(error) if isinstance(error, BadSample) else f"{type(error).__name__}: {error}"
                 self._bad[current] = reason

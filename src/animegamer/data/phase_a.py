@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -12,6 +11,7 @@ from torch.utils.data import DataLoader, default_collate
 from animegamer.config.schema import RunConfig
 from animegamer.data.indexed import SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, split_skipped
 from animegamer.data.split import held_out
+from animegamer.data.storage import data_source
 from data_pipeline.captioners.base import STATUS_OK
 
 FEATURES, CLIPS = "features", "clips"
@@ -59,15 +59,14 @@ def clip_transform(sample: dict, random_frame: bool, seed: int) -> dict:
 
 def phase_a_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
     """Train or validation clips; validation = the held-out shots (``animegamer.data.split``)."""
-    root = Path(cfg.data.root)
     keep = held_out(cfg).keep_clip(split)
 
     if cfg.phase.input == FEATURES:
-        return IndexedShardDataset(root / cfg.data.features, feature_transform, keep, video=False,
+        return IndexedShardDataset(data_source(cfg.data, cfg.data.features), feature_transform, keep, video=False,
                                    allow_empty=split == "val", skip_bad=True, check=FEATURE_ARRAYS)
     transform = partial(clip_transform, random_frame=cfg.phase.random_frame, seed=cfg.seed)
-    return IndexedShardDataset(root / cfg.data.clips, transform, keep, video=True, allow_empty=split == "val",
-                               skip_bad=True, check=CLIP_ARRAYS)
+    return IndexedShardDataset(data_source(cfg.data, cfg.data.clips), transform, keep, video=True,
+                               allow_empty=split == "val", skip_bad=True, check=CLIP_ARRAYS)
 
 
 def collate_samples(items: list[dict]) -> dict:

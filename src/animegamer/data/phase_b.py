@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
 from animegamer.config.schema import RunConfig
 from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler
 from animegamer.data.split import held_out
+from animegamer.data.storage import data_source
 from animegamer.mllm.collate import Example, Session, WindowSampler, collate_sequences, make_example
 from animegamer.mllm.packing import pack_sequences
 from animegamer.mllm.tokens import TokenIds
@@ -76,7 +76,7 @@ class FullSessions(Dataset):
 
 def session_shards(cfg: RunConfig, split: str) -> IndexedShardDataset:
     keep = held_out(cfg).keep_session(split)
-    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.sessions, _identity, keep, video=False,
+    return IndexedShardDataset(data_source(cfg.data, cfg.data.sessions), _identity, keep, video=False,
                                allow_empty=split == "val", skip_bad=True, check=check_session)
 
 

@@ -1,13 +1,12 @@
 """Phase (c) inputs: adaptation shards (true latents, the MLLM's predicted rep, flow)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from animegamer.config.schema import RunConfig
 from animegamer.data.indexed import ExpectArrays, IndexedShardDataset
 from animegamer.data.split import held_out
+from animegamer.data.storage import data_source
 
 
 ADAPTATION_ARRAYS = ExpectArrays({"latents.npy": 4, "pred_rep.npy": 2})
@@ -24,5 +23,5 @@ def adaptation_transform(sample: dict) -> dict:
 
 def adaptation_dataset(cfg: RunConfig, split: str) -> IndexedShardDataset:
     keep = held_out(cfg).keep_clip(split)
-    return IndexedShardDataset(Path(cfg.data.root) / cfg.data.adaptation, adaptation_transform, keep, video=False,
+    return IndexedShardDataset(data_source(cfg.data, cfg.data.adaptation), adaptation_transform, keep, video=False,
                                allow_empty=split == "val", skip_bad=True, check=ADAPTATION_ARRAYS)

@@ -15,23 +15,20 @@ from typing import Iterator, Sequence
 import numpy as np
 import webdataset as wds
 
-from animegamer.data.layout import MANIFEST
-from animegamer.utils.io import load_npy_bytes, read_json
+from animegamer.data.layout import MANIFEST  # noqa: F401 - readers import the name from here too
+from animegamer.data.storage import ShardSource
+from animegamer.utils.io import load_npy_bytes
 
 NPY_SUFFIX = ".npy"
 
 
 def shard_urls(folder: str | Path) -> list[str]:
-    """Shard paths of a shard-set folder, in the manifest's order."""
-    folder = Path(folder)
-    manifest = folder / MANIFEST
-    if not manifest.exists():
-        raise FileNotFoundError(f"{manifest}: no manifest; is {folder} a shard folder written by the pipeline?")
-    return [str(folder / s["name"]) for s in read_json(manifest)["shards"]]
+    """Shard paths (URLs for a remote folder) of a shard-set folder, in the manifest's order."""
+    return [path for path, _ in ShardSource(folder).shards()]
 
 
 def read_manifest(folder: str | Path) -> dict:
-    return read_json(Path(folder) / MANIFEST)
+    return ShardSource(folder).manifest()
 
 
 def decode_video(data: bytes) -> np.ndarray:

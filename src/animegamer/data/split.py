@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from animegamer.data.indexed import key_fraction
-from animegamer.utils.io import read_json
+from animegamer.data.storage import RemoteSettings, ShardSource, join, remote_settings
 
 SHOTS_FILE = "shots.json"
 SESSIONS_FILE = "sessions.json"
@@ -29,13 +29,14 @@ def session_key(keys: list[str]) -> str:
 
 
 class HeldOut:
-    def __init__(self, data_root: str | Path, clips_dir: str, fraction: float) -> None:
-        root = Path(data_root)
-        shots = root / clips_dir / SHOTS_FILE
-        self.shot_of: dict[str, str] | None = read_json(shots) if shots.exists() else None
-        index = root / SESSIONS_FILE
+    def __init__(self, data_root: str | Path, clips_dir: str, fraction: float,
+                 remote: RemoteSettings = RemoteSettings()) -> None:
+        # data_root may be a URL (read with the ``remote`` retry settings, see animegamer.data.storage).
+        self.shot_of: dict[str, str] | None = ShardSource(join(data_root, clips_dir), remote).read_json_if_exists(
+            SHOTS_FILE)
+        index = ShardSource(str(data_root), remote).read_json_if_exists(SESSIONS_FILE)
         self.session_keys: dict[str, list[str]] = (
-            {session_key(s["keys"]): s["keys"] for s in read_json(index)["sessions"]} if index.exists() else {})
+            {session_key(s["keys"]): s["keys"] for s in index["sessions"]} if index is not None else {})
         self.fraction = fraction
 
     def unit(self, key: str) -> str:
@@ -59,7 +60,7 @@ class HeldOut:
 
 
 def held_out(cfg) -> HeldOut:
-    return HeldOut(cfg.data.root, cfg.data.clips, cfg.data.val_fraction)
+    return HeldOut(cfg.data.root, cfg.data.clips, cfg.data.val_fraction, remote_settings(cfg.data))
 
 
 def consecutive_runs(metas: Iterable[dict], keep: Callable[[dict], bool]) -> list[list[dict]]:

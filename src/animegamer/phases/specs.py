@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
+from animegamer.config.validate import choice
 
 A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_warmup", "a_joint", "b", "c"
 
@@ -48,6 +49,8 @@ RECONSTRUCTION_EXPORT = ExportContract(("encoder", "decoder"), rep_only=False, l
 
 @dataclass(frozen=True)
 class PhaseSpec:
+    """One phase (or stage of phase (a)): everything that depends on which phase runs."""
+
     name: str
     config: type[PhaseConfig]  # its config dataclass (configs/phase/<name>.yaml defaults to it)
     trains: tuple[str, ...]  # parameter groups it trains
@@ -182,7 +185,6 @@ def _probability(key: str, value: float) -> list[str]:
 
 
 def check_reconstruction_phase(cfg: RunConfig) -> list[str]:
-    from animegamer.config.validate import choice
     from animegamer.data.phase_a import CLIPS, INPUTS
 
     phase = cfg.phase
@@ -195,7 +197,7 @@ def check_reconstruction_phase(cfg: RunConfig) -> list[str]:
 
 
 def check_game_state_phase(cfg: RunConfig) -> list[str]:
-    from animegamer.checks import check_tokenizer
+    from animegamer.checks import check_tokenizer  # it imports this module
     from animegamer.mllm.collate import check_window_weights
     from animegamer.models.mllm import check_mllm
 

@@ -26,6 +26,7 @@ checkpoint (:class:`Decision`), so a rank started later (Lightning starts ranks 
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -36,11 +37,12 @@ from typing import Any
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.validate import ConfigError
 from animegamer.data.layout import MANIFEST
+from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.phases.common import CONSTANT_SCHEDULE
 from animegamer.phases.specs import spec_named
 from animegamer.training.callbacks import EXPORT_DIR
-from animegamer.utils.io import read_json, sha256_file, write_json_atomic
+from animegamer.utils.io import read_json, sha256_bytes, write_json_atomic
 from animegamer.utils.logging import is_global_zero
 from data_pipeline.fingerprint import shards_digest
 
@@ -57,7 +59,8 @@ ALLOWED = (
     "phase.val_every_n_steps", "phase.val_clips", "phase.val_sampling_steps",
     "trainer.log_every_n_steps", "trainer.throughput_every_n_steps", "trainer.peak_tflops", "trainer.profiler",
     "trainer.profile_skip_steps", "trainer.profile_active_steps", "trainer.preemption_signals",
-    "trainer.max_nonfinite_in_row", "data.num_workers", "data.bad_sample_budget",
+    "trainer.max_nonfinite_in_row", "data.num_workers", "data.bad_sample_budget", "data.remote_retries",
+    "data.remote_timeout_s",
     # The same computation, scheduled differently (memory, kernels, compilation, packing: tested equal).
     "trainer.benchmark", "trainer.deterministic", "trainer.fsdp_init_device",
     "phase.pack_tokens", "phase.pad_to_multiple",
@@ -202,23 +205,27 @@ def data_folders(config: dict) -> list[str]:
     return list(dict.fromkeys((samples, HELD_OUT_SOURCE)))
 
 
-def manifest_path(config: dict, key: str) -> Path:
-    return Path(config["data"]["root"]) / config["data"][key] / MANIFEST
+def manifest_path(config: dict, key: str) -> str:
+    """The manifest of folder ``data.<key>``: a path, or a URL where data.root (or the folder) is one."""
+    return join(config["data"]["root"], config["data"][key], MANIFEST)
 
 
-def manifest_digest(path: Path) -> str | None:
+def manifest_digest(source: ShardSource) -> str | None:
     """A shard folder's contents from its manifest: its shards' names and sha256 (as the pipeline's
     lineage compares them), or the manifest's own hash when its shards carry none; None when missing."""
-    if not path.is_file():
+    try:
+        raw = source.read_bytes(MANIFEST)
+    except (FileNotFoundError, IsADirectoryError):
         return None
-    manifest = read_json(path)
+    manifest = json.loads(raw)
     shards = manifest.get("shards", [])
-    return shards_digest(manifest) if shards and all("sha256" in s for s in shards) else sha256_file(path)
+    return shards_digest(manifest) if shards and all("sha256" in s for s in shards) else sha256_bytes(raw)
 
 
 def data_digests(config: dict) -> dict[str, str | None]:
     """``data.<key>`` -> digest of that folder's manifest, for every folder the phase reads."""
-    return {f"data.{key}": manifest_digest(manifest_path(config, key)) for key in data_folders(config)}
+    return {f"data.{key}": manifest_digest(data_source(config["data"], config["data"][key]))
+            for key in data_folders(config)}
 
 
 DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"

@@ -1,0 +1,351 @@
+"""Where shard folders are read from: a local folder, or a URL (``s3://``, ``gs://``, ``https://``, any
+fsspec protocol) read by range requests.
+
+Every reader of a shard folder (the training datasets, the validation pass, the run record's data
+digests, the held-out split) goes through :class:`ShardSource`. A local folder stays on plain
+``open``: nothing changes there. For a URL:
+
+- the shards are the ones the folder's ``manifest.json`` names (object stores and HTTP servers
+  cannot be listed reliably, and the manifest is what the pipeline wrote anyway);
+- a sample is one range request spanning its members; a tar index is built by reading the member
+  headers only (:data:`HEADER_READAHEAD` bytes per request, never a whole shard) and kept in a local
+  cache keyed by the shard's URL and version, so a resumed run, the validation split and every
+  process on the machine reuse it instead of scanning again;
+- a request that fails in a way that may pass (connection refused or reset, timeout, HTTP 5xx, 408,
+  429) is sent again after a back-off, ``data.remote_retries`` times; then :class:`RemoteReadError`
+  names the URL and the last failure. A file that is not there (404) is not retried.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
+
+from animegamer.data.layout import MANIFEST
+from animegamer.errors import UserError
+from animegamer.utils.http import GenerationError, answer_with_retries
+from animegamer.utils.io import read_json, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+URL_MARK = "://"
+HTTP_PROTOCOLS = ("http", "https")
+S3_PROTOCOLS = ("s3", "s3a")
+DEFAULT_RETRIES = 3
+DEFAULT_TIMEOUT_S = 60.0
+# Back-off before attempt k+1 is k times this: a busy or restarting server gets a few seconds.
+RETRY_BACKOFF_S = 0.5
+# One tar header with the pax records webdataset writes is 1.5 KiB; 16 KiB also covers a small
+# member (json) and the next header, so a clip sample's headers cost one request.
+HEADER_READAHEAD = 16 * 1024
+INDEX_CACHE = ("animegamer", "shard-index")  # under $XDG_CACHE_HOME (default ~/.cache)
+INDEX_CACHE_VERSION = 1
+# info() fields that change when an object does (HTTP, S3, GCS, local spellings): a cached index is
+# keyed on them with the size, so a shard rewritten in place is indexed again.
+VERSION_FIELDS = ("ETag", "etag", "Last-Modified", "LastModified", "last_modified", "mtime", "updated",
+                  "generation", "md5Hash", "Content-MD5")
+RETRIED_STATUS = (408, 425, 429)  # plus every 5xx
+
+
+class RemoteReadError(UserError):
+    """A shard folder given as a URL could not be read after every retry (the message names the URL)."""
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """How URLs are read: ``retries`` after a failed request, each request at most ``timeout_s``."""
+
+    retries: int = DEFAULT_RETRIES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    backoff_s: float = RETRY_BACKOFF_S
+
+
+def _field(data: Any, name: str, default: Any) -> Any:
+    return data.get(name, default) if isinstance(data, Mapping) else getattr(data, name, default)
+
+
+def remote_settings(data: Any) -> RemoteSettings:
+    """The settings of a ``data`` config node (the typed one, or its resolved dict)."""
+    return RemoteSettings(retries=int(_field(data, "remote_retries", DEFAULT_RETRIES)),
+                          timeout_s=float(_field(data, "remote_timeout_s", DEFAULT_TIMEOUT_S)))
+
+
+def check_remote_settings(data: Any) -> list[str]:
+    settings, problems = remote_settings(data), []
+    if settings.retries < 0:
+        problems.append(f"data.remote_retries={settings.retries} must be >= 0")
+    if settings.timeout_s <= 0:
+        problems.append(f"data.remote_timeout_s={settings.timeout_s} must be > 0")
+    return problems
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    return URL_MARK in str(path)
+
+
+def join(root: str | os.PathLike, *names: str) -> str:
+    """``root/name/...`` for a folder or a URL; a name that is itself a URL (or an absolute path under a
+    local root, as ``pathlib`` does) replaces what comes before it."""
+    path = str(root)
+    for name in names:
+        name = str(name)
+        if is_url(name):
+            path = name
+        elif is_url(path):
+            path = path.rstrip("/") + "/" + name.strip("/")
+        else:
+            path = str(Path(path) / name)
+    return path
+
+
+def data_source(data: Any, folder: str) -> "ShardSource":
+    """The shard folder ``data.<folder>`` under ``data.root`` (``folder``: the sub-folder's value)."""
+    return ShardSource(join(_field(data, "root", ""), folder), remote_settings(data))
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a failed request may succeed when sent again. fsspec's HTTP ``info`` reports every failure
+    as FileNotFoundError from the real one, so the cause decides where there is one."""
+    if isinstance(error, FileNotFoundError) and error.__cause__ is not None:
+        return transient(error.__cause__)
+    status = getattr(error, "status", None)
+    if not isinstance(status, int):
+        status = getattr(error, "code", None)
+    if isinstance(status, int) and 100 <= status < 600:
+        return status in RETRIED_STATUS or status >= 500
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(error, (TimeoutError, ConnectionError, OSError)):
+        return True
+    try:
+        import aiohttp
+    except ImportError:  # fsspec's HTTP backend is the one that needs it
+        return False
+    return isinstance(error, aiohttp.ClientError)  # disconnects, payload errors
+
+
+def index_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).joinpath(*INDEX_CACHE)
+
+
+class ShardSource:
+    """One shard folder: its manifest, its shards, range reads of them (see the module's docstring).
+
+    Picklable (DataLoader workers carry it): a URL's file system is made in each process on first use.
+    """
+
+    def __init__(self, folder: str | os.PathLike, settings: RemoteSettings = RemoteSettings()) -> None:
+        self.remote = is_url(folder)
+        self.folder = str(folder).rstrip("/") if self.remote else str(folder)
+        self.settings = settings
+        self._fs = None
+        self._pid = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None, "_pid": None}
+
+    def __repr__(self) -> str:
+        return f"ShardSource({self.folder!r})"
+
+    def __str__(self) -> str:  # messages name the folder or URL
+        return self.folder
+
+    def path(self, name: str) -> str:
+        return join(self.folder, name)
+
+    # ------------------------------------------------------------------ the remote file system
+    def _filesystem(self):
+        if self._fs is None or self._pid != os.getpid():
+            import fsspec
+
+            protocol = self.folder.split(URL_MARK, 1)[0]
+            self._fs, self._pid = fsspec.filesystem(protocol, **self._storage_options(protocol)), os.getpid()
+        return self._fs
+
+    def _storage_options(self, protocol: str) -> dict:
+        timeout = self.settings.timeout_s
+        if protocol in HTTP_PROTOCOLS:
+            import aiohttp
+
+            return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=timeout)}}
+        if protocol in S3_PROTOCOLS:  # botocore's Config; credentials come from the usual AWS variables
+            return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout}}
+        return {}  # other backends keep their own timeouts; failures are still retried here
+
+    def _retried(self, what: str, url: str, call: Callable[[], Any]) -> Any:
+        """``call()`` with the retry rules; a failure that is not transient is raised as it is."""
+        last: list[BaseException] = []
+
+        def attempt(_feedback: str | None) -> Any:
+            try:
+                return call()
+            except Exception as error:  # noqa: BLE001 - sorted into retried and raised ones just below
+                if not transient(error):
+                    raise
+                last.append(error)
+                raise GenerationError(f"{what}: {type(error).__name__}: {error}") from error
+
+        outcome = answer_with_retries(attempt, lambda value: value, self.settings.retries, f"reading {url}",
+                                      self.settings.backoff_s)
+        if outcome.ok:
+            return outcome.value
+        error = last[-1]
+        raise RemoteReadError(
+            f"{url}: {what} failed {outcome.attempts} times (data.remote_retries={self.settings.retries}, "
+            f"data.remote_timeout_s={self.settings.timeout_s:g}); last error: {type(error).__name__}: {error}. "
+            f"Check that the URL is right and the server or bucket is reachable from this machine (credentials: "
+            f"the storage backend's usual environment)") from error
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of one file of the folder."""
+        if not self.remote:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+        data = self._retried(f"range request {start}-{end - 1}", path,
+                             lambda: self._filesystem().cat_file(path, start=start, end=end))
+        if len(data) != end - start:
+            # A server that ignores Range sends the whole file (200): say so rather than read shards whole.
+            raise RemoteReadError(f"{path}: asked for bytes {start}-{end - 1} ({end - start} bytes), got {len(data)}: "
+                                  f"the server does not answer range requests, or the file changed")
+        return data
+
+    def read_bytes(self, name: str) -> bytes:
+        """A whole small file of the folder (manifest, json indexes). FileNotFoundError when missing."""
+        path = self.path(name)
+        if not self.remote:
+            return Path(path).read_bytes()
+        return self._retried("download", path, lambda: self._filesystem().cat_file(path))
+
+    def read_json(self, name: str) -> Any:
+        if not self.remote:
+            return read_json(self.path(name))
+        return json.loads(self.read_bytes(name))
+
+    def read_json_if_exists(self, name: str) -> Any:
+        """:meth:`read_json`, or None where there is no such file (a URL that answers 404)."""
+        try:
+            return self.read_json(name)
+        except FileNotFoundError:
+            return None
+
+    def info(self, path: str) -> dict:
+        """Size and version fields of one remote file (``fsspec``'s ``info``)."""
+        return self._retried("info", path, lambda: self._filesystem().info(path))
+
+    # ------------------------------------------------------------------ the folder's contents
+    def manifest(self) -> dict:
+        try:
+            return self.read_json(MANIFEST)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path(MANIFEST)}: no manifest; is {self.folder} a shard folder written "
+                                    f"by the pipeline?") from None
+
+    def manifest_problem(self) -> str | None:
+        """None when the manifest reads as a json object; else what is wrong, naming it."""
+        where = self.path(MANIFEST)
+        try:
+            manifest = self.read_json(MANIFEST)
+        except FileNotFoundError:
+            if self.remote:
+                return f"{where}: missing (no such file there: is the URL right, and was the folder uploaded whole?)"
+            return f"{where}: missing"
+        except RemoteReadError as error:
+            return str(error)
+        except (OSError, ValueError) as error:
+            return f"{where}: unreadable ({type(error).__name__}: {error})"
+        return None if isinstance(manifest, dict) else f"{where}: not a json object"
+
+    def shards(self) -> list[tuple[str, dict]]:
+        """(path, manifest entry) of every shard, in the manifest's order."""
+        return [(self.path(entry["name"]), entry) for entry in self.manifest()["shards"]]
+
+    @contextmanager
+    def open(self, path: str) -> Iterator[BinaryIO]:
+        """A seekable binary file over one shard (``tarfile.open(fileobj=...)`` reads through it); a remote
+        one reads :data:`HEADER_READAHEAD` bytes per request."""
+        if not self.remote:
+            with open(path, "rb") as f:
+                yield f
+            return
+        yield RangeReader(self, path, int(self.info(path)["size"]))
+
+    def cached(self, path: str, entry: Mapping, build: Callable[[BinaryIO], Any]) -> Any:
+        """``build(file)`` of one shard: for a URL computed once per shard version and kept in the local
+        cache (``entry``: the shard's manifest entry, whose sha256 names the version without a request).
+        ``build``'s result must be json."""
+        if not self.remote:
+            with self.open(path) as f:
+                return build(f)
+        info = None if entry.get("sha256") else self.info(path)
+        version = (f"sha256={entry['sha256']}" if info is None else
+                   f"size={info.get('size')};" + ";".join(f"{k}={info[k]}" for k in VERSION_FIELDS if info.get(k)))
+        key = hashlib.sha256(f"{INDEX_CACHE_VERSION}\n{path}\n{version}".encode()).hexdigest()
+        file = index_cache_dir() / f"{key}.json"
+        try:
+            cached = read_json(file)
+            if cached.get("url") == path and cached.get("version") == version:
+                return cached["value"]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, AttributeError, KeyError) as error:
+            log.warning("%s: unreadable index cache for %s (%s); indexing again", file, path, error)
+        size = int(info["size"]) if info is not None else int(self.info(path)["size"])
+        value = build(RangeReader(self, path, size))
+        write_json_atomic(file, {"url": path, "version": version, "value": value})
+        log.info("indexed %s (%d bytes) by its headers; cached in %s", path, size, file)
+        return value
+
+
+class RangeReader:
+    """A read-only seekable file over a remote file: each read outside the current window fetches
+    ``max(n, HEADER_READAHEAD)`` bytes from the position (tar headers are read through it, never the
+    members they describe)."""
+
+    def __init__(self, source: ShardSource, path: str, size: int) -> None:
+        self.source, self.name, self.size = source, path, size
+        self.mode = "rb"
+        self._position = 0
+        self._window_start, self._window = 0, b""
+
+    def __enter__(self) -> "RangeReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._window = b""
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._position + n)
+        if end <= self._position:
+            return b""
+        window_end = self._window_start + len(self._window)
+        if not (self._window_start <= self._position and end <= window_end):
+            self._window_start = self._position
+            self._window = self.source.read_range(self.name, self._position,
+                                                  min(self.size, max(end, self._position + HEADER_READAHEAD)))
+        data = self._window[self._position - self._window_start: end - self._window_start]
+        self._position = end
+        return data
