@@ -26,7 +26,7 @@ import logging
 import re
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -240,15 +240,20 @@ def measure(out: Path, films: Sequence[ToyFilm], val_fraction: float) -> dict[st
 
 # --------------------------------------------------------------------------- all of it
 def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str | None = None,
-          workers: int | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Films, pipeline, measurements; returns (and writes) the measurements."""
+          workers: int | None = None, overrides: Sequence[str] = (), films: int | None = None) -> dict[str, Any]:
+    """Films, pipeline, measurements; returns (and writes) the measurements. ``films`` replaces the
+    size's number of films."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
     data_size = SIZES[size]
+    if films is not None:
+        if films < 1:
+            raise ValueError(f"films must be >= 1, got {films}")
+        data_size = replace(data_size, films=films)
     out = Path(out)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    films = make_films(out / FILMS_DIR, data_size)
+    toy_films = make_films(out / FILMS_DIR, data_size)
     seconds["films"] = time.perf_counter() - started
     mark = time.perf_counter()
     run_steps(out, data_size, CLIP_STEPS, workers=workers, overrides=overrides)
@@ -258,7 +263,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
         run_steps(out, data_size, FEATURE_STEPS, vae=vae, workers=workers, overrides=overrides)
         seconds["features_and_sessions"] = time.perf_counter() - mark
     cfg = pipeline_config(out, data_size, (), vae, workers, overrides)
-    result = measure(out, films, float(cfg.data.val_fraction))
+    result = measure(out, toy_films, float(cfg.data.val_fraction))
     result["size"] = size
     result["clip_size"] = [int(cfg.pipeline.clips.frames), int(cfg.pipeline.clips.height),
                            int(cfg.pipeline.clips.width)]
@@ -278,8 +283,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clips-only", action="store_true", help="stop after the clip shards")
     parser.add_argument("--vae", default=None, help="VAE folder (diffusers format) for the precomputed latents")
     parser.add_argument("--workers", type=int, default=None, help="pipeline workers (default: the experiment's)")
+    parser.add_argument("--films", type=int, default=None, help="number of films (default: the size's)")
     parser.add_argument("overrides", nargs="*", help="further config overrides, e.g. pipeline.precompute.device=cuda")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -288,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parse_args(argv)
     setup_logging("INFO")
-    exit_on_user_error(build)(args.out, args.size, args.clips_only, args.vae, args.workers, args.overrides)
+    exit_on_user_error(build)(args.out, args.size, args.clips_only, args.vae, args.workers, args.overrides, args.films)
     return 0
 
 

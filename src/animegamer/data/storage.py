@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,12 +90,12 @@ def is_url(path: str | os.PathLike) -> bool:
 
 
 def join(root: str | os.PathLike, *names: str) -> str:
-    """``root/name/...`` for a folder or a URL; a name that is itself a URL (or an absolute path under a
-    local root, as ``pathlib`` does) replaces what comes before it."""
+    """``root/name/...`` for a folder or a URL; a name that is itself a URL or an absolute path replaces
+    what comes before it, as in ``pathlib`` (``data.clips=/local/clips`` under a URL ``data.root``)."""
     path = str(root)
     for name in names:
         name = str(name)
-        if is_url(name):
+        if is_url(name) or os.path.isabs(name):
             path = name
         elif is_url(path):
             path = path.rstrip("/") + "/" + name.strip("/")
@@ -129,6 +130,51 @@ def transient(error: BaseException) -> bool:
     return isinstance(error, aiohttp.ClientError)  # disconnects, payload errors
 
 
+# One fsspec file system per (process, protocol, timeout), kept for the process's life. A forked child (a
+# DataLoader worker) makes its own and never lets its parent's be garbage collected: closing them closes
+# the parent's pooled connections, whose sockets the child shares, and unregisters those sockets from the
+# epoll set the two processes' event loops also share, so the parent's next requests on them would hang
+# until the timeout (measured: two 10 s time-outs after a loader with 2 workers).
+_FILESYSTEMS: dict[tuple, Any] = {}
+_FILESYSTEMS_LOCK = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _FILESYSTEMS_LOCK
+    _FILESYSTEMS_LOCK = threading.Lock()  # one held by another thread at the fork would never be released
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def remote_filesystem(protocol: str, timeout_s: float):
+    """This process's file system for ``protocol`` with requests limited to ``timeout_s``."""
+    import fsspec
+    return fsspec.filesystem(protocol, **_storage_options(protocol, timeout_s))
+    key = (os.getpid(), protocol, timeout_s)
+    with _FILESYSTEMS_LOCK:
+        if key not in _FILESYSTEMS:
+            import fsspec
+
+            # skip_instance_cache: fsspec's own cache drops (and so closes) the parent's instances in a child.
+            _FILESYSTEMS[key] = fsspec.filesystem(protocol, skip_instance_cache=True,
+                                                  **_storage_options(protocol, timeout_s))
+        return _FILESYSTEMS[key]
+
+
+def _storage_options(protocol: str, timeout_s: float) -> dict:
+    # A timeout <= 0 is refused by the validation pass, which still reads the manifest with it.
+    timeout = timeout_s if timeout_s > 0 else DEFAULT_TIMEOUT_S
+    if protocol in HTTP_PROTOCOLS:
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=timeout)}}
+    if protocol in S3_PROTOCOLS:  # botocore's Config; credentials come from the usual AWS variables
+        return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout}}
+    return {}  # other backends keep their own timeouts; failures are still retried here
+
+
 def index_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).joinpath(*INDEX_CACHE)
@@ -137,18 +183,13 @@ def index_cache_dir() -> Path:
 class ShardSource:
     """One shard folder: its manifest, its shards, range reads of them (see the module's docstring).
 
-    Picklable (DataLoader workers carry it): a URL's file system is made in each process on first use.
+    Picklable (DataLoader workers carry it): it holds no connection (see :func:`remote_filesystem`).
     """
 
     def __init__(self, folder: str | os.PathLike, settings: RemoteSettings = RemoteSettings()) -> None:
         self.remote = is_url(folder)
         self.folder = str(folder).rstrip("/") if self.remote else str(folder)
         self.settings = settings
-        self._fs = None
-        self._pid = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None, "_pid": None}
 
     def __repr__(self) -> str:
         return f"ShardSource({self.folder!r})"
@@ -161,22 +202,12 @@ class ShardSource:
 
     # ------------------------------------------------------------------ the remote file system
     def _filesystem(self):
-        if self._fs is None or self._pid != os.getpid():
-            import fsspec
-
-            protocol = self.folder.split(URL_MARK, 1)[0]
-            self._fs, self._pid = fsspec.filesystem(protocol, **self._storage_options(protocol)), os.getpid()
-        return self._fs
-
-    def _storage_options(self, protocol: str) -> dict:
-        timeout = self.settings.timeout_s
-        if protocol in HTTP_PROTOCOLS:
-            import aiohttp
-
-            return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=timeout)}}
-        if protocol in S3_PROTOCOLS:  # botocore's Config; credentials come from the usual AWS variables
-            return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout}}
-        return {}  # other backends keep their own timeouts; failures are still retried here
+        protocol = self.folder.split(URL_MARK, 1)[0]
+        try:
+            return remote_filesystem(protocol, self.settings.timeout_s)
+        except (ImportError, ValueError) as error:  # fsspec: backend not installed, or no such protocol
+            raise RemoteReadError(f"{self.folder}: cannot read {protocol}{URL_MARK} URLs here: {error} "
+                                  f"(pip install -e '.[remote]' adds s3:// and gs://)") from error
 
     def _retried(self, what: str, url: str, call: Callable[[], Any]) -> Any:
         """``call()`` with the retry rules; a failure that is not transient is raised as it is."""
@@ -191,7 +222,8 @@ class ShardSource:
                 last.append(error)
                 raise GenerationError(f"{what}: {type(error).__name__}: {error}") from error
 
-        outcome = answer_with_retries(attempt, lambda value: value, self.settings.retries, f"reading {url}",
+        # max(0, ...): the validation pass reads the manifest with the settings it is about to refuse.
+        outcome = answer_with_retries(attempt, lambda value: value, max(0, self.settings.retries), f"reading {url}",
                                       self.settings.backoff_s)
         if outcome.ok:
             return outcome.value

@@ -1,0 +1,332 @@
+"""Train the frozen VAE of a model preset on a pipeline output's clips, so that it reconstructs.
+
+    python -m animegamer.toy_vae OUT --data PIPELINE_OUTPUT [--model tiny] [--steps N] [--device cuda] [override ...]
+
+The tiny presets' frozen VAE has random weights and gives no pixels back; this trains the preset's own
+``AutoencoderKLCogVideoX`` (``model.encoders.vae``, the class of the paper's VAE, so every code path
+stays the same) on the clip shards of ``PIPELINE_OUTPUT/clips``, never on a held-out shot (the split of
+:mod:`animegamer.data.split` at ``--val-fraction``), and writes ``OUT`` as a diffusers folder
+(``config.json`` + safetensors) that ``model.encoders.vae.path=OUT`` loads as the frozen VAE of every
+other stage. Its ``scaling_factor`` is set so that scaled latents of the training clips have unit
+standard deviation, as CogVideoX's own factor is meant. ``OUT/training.json`` records the held-out PSNR
+(posterior mode, 8-bit output, as precompute and the game use it) measured again after loading ``OUT``
+through :class:`~animegamer.models.frozen_encoders.FrozenVAE`, the learning curve and the settings.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from animegamer.config.schema import VAEConfig
+from animegamer.models.vae_training import (
+    LossWeights,
+    latent_moments,
+    psnr,
+    reconstruct,
+    reconstruction_loss,
+    trainable_vae,
+)
+from animegamer.utils.randomness import step_generator, step_seed
+
+logger = logging.getLogger(__name__)
+
+TRAINING_RECORD = "training.json"
+CLIPS_DIR = "clips"
+LOG_EVERY_N_STEPS = 25
+SCALE_CLIPS = 256  # training clips whose latents set the scaling factor: plenty for one std
+FRAME_AXIS_W = 3  # (B, T, H, W, 3): width axis, flipped for augmentation
+TEMPORAL_STEP = 4  # CogVideoX's temporal compression: clips are 4k + 1 frames
+
+
+@dataclass
+class ToyVAETraining:
+    """Settings of one VAE training run; :meth:`validate` checks them all at once."""
+
+    steps: int = 3000
+    batch_size: int = 4
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05  # cosine decay to this fraction of lr
+    grad_clip: float = 1.0
+    l1_weight: float = 1.0
+    mse_weight: float = 1.0
+    kl_weight: float = 1e-6
+    seed: int = 0
+    eval_every: int = 250
+    eval_clips: int = 64  # held-out clips scored during training (all of them at the end)
+    eval_batch_size: int = 8
+    flip: bool = True  # mirrored clips: cartoon scenes read the same both ways
+    # Random crops for training (0: the whole clip). The VAE is convolutional and causal in time, so
+    # it learns the same from crops, for a fraction of the compute; it is always scored on whole clips.
+    crop_frames: int = 0  # 4k + 1 (CogVideoX keeps the first frame alone)
+    crop_height: int = 0
+    crop_width: int = 0
+    val_fraction: float = 0.2
+    device: str = "cpu"
+
+    def validate(self) -> None:
+        problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in (
+            ("steps", 0), ("batch_size", 1), ("warmup_steps", 0), ("eval_every", 1), ("eval_clips", 1),
+            ("eval_batch_size", 1), ("l1_weight", 0), ("mse_weight", 0), ("kl_weight", 0), ("grad_clip", 0),
+            ("crop_frames", 0), ("crop_height", 0), ("crop_width", 0))
+            if getattr(self, name) < low]
+        if self.crop_frames and (self.crop_frames - 1) % TEMPORAL_STEP:
+            problems.append(f"crop_frames must be {TEMPORAL_STEP}k + 1 (or 0), got {self.crop_frames}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0 < self.val_fraction < 1:
+            problems.append(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.l1_weight + self.mse_weight <= 0:
+            problems.append("l1_weight + mse_weight must be > 0: nothing would be reconstructed")
+        if problems:
+            raise ValueError("VAE training settings: " + "; ".join(problems))
+
+    @property
+    def weights(self) -> LossWeights:
+        return LossWeights(l1=self.l1_weight, mse=self.mse_weight, kl=self.kl_weight)
+
+
+@dataclass
+class Clips:
+    """uint8 clips (N, T, H, W, 3) of one split, with their keys."""
+
+    video: torch.Tensor
+    keys: list[str]
+
+
+def load_clips(pipeline_output: str | Path, val_fraction: float) -> tuple[Clips, Clips]:
+    """(training clips, held-out clips) of ``pipeline_output/clips``, split by whole shots."""
+    from animegamer.data.shards import iter_samples, shard_urls
+    from animegamer.data.split import HeldOut
+
+    split = HeldOut(pipeline_output, CLIPS_DIR, val_fraction)
+    parts: dict[bool, tuple[list[torch.Tensor], list[str]]] = {False: ([], []), True: ([], [])}
+    for sample in iter_samples(shard_urls(Path(pipeline_output) / CLIPS_DIR)):
+        videos, keys = parts[split.clip(sample["__key__"])]
+        videos.append(torch.from_numpy(sample["mp4"]))
+        keys.append(sample["__key__"])
+    folder = Path(pipeline_output) / CLIPS_DIR
+    for held, name in ((False, "training"), (True, "held-out")):
+        if not parts[held][0]:
+            raise ValueError(f"{folder}: no {name} clip at val_fraction={val_fraction}; more films or shots needed")
+    train, held_out = (Clips(torch.stack(parts[h][0]), parts[h][1]) for h in (False, True))
+    logger.info("VAE data: %d training and %d held-out clips of %s from %s",
+                len(train.keys), len(held_out.keys), tuple(train.video.shape[1:]), folder)
+    return train, held_out
+
+
+def lr_at(step: int, run: ToyVAETraining) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+    if step < run.warmup_steps:
+        return run.lr * (step + 1) / run.warmup_steps
+    span = max(1, run.steps - run.warmup_steps)
+    progress = min(1.0, (step - run.warmup_steps) / span)
+    return run.lr * (run.min_lr_ratio + (1 - run.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _batches(video: torch.Tensor, size: int):
+    for start in range(0, len(video), size):
+        yield video[start:start + size]
+
+
+def held_out_psnr(model: torch.nn.Module, video: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
+    """Per-clip PSNR of the posterior-mode reconstruction (the model is left in the mode it was in)."""
+    was_training = model.training
+    model.eval()
+    scores = [psnr(batch, reconstruct(model, batch.to(device)).cpu()) for batch in _batches(video, batch_size)]
+    model.train(was_training)
+    return torch.cat(scores)
+
+
+def scaling_factor(model: torch.nn.Module, video: torch.Tensor, batch_size: int, device: torch.device) -> dict[str, float]:
+    """1 / std of the posterior-mode latents of ``video`` (and their mean and std)."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64)
+    count = torch.zeros((), dtype=torch.float64)
+    for batch in _batches(video, batch_size):
+        batch_sums, batch_count = latent_moments(model, batch.to(device))
+        sums += batch_sums.cpu()
+        count += batch_count
+    model.train(was_training)
+    mean = float(sums[0] / count)
+    std = math.sqrt(max(float(sums[1] / count) - mean**2, 0.0))
+    if not std > 0:
+        raise RuntimeError("the trained VAE's latents have zero spread; the run diverged or collapsed")
+    return {"scaling_factor": 1.0 / std, "latent_mean": mean, "latent_std": std}
+
+
+def _crop_start(full: int, crop: int, generator: torch.Generator, what: str) -> tuple[int, int]:
+    if not crop:
+        return 0, full
+    if crop > full:
+        raise ValueError(f"crop_{what} {crop} is larger than the clips' {full}")
+    start = int(torch.randint(full - crop + 1, (1,), generator=generator))
+    return start, start + crop
+
+
+def _augment(video: torch.Tensor, generator: torch.Generator, run: ToyVAETraining) -> torch.Tensor:
+    """One random crop for the whole batch (the crop sizes of ``run``), then a mirror per clip."""
+    _, frames, height, width, _ = video.shape
+    t0, t1 = _crop_start(frames, run.crop_frames, generator, "frames")
+    y0, y1 = _crop_start(height, run.crop_height, generator, "height")
+    x0, x1 = _crop_start(width, run.crop_width, generator, "width")
+    video = video[:, t0:t1, y0:y1, x0:x1]
+    if not run.flip:
+        return video
+    mirrored = torch.rand(len(video), generator=generator) < 0.5
+    return torch.where(mirrored.view(-1, 1, 1, 1, 1), video.flip(FRAME_AXIS_W), video)
+
+
+def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETraining, encoder_seed: int = 0,
+              on_eval: Callable[[dict[str, float]], None] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Train from the random build of ``vae_cfg`` (seed ``encoder_seed``); returns the model and the record
+    (curve, final held-out and training PSNR, latent statistics, seconds)."""
+    run.validate()
+    spatial = 2 ** (len(vae_cfg.block_out_channels) - 1)
+    for name in ("crop_height", "crop_width"):
+        if getattr(run, name) % spatial:
+            raise ValueError(f"{name} must be a multiple of the VAE's spatial compression {spatial}, "
+                             f"got {getattr(run, name)}")
+    device = torch.device(run.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = trainable_vae(vae_cfg, seed=encoder_seed).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    eval_video = held_out.video[: run.eval_clips]
+    curve: list[dict[str, float]] = []
+    started = time.perf_counter()
+    for step in range(run.steps):
+        generator = step_generator(run.seed, step, 0)
+        index = torch.randint(len(train.video), (run.batch_size,), generator=generator)
+        video = _augment(train.video[index], generator, run).to(device)
+        noise = torch.Generator(device=device).manual_seed(step_seed(run.seed + 1, step, 0))
+        parts = reconstruction_loss(model, video, run.weights, noise)
+        optimizer.zero_grad(set_to_none=True)
+        parts["loss"].backward()
+        if run.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), run.grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, run)
+        optimizer.step()
+        if (step + 1) % LOG_EVERY_N_STEPS == 0:
+            logger.info("step %d: loss %.4f l1 %.4f mse %.5f kl %.2f lr %.2e", step + 1, *(
+                float(parts[k]) for k in ("loss", "l1", "mse", "kl")), lr_at(step, run))
+        if (step + 1) % run.eval_every == 0 or step + 1 == run.steps:
+            point = {"step": step + 1, "seconds": time.perf_counter() - started, "l1": float(parts["l1"]),
+                     "held_out_psnr": float(held_out_psnr(model, eval_video, run.eval_batch_size, device).mean())}
+            curve.append(point)
+            logger.info("step %d: held-out PSNR %.2f dB on %d clips (%.0f s)", point["step"],
+                        point["held_out_psnr"], len(eval_video), point["seconds"])
+            if on_eval is not None:
+                on_eval(point)
+    seconds = time.perf_counter() - started
+    model.eval()
+    held = held_out_psnr(model, held_out.video, run.eval_batch_size, device)
+    trained = held_out_psnr(model, train.video[: len(held_out.video)], run.eval_batch_size, device)
+    record = {
+        "held_out_psnr": float(held.mean()), "held_out_psnr_min": float(held.min()),
+        "train_psnr": float(trained.mean()), "held_out_clips": len(held_out.keys), "train_clips": len(train.keys),
+        "train_seconds": seconds, "curve": curve,
+        **scaling_factor(model, train.video[:SCALE_CLIPS], run.eval_batch_size, device),
+    }
+    return model, record
+
+
+def save_vae(model: torch.nn.Module, out: str | Path, record: dict[str, Any]) -> Path:
+    """Write the diffusers folder (atomically) with the measured scaling factor and ``training.json``."""
+    from animegamer.utils.io import atomic_dir, write_json_atomic
+
+    model.register_to_config(scaling_factor=record["scaling_factor"])
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        write_json_atomic(tmp / TRAINING_RECORD, record)
+    return out
+
+
+def check_saved(out: str | Path, held_out: Clips, batch_size: int, device: str) -> float:
+    """Held-out PSNR through the frozen-encoder loader (``model.encoders.vae.path=out``)."""
+    from animegamer.models.frozen_encoders import FrozenVAE
+
+    vae = FrozenVAE(VAEConfig(path=str(out))).to(device)
+    scores = []
+    for batch in _batches(held_out.video, batch_size):
+        decoded = vae.decode(vae.encode(batch.to(device)))  # float [0, 1]
+        scores.append(psnr(batch, (decoded * 255.0).round().to(torch.uint8).cpu()))
+    return float(torch.cat(scores).mean())
+
+
+def vae_config(model: str, overrides: Sequence[str]) -> tuple[VAEConfig, int]:
+    """The preset's ``model.encoders.vae`` (with overrides) and its random-build seed."""
+    from omegaconf import OmegaConf
+
+    from animegamer.config.compose import compose_config
+
+    cfg = compose_config("train", [f"model={model}", *overrides])
+    vae = OmegaConf.to_object(cfg.model.encoders.vae)
+    if vae.path:
+        raise ValueError(f"model.encoders.vae.path is set ({vae.path!r}): the VAE to train starts from a random "
+                         f"build of the preset's sizes; leave the path empty")
+    return vae, int(cfg.model.encoders.seed)
+
+
+def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
+        overrides: Sequence[str] = ()) -> dict[str, Any]:
+    run_cfg.validate()
+    vae_cfg, seed = vae_config(model, overrides)
+    train, held_out = load_clips(data, run_cfg.val_fraction)
+    trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=seed)
+    record.update({"settings": asdict(run_cfg), "model": model, "overrides": list(overrides),
+                   "vae": asdict(vae_cfg), "data": str(Path(data).resolve()),
+                   "clip_shape": list(train.video.shape[1:])})
+    save_vae(trained, out, record)
+    record["loaded_held_out_psnr"] = check_saved(out, held_out, run_cfg.eval_batch_size, run_cfg.device)
+    from animegamer.utils.io import write_json_atomic
+
+    write_json_atomic(Path(out) / TRAINING_RECORD, record)
+    logger.info("VAE -> %s: held-out PSNR %.2f dB (loaded again: %.2f dB), training clips %.2f dB, scaling "
+                "factor %.4f, %.0f s", out, record["held_out_psnr"], record["loaded_held_out_psnr"],
+                record["train_psnr"], record["scaling_factor"], record["train_seconds"])
+    return record
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    defaults = ToyVAETraining()
+    parser = argparse.ArgumentParser(prog="python -m animegamer.toy_vae", description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="VAE folder to write (diffusers format)")
+    parser.add_argument("--data", type=Path, required=True, help="pipeline output folder holding clips/")
+    parser.add_argument("--model", default="tiny", help="model preset whose model.encoders.vae is trained")
+    for name, value in asdict(defaults).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:
+            parser.add_argument(flag, type=type(value), default=value)
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.encoders.vae.latent_channels=16")
+    return parser.parse_intermixed_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from animegamer.errors import exit_on_user_error
+    from animegamer.utils.logging import setup_logging
+
+    args = _parse_args(argv)
+    setup_logging("INFO")
+    settings = ToyVAETraining(**{name: getattr(args, name) for name in asdict(ToyVAETraining())})
+    exit_on_user_error(run)(args.out, args.data, args.model, settings, args.overrides)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
