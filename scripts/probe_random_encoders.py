@@ -8,9 +8,9 @@ text; with random weights those are fixed random feature maps. A map is good eno
 game must tell apart stays apart in it. For every held-out clip of ``PIPELINE_OUTPUT/clips`` (split by
 whole shots, as training does) this finds the nearest training clip (cosine distance of the flattened
 features) and scores whether it has the same characters, the same main character, the same number of
-characters (the SC rule) and the same environment (the ET rule). The same probe on the raw first-frame
-pixels at CLIP's input size (what the random CLIP sees) and the majority class give the reference
-points. For T5 it reports the smallest distance between the features of two different motion texts,
+characters (the SC rule) and the same environment (the ET rule); a linear probe (ridge classifier fitted
+on the training clips) asks the same of held-out clips. The same probes on the raw first-frame pixels at
+CLIP's input size (what the random CLIP sees) and the majority class give the reference points. For T5 it reports the smallest distance between the features of two different motion texts,
 against the spread of one text's features (zero: the map is deterministic), i.e. whether every motion
 level gets its own, stable condition. Prints one JSON object.
 """
@@ -50,6 +50,23 @@ def nearest_neighbour_accuracy(train: np.ndarray, held: np.ndarray, train_labels
     nearest = np.argmax(b @ a.T, axis=1)
     return {name: float(np.mean([train_labels[j][name] == held_labels[i][name] for i, j in enumerate(nearest)]))
             for name in LABELS}
+
+
+def linear_probe_accuracy(train: np.ndarray, held: np.ndarray, train_labels: list[dict],
+                          held_labels: list[dict], ridge: float = 1.0) -> dict[str, float]:
+    """Held-out accuracy of a ridge-regression classifier (one-vs-rest on standardised features,
+    closed form in the dual, as features outnumber clips) fitted on the training clips, per label."""
+    mean, std = train.mean(axis=0), train.std(axis=0) + 1e-6
+    a, b = (train - mean) / std, (held - mean) / std
+    gram = a @ a.T + ridge * len(a) * np.eye(len(a))
+    out = {}
+    for name in LABELS:
+        classes = sorted({t[name] for t in train_labels})
+        targets = np.array([[t[name] == c for c in classes] for t in train_labels], dtype=np.float64)
+        scores = b @ (a.T @ np.linalg.solve(gram, targets - targets.mean(axis=0)))
+        predicted = [classes[i] for i in np.argmax(scores, axis=1)]
+        out[name] = float(np.mean([p == h[name] for p, h in zip(predicted, held_labels)]))
+    return out
 
 
 def majority_accuracy(train_labels: list[dict], held_labels: list[dict]) -> dict[str, float]:
@@ -105,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
             "clip_input_pixels": nearest_neighbour_accuracy(pixels[~held_mask], pixels[held_mask],
                                                             train_labels, held_labels),
             "majority_class": majority_accuracy(train_labels, held_labels),
+        },
+        "linear_probe": {
+            "random_clip_tokens": linear_probe_accuracy(clip_tokens[~held_mask], clip_tokens[held_mask],
+                                                        train_labels, held_labels),
+            "clip_input_pixels": linear_probe_accuracy(pixels[~held_mask], pixels[held_mask],
+                                                       train_labels, held_labels),
         },
         "t5": {"texts": texts, "min_distance_between_texts": float(off_diagonal.min()),
                "mean_feature_norm": float(np.linalg.norm(t5, axis=1).mean()),

@@ -81,7 +81,7 @@ def node_command(node: int, port: int, procs: int, overrides: list[str]) -> list
 
 def node_env(node: int, gpus_per_node: int) -> dict[str, str]:
     env = {**os.environ, **NO_MULTICAST,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     if gpus_per_node:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = visible.split(",") if visible else [str(i) for i in range(NODES * gpus_per_node)]

@@ -70,12 +70,15 @@ class ToyVAETraining:
     crop_width: int = 0
     val_fraction: float = 0.2
     device: str = "cpu"
+    # Wall-clock budget of the training loop (0: none): training stops after the step that reaches it,
+    # and the learning-rate decay follows whichever of steps and seconds runs out first.
+    max_seconds: float = 0.0
 
     def validate(self) -> None:
         problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in (
             ("steps", 0), ("batch_size", 1), ("warmup_steps", 0), ("eval_every", 1), ("eval_clips", 1),
             ("eval_batch_size", 1), ("l1_weight", 0), ("mse_weight", 0), ("kl_weight", 0), ("grad_clip", 0),
-            ("crop_frames", 0), ("crop_height", 0), ("crop_width", 0))
+            ("crop_frames", 0), ("crop_height", 0), ("crop_width", 0), ("max_seconds", 0))
             if getattr(self, name) < low]
         if self.crop_frames and (self.crop_frames - 1) % TEMPORAL_STEP:
             problems.append(f"crop_frames must be {TEMPORAL_STEP}k + 1 (or 0), got {self.crop_frames}")
@@ -124,12 +127,14 @@ def load_clips(pipeline_output: str | Path, val_fraction: float) -> tuple[Clips,
     return train, held_out
 
 
-def lr_at(step: int, run: ToyVAETraining) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+def lr_at(step: int, run: ToyVAETraining, elapsed: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` at the last step, or at ``max_seconds``
+    of training when that comes first (``elapsed``: seconds so far)."""
     if step < run.warmup_steps:
         return run.lr * (step + 1) / run.warmup_steps
-    span = max(1, run.steps - run.warmup_steps)
-    progress = min(1.0, (step - run.warmup_steps) / span)
+    by_steps = (step - run.warmup_steps) / max(1, run.steps - run.warmup_steps)
+    by_time = elapsed / run.max_seconds if run.max_seconds > 0 else 0.0
+    progress = min(1.0, max(by_steps, by_time))
     return run.lr * (run.min_lr_ratio + (1 - run.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -206,7 +211,9 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
     eval_video = held_out.video[: run.eval_clips]
     curve: list[dict[str, float]] = []
     started = time.perf_counter()
+    step = 0
     for step in range(run.steps):
+        elapsed = time.perf_counter() - started
         generator = step_generator(run.seed, step, 0)
         index = torch.randint(len(train.video), (run.batch_size,), generator=generator)
         video = _augment(train.video[index], generator, run).to(device)
@@ -217,12 +224,13 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
         if run.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), run.grad_clip)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, run)
+            group["lr"] = lr_at(step, run, elapsed)
         optimizer.step()
         if (step + 1) % LOG_EVERY_N_STEPS == 0:
             logger.info("step %d: loss %.4f l1 %.4f mse %.5f kl %.2f lr %.2e", step + 1, *(
-                float(parts[k]) for k in ("loss", "l1", "mse", "kl")), lr_at(step, run))
-        if (step + 1) % run.eval_every == 0 or step + 1 == run.steps:
+                float(parts[k].detach()) for k in ("loss", "l1", "mse", "kl")), lr_at(step, run, elapsed))
+        out_of_time = run.max_seconds > 0 and time.perf_counter() - started >= run.max_seconds
+        if (step + 1) % run.eval_every == 0 or step + 1 == run.steps or out_of_time:
             point = {"step": step + 1, "seconds": time.perf_counter() - started, "l1": float(parts["l1"]),
                      "held_out_psnr": float(held_out_psnr(model, eval_video, run.eval_batch_size, device).mean())}
             curve.append(point)
@@ -230,6 +238,9 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
                         point["held_out_psnr"], len(eval_video), point["seconds"])
             if on_eval is not None:
                 on_eval(point)
+        if out_of_time:
+            logger.info("stopping at step %d: max_seconds=%g reached", step + 1, run.max_seconds)
+            break
     seconds = time.perf_counter() - started
     model.eval()
     held = held_out_psnr(model, held_out.video, run.eval_batch_size, device)
@@ -237,7 +248,7 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
     record = {
         "held_out_psnr": float(held.mean()), "held_out_psnr_min": float(held.min()),
         "train_psnr": float(trained.mean()), "held_out_clips": len(held_out.keys), "train_clips": len(train.keys),
-        "train_seconds": seconds, "curve": curve,
+        "train_seconds": seconds, "steps_done": step + 1 if run.steps else 0, "curve": curve,
         **scaling_factor(model, train.video[:SCALE_CLIPS], run.eval_batch_size, device),
     }
     return model, record

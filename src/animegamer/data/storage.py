@@ -40,7 +40,7 @@ S3_PROTOCOLS = ("s3", "s3a")
 DEFAULT_RETRIES = 3
 DEFAULT_TIMEOUT_S = 60.0
 # Back-off before attempt k+1 is k times this: a busy or restarting server gets a few seconds.
-RETRY_BACKOFF_S = 0.5
+REMOTE_BACKOFF_S = 0.5
 # One tar header with the pax records webdataset writes is 1.5 KiB; 16 KiB also covers a small
 # member (json) and the next header, so a clip sample's headers cost one request.
 HEADER_READAHEAD = 16 * 1024
@@ -63,7 +63,7 @@ class RemoteSettings:
 
     retries: int = DEFAULT_RETRIES
     timeout_s: float = DEFAULT_TIMEOUT_S
-    backoff_s: float = RETRY_BACKOFF_S
+    backoff_s: float = REMOTE_BACKOFF_S
 
 
 def _field(data: Any, name: str, default: Any) -> Any:
@@ -121,7 +121,7 @@ def transient(error: BaseException) -> bool:
         return status in RETRIED_STATUS or status >= 500
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
-    if isinstance(error, (TimeoutError, ConnectionError, OSError)):
+    if isinstance(error, OSError):  # refused or reset connections, time-outs (fsspec's FSTimeoutError too)
         return True
     try:
         import aiohttp
@@ -150,8 +150,6 @@ if hasattr(os, "register_at_fork"):
 
 def remote_filesystem(protocol: str, timeout_s: float):
     """This process's file system for ``protocol`` with requests limited to ``timeout_s``."""
-    import fsspec
-    return fsspec.filesystem(protocol, **_storage_options(protocol, timeout_s))
     key = (os.getpid(), protocol, timeout_s)
     with _FILESYSTEMS_LOCK:
         if key not in _FILESYSTEMS:
@@ -220,7 +218,7 @@ class ShardSource:
                 if not transient(error):
                     raise
                 last.append(error)
-                raise GenerationError(f"{what}: {type(error).__name__}: {error}") from error
+                raise GenerationError(f"{what}: {self._describe(error)}") from error
 
         # max(0, ...): the validation pass reads the manifest with the settings it is about to refuse.
         outcome = answer_with_retries(attempt, lambda value: value, max(0, self.settings.retries), f"reading {url}",
@@ -230,9 +228,15 @@ class ShardSource:
         error = last[-1]
         raise RemoteReadError(
             f"{url}: {what} failed {outcome.attempts} times (data.remote_retries={self.settings.retries}, "
-            f"data.remote_timeout_s={self.settings.timeout_s:g}); last error: {type(error).__name__}: {error}. "
+            f"data.remote_timeout_s={self.settings.timeout_s:g}); last error: {self._describe(error)}. "
             f"Check that the URL is right and the server or bucket is reachable from this machine (credentials: "
             f"the storage backend's usual environment)") from error
+
+    def _describe(self, error: BaseException) -> str:
+        name = type(error).__name__
+        if isinstance(error, TimeoutError) or "Timeout" in name:  # fsspec's FSTimeoutError carries no text
+            return f"{name}: no answer within {self.settings.timeout_s:g} s"
+        return f"{name}: {error}" if str(error) else name
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of one file of the folder."""
@@ -271,6 +275,14 @@ class ShardSource:
         """Size and version fields of one remote file (``fsspec``'s ``info``)."""
         return self._retried("info", path, lambda: self._filesystem().info(path))
 
+    def size(self, path: str, info: Mapping | None = None) -> int:
+        """A remote file's size (from ``info`` when given): range reads stop there."""
+        size = (self.info(path) if info is None else info).get("size")
+        if size is None:
+            raise RemoteReadError(f"{path}: the server gives no size for it (no Content-Length), so it cannot be "
+                                  f"read by ranges")
+        return int(size)
+
     # ------------------------------------------------------------------ the folder's contents
     def manifest(self) -> dict:
         try:
@@ -306,7 +318,7 @@ class ShardSource:
             with open(path, "rb") as f:
                 yield f
             return
-        yield RangeReader(self, path, int(self.info(path)["size"]))
+        yield RangeReader(self, path, self.size(path))
 
     def cached(self, path: str, entry: Mapping, build: Callable[[BinaryIO], Any]) -> Any:
         """``build(file)`` of one shard: for a URL computed once per shard version and kept in the local
@@ -328,7 +340,7 @@ class ShardSource:
             pass
         except (OSError, ValueError, AttributeError, KeyError) as error:
             log.warning("%s: unreadable index cache for %s (%s); indexing again", file, path, error)
-        size = int(info["size"]) if info is not None else int(self.info(path)["size"])
+        size = self.size(path, info)
         value = build(RangeReader(self, path, size))
         write_json_atomic(file, {"url": path, "version": version, "value": value})
         log.info("indexed %s (%d bytes) by its headers; cached in %s", path, size, file)

@@ -1,0 +1,138 @@
+"""The known-answer data set: films whose state rules hold and can be read off the instruction, and the
+CI-size data set through the real pipeline, measured against the generators' truth."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from data_pipeline.captioners.fields import Caption as CaptionFields
+from data_pipeline.captioners.fields import build_instruction
+from data_pipeline.known_answer import MEASUREMENTS_FILE, SIZES, build, film_specs
+from data_pipeline.toyfilm import (
+    CAST,
+    CAST_SIZE_PER_FILM,
+    CHARACTER_JOINER,
+    LEVEL_VOCABULARY,
+    NUM_LEVELS,
+    NUM_SHOTS,
+    SETTINGS,
+    TIRING_LEVEL,
+    ToyFilm,
+    _film_cast,
+    make_toy_film,
+)
+
+# Rules and casts do not depend on the picture size: small films keep these tests to seconds.
+SMALL_FILM = {"width": 192, "height": 108}
+RULE_FILMS = 6
+
+
+def _small_film(folder: Path, index: int) -> ToyFilm:
+    spec = film_specs(index + 1)[index]
+    return make_toy_film(folder, film_id=spec.film_id, seed=spec.seed, variant=spec.variant, **SMALL_FILM)
+
+
+@pytest.fixture(scope="module")
+def small_films(tmp_path_factory: pytest.TempPathFactory) -> list[ToyFilm]:
+    folder = tmp_path_factory.mktemp("films")
+    return [_small_film(folder, i) for i in range(RULE_FILMS)]
+
+
+def test_same_spec_gives_identical_truth_and_other_specs_differ(tmp_path: Path, small_films: list[ToyFilm]) -> None:
+    again = _small_film(tmp_path, 1)
+    first = small_films[1]
+    assert again.truth_path.read_bytes() == first.truth_path.read_bytes()  # file names in it are relative
+    assert again.captions_path.read_bytes() == first.captions_path.read_bytes()
+    assert again.video_path.read_bytes() == first.video_path.read_bytes()
+    plans = [[(s.level, s.environment, s.characters, s.num_frames) for s in film.shots] for film in small_films]
+    assert len({json.dumps(p) for p in plans}) == len(plans)
+
+
+def test_state_rules_hold_and_are_named_in_the_instruction(small_films: list[ToyFilm]) -> None:
+    leisure = {s.environment: s.leisure for s in SETTINGS}
+    for film in small_films:
+        assert Counter(shot.level for shot in film.shots) == {lv: NUM_SHOTS // NUM_LEVELS for lv in range(1, 6)}
+        for shot in film.shots:
+            caption = shot.caption
+            assert caption.sc == int(len(shot.characters) == 2)
+            assert caption.et == int(leisure[shot.environment])
+            assert caption.st == (-1 if shot.level >= TIRING_LEVEL else 1)
+            assert (caption.motion, caption.adverb) == LEVEL_VOCABULARY[shot.level - 1]
+            # What the game model reads: the pipeline's instruction built from the caption.
+            instruction = build_instruction(CaptionFields(caption.character, caption.motion, caption.adverb,
+                                                          caption.environment, caption.time_of_day))
+            named = instruction.split(";")[0].removeprefix("Character: ").split(CHARACTER_JOINER)
+            assert named == list(shot.characters)
+            assert f"Motion: {caption.adverb} {caption.motion};" in instruction
+            assert instruction.endswith(f"{caption.time_of_day} {caption.environment}.")
+    states = Counter((s.caption.sc, s.caption.et, s.caption.st) for f in small_films for s in f.shots)
+    for index, values in enumerate(((0, 1), (0, 1), (-1, 1))):
+        assert {key[index] for key in states} == set(values)  # every state takes both values
+
+
+def test_variants_go_through_every_cast_group() -> None:
+    groups = [frozenset(m.name for m in _film_cast(v)) for v in range(40)]
+    assert len(set(groups)) == 20 and groups[:20] == groups[20:]
+    assert all(len(g) == CAST_SIZE_PER_FILM for g in groups)
+    for even in range(0, 20, 2):
+        assert groups[even].isdisjoint(groups[even + 1])
+    # The earlier casts of variants 0 and 1 are kept, so existing toy films are unchanged.
+    assert [m.name for m in _film_cast(0)] == [m.name for m in CAST[:3]]
+    assert [m.name for m in _film_cast(1)] == [m.name for m in CAST[3:]]
+    counts = Counter(name for g in groups[:20] for name in g)
+    assert set(counts.values()) == {10}
+
+
+def test_known_answer_sizes_have_distinct_films() -> None:
+    specs = film_specs(SIZES["gpu"].films)
+    assert len({s.seed for s in specs}) == len({s.variant for s in specs}) == len({s.film_id for s in specs}) == 24
+    assert SIZES["gpu"].films * NUM_SHOTS * 2 >= 200  # two 2-s clips per shot
+
+
+# --------------------------------------------------------------------------- the CI data set, end to end
+@pytest.fixture(scope="module")
+def ci_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("known_answer")
+    return out, build(out, "ci")
+
+
+@pytest.mark.slow
+def test_ci_data_set_agrees_with_the_generators_truth(ci_data: tuple[Path, dict]) -> None:
+    out, result = ci_data
+    assert json.loads((out / MEASUREMENTS_FILE).read_text()) == result
+    films = SIZES["ci"].films
+    assert result["clips"] == films * NUM_SHOTS * 2
+    assert set(result["clips_per_film"].values()) == {NUM_SHOTS * 2}
+    assert result["detected_shots"] == result["truth_shots"] == films * NUM_SHOTS
+    assert result["motion"]["agreement"] == 1.0
+    assert result["captions"] == {"captioned": result["clips"], "states_equal_truth": result["clips"]}
+    for state in ("SC", "ET", "ST", "ML"):
+        assert result["rules"][state]["consistency"] == 1.0, state
+    assert result["rules"]["SC"]["values"] == 2 and result["rules"]["ST"]["values"] == NUM_LEVELS
+    assert set(result["held_out_values_seen_in_training"].values()) == {1.0}
+    split = result["split"]
+    assert split["held_out_shots"] >= 1 and split["train_clips"] + split["held_out_clips"] == result["clips"]
+    assert result["sessions"]["train"] >= 1
+    assert result["clip_size"] == [17, 32, 64]
+
+
+@pytest.mark.slow
+def test_toy_vae_trains_on_the_ci_clips_and_loads_as_the_frozen_vae(ci_data: tuple[Path, dict], tmp_path: Path) -> None:
+    from animegamer.config.schema import EncodersConfig, VAEConfig
+    from animegamer.models.frozen_encoders import build_frozen_encoders
+    from animegamer.toy_vae import TRAINING_RECORD, main
+
+    out, result = ci_data
+    vae_dir = tmp_path / "vae"
+    assert main([str(vae_dir), "--data", str(out / "pipeline"), "--steps", "2", "--batch-size", "1",
+                 "--crop-frames", "5", "--eval-every", "1", "--eval-clips", "1"]) == 0
+    record = json.loads((vae_dir / TRAINING_RECORD).read_text())
+    assert record["steps_done"] == 2 and len(record["curve"]) == 2
+    assert record["held_out_clips"] == result["split"]["held_out_clips"]
+    assert record["loaded_held_out_psnr"] == pytest.approx(record["held_out_psnr"], abs=1e-3)
+    encoders = build_frozen_encoders(EncodersConfig(vae=VAEConfig(path=str(vae_dir))), which=("vae",))
+    assert encoders.vae.from_disk and encoders.vae.scaling_factor == pytest.approx(record["scaling_factor"])
+    assert encoders.vae.latent_shape(17, 32, 64) == (5, 4, 8, 16)
