@@ -796,7 +796,8 @@ def make_toy_film(
     """Draw, encode and describe a toy film; deterministic in all arguments.
 
     ``seed`` varies shot lengths, level order, texture and positions; ``variant`` additionally
-    brings another cast, another scene selection/order and shifted palettes, for "new film" tests.
+    brings another cast (the variant's group of three characters, see ``_cast_groups``), another
+    scene selection/order and shifted palettes, for "new film" tests and the known-answer data set.
     Width and height must be even (yuv420p).
     """
     if width % 2 or height % 2:

@@ -116,14 +116,15 @@ def _equal(reference: dict, other: dict) -> int:
 
 def weak_scaling(args, data: dict[str, Path], results: dict, deadline: float) -> None:
     table = results.setdefault("weak_scaling", {})
-    chosen = TINY_STRATEGIES if args.tiny else WEAK_STRATEGIES
+    chosen = TINY_STRATEGIES if args.tiny else tuple(args.weak_strategies)
     # Per phase the 1-GPU runs side by side (one per GPU; in turn on CPU), then the first strategy on 2
     # GPUs; the other strategies' 2-GPU runs after every phase's first, so a short budget still measures
     # every phase under one strategy.
-    batches = [(phase, [(strategy, 1) for strategy in chosen]) for phase in WEAK_PHASES]
+    phases = tuple(args.weak_phases)
+    batches = [(phase, [(strategy, 1) for strategy in chosen]) for phase in phases]
     batches = [item for phase, ones in batches for item in ((phase, ones), (phase, [(chosen[0], 2)]))]
-    batches += [(phase, [(strategy, 2)]) for strategy in chosen[1:] for phase in WEAK_PHASES]
-    estimate = {phase: args.estimate for phase in WEAK_PHASES}
+    batches += [(phase, [(strategy, 2)]) for strategy in chosen[1:] for phase in phases]
+    estimate = {phase: args.estimate for phase in phases}
     for phase, batch in batches:
         if time.monotonic() + estimate[phase] > deadline:
             log.warning("weak scaling: no time left for %s %s", phase, batch)
@@ -209,6 +210,8 @@ def main() -> None:
     parser.add_argument("--kill-delay", type=float, default=1.0, help="seconds between the checkpoint and the kill")
     parser.add_argument("--survivor-limit", type=float, default=30.0,
                         help="seconds node 0 gets to stop by itself (NCCL may wait on a dead peer until its timeout)")
+    parser.add_argument("--weak-phases", nargs="+", default=list(WEAK_PHASES), choices=list(WEAK_PHASES))
+    parser.add_argument("--weak-strategies", nargs="+", default=list(WEAK_STRATEGIES), choices=list(WEAK_STRATEGIES))
     parser.add_argument("--per-gpu", nargs="+", default=["a_joint=2", "b=4"], help="per-GPU batch per phase")
     parser.add_argument("--steps", type=int, default=20, help="steps of each weak-scaling run")
     parser.add_argument("--samples", type=int, default=32)
@@ -230,7 +233,7 @@ def main() -> None:
     if args.tiny or not args.tokenizer.is_dir():
         args.tokenizer = ""  # the byte tokenizer of random builds
     results: dict = {"stamp": run_stamp()}
-    phases = ({REHEARSAL_PHASE} if not args.no_rehearsal else set()) | (set(WEAK_PHASES) if args.weak_scaling else set())
+    phases = ({REHEARSAL_PHASE} if not args.no_rehearsal else set()) | (set(args.weak_phases) if args.weak_scaling else set())
     data = {p: strategies.make_data(p, args.work / "data" / p, args.samples, args.tiny) for p in sorted(phases)}
     if not args.no_rehearsal:
         rehearsal(args, data[REHEARSAL_PHASE], results)
@@ -243,7 +246,7 @@ def summary(results: dict) -> str:
     """A short table for the end of the output: the rehearsal's kill and losses, each weak-scaling run."""
     lines = []
     rehearsal_record = results.get("rehearsal", {})
-    for name in ("uninterrupted", "killed"):
+    for name in ("uninterrupted", "killed") if rehearsal_record else ():
         run = rehearsal_record.get(name, {})
         lines.append(f"rehearsal {name}: {run.get('error', '')[-500:] or json.dumps({k: run.get(k) for k in ('seconds', 'kill', 'resumed_from', 'perf')})}")
     if "killed_vs_uninterrupted" in rehearsal_record:

@@ -10,9 +10,12 @@ whole shots, as training does) this finds the nearest training clip (cosine dist
 features) and scores whether it has the same characters, the same main character, the same number of
 characters (the SC rule) and the same environment (the ET rule); a linear probe (ridge classifier fitted
 on the training clips) asks the same of held-out clips. The same probes on the raw first-frame pixels at
-CLIP's input size (what the random CLIP sees) and the majority class give the reference points. For T5 it reports the smallest distance between the features of two different motion texts,
-against the spread of one text's features (zero: the map is deterministic), i.e. whether every motion
-level gets its own, stable condition. Prints one JSON object.
+CLIP's input size (what the random CLIP sees) and the majority class give the reference points.
+
+For T5 it reports the smallest distance between the features of two different motion texts, their mean
+norm, and the largest difference between two encodings of the same text in another batch order (zero:
+the map is deterministic): whether every motion level gets its own, stable condition. Prints one JSON
+object.
 """
 from __future__ import annotations
 

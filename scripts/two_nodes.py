@@ -15,9 +15,11 @@ fail with EADDRINUSE, and then both nodes are stopped and started again on anoth
 
 A node failure kills the node's torchrun agent and every process under it (torchrun starts its workers
 in their own sessions, so a process-group kill would leave them running), a few moments after the
-checkpoint of ``--kill-after`` is complete. The surviving node must then stop by itself (its next
-collective fails); it is waited for, and SIGKILLed after ``--survivor-limit`` seconds if it has not.
-Both nodes are then started again with the same overrides and resume from the newest checkpoint.
+checkpoint of ``--kill-after`` is complete. The surviving node is waited for and SIGKILLed after
+``--survivor-limit`` seconds if it has not stopped: under gloo its next collective fails at once
+(connection reset), under NCCL it waits on the dead peer until the process group's timeout (30 min by
+default), as a scheduler would not. Both nodes are then started again with the same overrides and
+resume from the newest checkpoint.
 
 Prints, and writes to ``LOGS/two_nodes.json``: each launch's exit codes and seconds, the kill, how long
 the survivor took to stop, and the checkpoint the restart resumed from.

@@ -3,6 +3,10 @@
 checkpoint round trip through Lightning's loader. tests/test_fsdp_gather.py runs
 ``python tests/fsdp_gather_driver.py OUT PHASE`` (PHASE ``b`` or ``c``) and reads ``OUT/rank<R>.json``.
 
+The ranks meet through a file in OUT (no port to pick and release), and end as training runs end
+(``animegamer.training.process_group.end_process_group``): the report says how many of gloo's threads
+are still alive afterwards, which must be none (a live worker can abort the interpreter's exit).
+
 Lightning refuses FSDP on CPU, so torch's FSDP wraps the LightningModule (phase (c)) or a holder of
 the phase (b) network under ``model`` directly: the names are those of the LightningModule's full
 state dict.
@@ -11,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -21,6 +24,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 WORLD = 2
+RENDEZVOUS = "rendezvous"  # the FileStore's file in OUT
+# Threads of a gloo group (its workers, its transport's event loop) and of a TCP store's server.
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv")
 # Phase (b): a frozen weight inside a nested unit that the export keeps anyway, as phase (c) keeps its
 # (root-unit) encoder.
 EXTRA_B = "llm.base_model.model.model.layers.0.self_attn.q_proj.base_layer."
@@ -106,7 +112,23 @@ def _recording_summons(calls: list):
     return summon
 
 
-def _rank(rank: int, port: int, out: Path, phase: str) -> None:
+def gloo_threads() -> int:
+    """How many of this process's threads are gloo's or a TCP store's (Linux: the threads' names)."""
+    tasks = Path("/proc/self/task")
+    return sum((task / "comm").read_text().strip() in GLOO_THREADS for task in tasks.iterdir())
+
+
+def _rank(rank: int, out: Path, phase: str) -> None:
+    from animegamer.training.process_group import end_process_group
+
+    dist.init_process_group("gloo", init_method=(out / RENDEZVOUS).as_uri(), rank=rank, world_size=WORLD)
+    report = _check(rank, out, phase)  # its FSDP wrappers are garbage once it returns
+    end_process_group(synchronize=True)
+    report["gloo_threads_after_teardown"] = gloo_threads()
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def _check(rank: int, out: Path, phase: str) -> dict:
     from lightning.fabric.strategies.model_parallel import _load_raw_module_state
     from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
@@ -114,7 +136,6 @@ def _rank(rank: int, port: int, out: Path, phase: str) -> None:
     from animegamer.training.callbacks import model_state
     from animegamer.training.fsdp_gather import fsdp_units, gathered_state, saved_by
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     module, block, export_fn = PHASES[phase](seed=0)
     reference = {n: p.detach().clone() for n, p in module.named_parameters()}
     keep = saved_by(module)
@@ -147,7 +168,7 @@ def _rank(rank: int, port: int, out: Path, phase: str) -> None:
     reloaded = gathered_state(fresh_root, rank, saved_by(fresh))
 
     expected, found = (_files(out / side) for side in ("reference", "gathered")) if rank == 0 else ({}, {})
-    report = {
+    return {
         "rank": rank, "kept": len(kept), "total_numel": sum(t.numel() for t in reference.values()),
         "local_numel": local_numel, "after_numel": sum(p.numel() for p in root.parameters()),
         "units": len(fsdp_units(root)), "calls": calls,
@@ -161,15 +182,11 @@ def _rank(rank: int, port: int, out: Path, phase: str) -> None:
         "checkpoint_keys": len(saved), "trainable": len(module.trainable),
         "resumed_vs_checkpoint": _max_diff(reloaded, saved) if rank == 0 else None,
     }
-    (out / f"rank{rank}.json").write_text(json.dumps(report))
-    dist.destroy_process_group()
 
 
 def main(out: Path, phase: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, out, phase), nprocs=WORLD)
+    (out / RENDEZVOUS).unlink(missing_ok=True)  # a FileStore's file must be new
+    mp.spawn(_rank, args=(out, phase), nprocs=WORLD)
 
 
 if __name__ == "__main__":

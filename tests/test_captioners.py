@@ -324,7 +324,7 @@ def test_retry_loop_counts_generation_errors_and_resends_original() -> None:
     assert result.ok and result.attempts == 3
     assert generator.requests[1].prompt == PROMPT
     failed = caption_with_retries(ScriptedGenerator([GenerationError("down")]), a_request(), 0, "fake", "1")
-    assert failed.status == "failed" and "generation failed: down" in failed.error and failed.attempts == 1
+    assert failed.status == "failed" and "request failed: down" in failed.error and failed.attempts == 1
 
 
 def test_prompt_captioner_frames_and_reference(tmp_path: Path) -> None:
@@ -453,7 +453,7 @@ def test_http_unreachable_endpoint() -> None:
     with FakeOpenAI([]) as server:
         url = server.url
     result = build_http_captioner(http_cfg(url, retries=0), backoff_s=0.0).caption(make_ctx())
-    assert result.status == "failed" and "generation failed" in result.error
+    assert result.status == "failed" and "request failed" in result.error
 
 
 # --------------------------------------------------------------------------- vlm backend, real tiny model

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 
-from animegamer.checks import validate_pipeline_run, validate_train_run
+from animegamer.checks import validate_eval_run, validate_pipeline_run, validate_train_run
 from animegamer.config.compose import compose_config
-from animegamer.config.validate import ConfigError, validate_eval_run
+from animegamer.config.validate import ConfigError
 
 OFFICIAL_TOKENIZER = SHARED / "reference" / "animegamer_tokenizer"
 

@@ -3,6 +3,7 @@ both ranks see the same number of batches, and loss and trained weights equal th
 with the same global batch (randomness is keyed by each sample's global stream position)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ from safetensors.torch import load_file
 from phase_a_helpers import logged_losses, write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
+
+from animegamer.training.faults import PREEMPTED_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH, STEPS = 4, 3
@@ -106,8 +109,6 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
     os.killpg(run.pid, getattr(signal, how))
     _, stderr = run.communicate(timeout=120)
     if how == "SIGTERM":  # preempted: a checkpoint at a step boundary past step 20, exit code 143
-        from animegamer.training.faults import PREEMPTED_EXIT_CODE
-
         assert run.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
         assert "preempted at step" in stderr
     else:
@@ -120,3 +121,78 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
         assert (tmp_path / "killed" / name).read_text() == (tmp_path / "reference" / name).read_text(), name
     assert (tmp_path / "killed" / "export" / "trained.safetensors").read_bytes() == \
         (tmp_path / "reference" / "export" / "trained.safetensors").read_bytes()
+
+
+# ------------------------------------------------------------------ process group's lifetime (in-process)
+def _ddp_trainer(devices: int):
+    import lightning as L
+    from lightning.pytorch.strategies import DDPStrategy
+
+    strategy = DDPStrategy(start_method="popen") if devices > 1 else "auto"
+    return L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False)
+
+
+def _bindable(port: int) -> bool:
+    """Whether a server could listen on ``port`` now (SO_REUSEADDR, as servers set it: closed
+    connections' TIME_WAIT does not count, a listening socket does)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_the_launching_rank_holds_the_rendezvous_port_until_the_group_ends(monkeypatch):
+    import torch.distributed as dist
+    from fsdp_gather_driver import gloo_threads
+
+    from animegamer.training.process_group import MASTER_PORT, end_process_group, host_rendezvous
+
+    monkeypatch.delenv(MASTER_PORT, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    before = gloo_threads()
+    host_rendezvous(_ddp_trainer(devices=1))  # nothing to launch: nothing bound
+    assert MASTER_PORT not in os.environ
+    host_rendezvous(_ddp_trainer(devices=2))
+    port = int(os.environ[MASTER_PORT])
+    assert not _bindable(port)  # bound from the start: no other process can take it before rank 0 joins
+    # Rank 0's env:// rendezvous (Lightning's) joins the server already bound instead of binding again.
+    dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1)
+    assert gloo_threads() > before
+    end_process_group(synchronize=True)
+    # Destroying the group joined gloo's workers and the store's server: nothing left to race the exit.
+    assert not dist.is_initialized() and gloo_threads() == before
+    assert MASTER_PORT not in os.environ and _bindable(port)
+
+
+def test_a_port_chosen_outside_is_left_alone(monkeypatch):
+    from animegamer.training.process_group import MASTER_PORT, end_process_group, host_rendezvous
+
+    monkeypatch.setenv(MASTER_PORT, "29517")  # a scheduler's or the user's
+    host_rendezvous(_ddp_trainer(devices=2))
+    end_process_group(synchronize=True)
+    assert os.environ[MASTER_PORT] == "29517"
+
+
+@pytest.mark.parametrize(("stop", "barriers"), [(None, 1), (SystemExit(PREEMPTED_EXIT_CODE), 1), (SystemExit(1), 0),
+                                                (RuntimeError("a step failed"), 0)])
+def test_the_group_is_destroyed_however_the_run_ends(stop, barriers, monkeypatch):
+    """A finished or preempted run synchronizes before the group goes; a failed one does not wait for
+    peers that may never come."""
+    import torch.distributed as dist
+
+    from animegamer.training.process_group import process_group_lifetime
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    calls = []
+    barrier = dist.barrier
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append(1) or barrier(*a, **k))
+    with contextlib.suppress(type(stop) if stop else ()), process_group_lifetime():
+        if stop:
+            raise stop
+    assert len(calls) == barriers and not dist.is_initialized()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import socket
 
 import pytest
 import torch
@@ -25,10 +24,8 @@ from animegamer.training.strategies import block_types, fsdp_mixed_precision, li
 
 @pytest.fixture
 def one_rank():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    # An in-memory store: one rank needs no rendezvous, so no port to pick and release
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

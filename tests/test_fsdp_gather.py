@@ -62,6 +62,12 @@ def test_the_checkpoint_resumes_through_lightnings_fsdp_loader(two_ranks):
     assert first["resumed_vs_checkpoint"] == 0.0
 
 
+def test_every_rank_ends_with_gloos_threads_joined(two_ranks):
+    # end_process_group destroyed the group with nothing else holding it: no gloo worker is left to
+    # free a collective's tensors while the interpreter finalizes (an abort at exit, now and then)
+    assert [rank["gloo_threads_after_teardown"] for rank in two_ranks] == [0, 0]
+
+
 def test_the_fsdp_preset_saves_through_the_gathered_state(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(fsdp_gather, "gathered_state", lambda root, rank, keep: seen.append((root, rank, keep)) or {"w": 1})

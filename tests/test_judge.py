@@ -199,7 +199,7 @@ def test_a_game_without_valid_answer_is_unavailable_never_guessed():
         record = judge_games(config(server.url, samples=2, retries=1), [a_game("bad"), a_game("good")], backoff_s=0.0)
     bad, good = record["per_game"]
     assert bad["mean"] is None and bad["valid_samples"] == 0 and [s["scores"] for s in bad["samples"]] == [None, None]
-    assert bad["samples"][0]["error"].startswith("attempt 2/2: generation failed: HTTP 500")
+    assert bad["samples"][0]["error"].startswith("attempt 2/2: request failed: HTTP 500")
     assert bad["samples"][1]["error"].startswith("attempt 2/2: unusable answer:")
     assert record["games"] == 2 and record["games_scored"] == 1
     assert record["scores"]["overall"] == {"value": 3.0, "available": True}  # the scored game only
@@ -210,7 +210,7 @@ def test_a_game_without_valid_answer_is_unavailable_never_guessed():
     with FakeJudge([(503, "busy")] * 2) as server:
         record = judge_games(config(server.url, samples=1, retries=1), [a_game("g")], backoff_s=0.0)
     assert all(not m["available"] and m["value"] is None for m in record["scores"].values())
-    assert record["scores"]["overall"]["reason"].startswith("no game scored: attempt 2/2: generation failed: HTTP 503")
+    assert record["scores"]["overall"]["reason"].startswith("no game scored: attempt 2/2: request failed: HTTP 503")
 
 
 def test_no_endpoint_reports_every_dimension_unavailable_without_reading_clips(tmp_path):
@@ -225,7 +225,7 @@ def test_unreachable_endpoint_is_unavailable():
         url = server.url
     record = judge_games(config(url, samples=1, retries=0), [a_game("g")], backoff_s=0.0)
     reason = record["scores"]["overall"]["reason"]
-    assert reason.startswith("no game scored: attempt 1/1: generation failed: cannot reach"), reason
+    assert reason.startswith("no game scored: attempt 1/1: request failed: cannot reach"), reason
     assert record["games_scored"] == 0
 
 
@@ -309,7 +309,7 @@ def test_a_finished_evaluation_is_judged_again_without_playing(tmp_path, capsys)
 # --------------------------------------------------------------------------- configuration
 def test_judge_settings_are_validated_with_every_problem_listed():
     from animegamer.config.compose import compose_config
-    from animegamer.config.validate import check_judge
+    from animegamer.metrics.judge import check_judge
 
     assert check_judge(JudgeConfig()) == []
     assert check_judge(JudgeConfig(url="http://127.0.0.1:8000/v1", model_name="m")) == []

@@ -128,7 +128,7 @@ def test_toy_vae_trains_on_the_ci_clips_and_loads_as_the_frozen_vae(ci_data: tup
     out, result = ci_data
     vae_dir = tmp_path / "vae"
     assert main([str(vae_dir), "--data", str(out / "pipeline"), "--steps", "2", "--batch-size", "1",
-                 "--crop-frames", "5", "--eval-every", "1", "--eval-clips", "1"]) == 0
+                 "--crop-frames", "9", "--eval-every", "1", "--eval-clips", "1"]) == 0
     record = json.loads((vae_dir / TRAINING_RECORD).read_text())
     assert record["steps_done"] == 2 and len(record["curve"]) == 2
     assert record["held_out_clips"] == result["split"]["held_out_clips"]

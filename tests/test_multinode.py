@@ -11,9 +11,9 @@ each, talking gloo over localhost, train phase (a2).
   (its next all-reduce fails), both nodes start again, resume from the checkpoint, and finish with
   every rank's loss history and the export bitwise equal to the uninterrupted two-node run's.
 
-Time on the 2-core development machine, otherwise idle: about 10 s of CPU for the single-process run,
-25 s for each two-node launch (4 launches in all: reference, killed, restarted; most of it is start-up),
-about 1.5 min in all; several times that when other work shares the cores."""
+Time: three two-node launches (reference, killed, restarted) and one single-process run, mostly start-up;
+measured on the 2-core development machine shared with other work: 2.5 min wall and 1.5 min of CPU
+in one run, 6.2 and 2.4 min in another under a load near 10. The kill test is the larger part."""
 from __future__ import annotations
 
 import json

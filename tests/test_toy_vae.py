@@ -43,8 +43,8 @@ def _cartoon_clips(count: int, seed: int) -> Clips:
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """One intra-op thread: on a busy shared CPU two threads of these small convolutions ran 7x slower
-    (measured), and one is as fast as two on an idle one at this size."""
+    """One intra-op thread: on a busy shared 2-core CPU, two threads of these small convolutions ran
+    7x slower than one (measured)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -75,8 +75,8 @@ def test_schedule_warms_up_then_decays_to_the_floor_by_steps_or_seconds() -> Non
 
 def test_bad_settings_are_all_named() -> None:
     with pytest.raises(ValueError) as error:
-        ToyVAETraining(steps=-1, lr=0.0, crop_frames=8, val_fraction=1.0, l1_weight=0.0, mse_weight=0.0).validate()
-    for words in ("steps", "lr must be > 0", "crop_frames must be 4k + 1", "val_fraction", "nothing would be"):
+        ToyVAETraining(steps=-1, lr=0.0, crop_frames=5, val_fraction=1.0, l1_weight=0.0, mse_weight=0.0).validate()
+    for words in ("steps", "lr must be > 0", "crop_frames must be 8k + 1", "val_fraction", "nothing would be"):
         assert words in str(error.value)
     clips = _cartoon_clips(2, 0)
     with pytest.raises(ValueError, match="crop_height must be a multiple of the VAE's spatial compression 4"):
@@ -88,11 +88,12 @@ def test_training_learns_and_the_saved_folder_is_the_frozen_vae(tmp_path: Path) 
     train, held_out = _cartoon_clips(24, seed=1), _cartoon_clips(6, seed=2)
     untrained = ToyVAETraining(steps=0)
     _, before = train_vae(TINY_VAE, train, held_out, untrained)
-    run = ToyVAETraining(steps=60, batch_size=4, lr=3e-3, warmup_steps=5, eval_every=30, eval_clips=6)
+    run = ToyVAETraining(steps=120, batch_size=4, lr=1e-2, warmup_steps=5, eval_every=60, eval_clips=6)
     model, record = train_vae(TINY_VAE, train, held_out, run)
-    assert [p["step"] for p in record["curve"]] == [30, 60]
-    # Measured: about 6 dB (random init) -> about 15 dB after 60 steps; the margin leaves room.
-    assert record["held_out_psnr"] > before["held_out_psnr"] + 4.0, (before["held_out_psnr"], record)
+    assert [p["step"] for p in record["curve"]] == [60, 120]
+    # Measured: 10.2 dB (random init) -> 12.0 dB after 60 steps at batch 4 and 12.5-12.9 dB after 120
+    # (three training seeds, l1 only); a run that stopped learning stays at 10.2.
+    assert record["held_out_psnr"] > before["held_out_psnr"] + 1.5, (before["held_out_psnr"], record)
 
     folder = save_vae(model, tmp_path / "vae", record)
     saved = json.loads((folder / TRAINING_RECORD).read_text())
@@ -109,4 +110,5 @@ def test_training_learns_and_the_saved_folder_is_the_frozen_vae(tmp_path: Path) 
     decoded = vae.decode(latents)
     assert tuple(decoded.shape) == (6, FRAMES, HEIGHT, WIDTH, 3)
     rounded = (decoded * 255).round().to(torch.uint8)
-    assert torch.equal(rounded, reconstruct(model.eval(), held_out.video))
+    # The same pixels as the trained model gives, up to float rounding through the scaling factor.
+    assert int((rounded.int() - reconstruct(model.eval(), held_out.video).int()).abs().max()) <= 1

@@ -154,7 +154,8 @@ def score(v: Variant, extra: list[str]) -> dict:
     :func:`scored_with` changed)."""
     from animegamer.checkpoints.export import TRAINED_FILE
     from animegamer.checks import check_export_sizes
-    from animegamer.config.validate import ConfigError, check_evaluated_exports
+    from animegamer.checks import check_evaluated_exports
+    from animegamer.config.validate import ConfigError
     from animegamer.evaluation import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
     from animegamer.metrics.report import METRICS_FILE
     from animegamer.utils.io import sha256_file

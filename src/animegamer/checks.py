@@ -18,15 +18,19 @@ from typing import Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
+from animegamer.config.trained_data import clip_size_problems, split_problems
 from animegamer.config.disk_checks import check_shard_shapes, check_weight_folders, read_json_object
 from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline, choice,
                                         local_folder, positive)
+from animegamer.data.layout import MANIFEST
 from animegamer.data.storage import check_remote_settings, data_source
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.encoder import check_encoder_config, representation_tokens
 from animegamer.models.mllm import SDPA, check_mllm
+from animegamer.metrics.judge import check_judge
 from animegamer.phases.common import check_schedule
+from animegamer.preflight import evaluation_problems
 from animegamer.phases.specs import PHASES, export_contract
 from animegamer.training.loggers import LOGGERS
 from animegamer.training.profiling import check_profiler
@@ -291,3 +295,43 @@ def validate_train_run(cfg) -> None:
     problems = check_training(cfg)
     if problems:
         raise ConfigError(problems)
+
+
+# --------------------------------------------------------------------------- evaluation
+def validate_eval_run(cfg) -> None:
+    """Exports, shards and the model sizes an evaluation needs, all checked before anything loads."""
+    e = cfg.evaluation
+    problems = []
+    for key in ("mllm_export", "renderer_export"):
+        path = getattr(e, key)
+        if not path or not (Path(path) / "trained.safetensors").is_file():
+            problems.append(f"evaluation.{key}={path!r}: not an export folder (train the phase first)")
+    if e.reconstruction_export and not (Path(e.reconstruction_export) / "trained.safetensors").is_file():
+        problems.append(f"evaluation.reconstruction_export={e.reconstruction_export!r}: not a phase (a) export folder")
+    if e.benchmark and not Path(e.benchmark).is_file():
+        problems.append(f"evaluation.benchmark={e.benchmark!r}: no such file")
+    root = Path(cfg.data.root)
+    for folder in (cfg.data.clips, cfg.data.sessions):
+        if not (root / folder / MANIFEST).exists():
+            problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
+    if e.games <= 0 or e.turns <= 0:
+        problems.append("evaluation.games and evaluation.turns must be > 0")
+    problems += check_judge(e.judge)
+    problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
+    problems += check_decoder_compile(cfg.model.decoder, training=False)
+    problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
+    problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
+    for key in ("mllm_export", "renderer_export", "reconstruction_export"):
+        problems += check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
+    problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
+    if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
+        problems += evaluation_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_evaluated_exports(cfg, keys: tuple[str, ...]) -> list[str]:
+    """The held-out split and clip size each evaluated export was trained with, against this evaluation's."""
+    exports = [(f"evaluation.{key}", getattr(cfg.evaluation, key)) for key in keys]
+    renderers = [(k, f) for k, f in exports if not k.endswith("mllm_export")]
+    return split_problems(cfg, exports) + clip_size_problems(cfg, renderers)

@@ -246,7 +246,7 @@ def run(composed) -> dict:
     """Validate (every problem at once) and evaluate; what ``evaluate.py`` calls."""
     from omegaconf import OmegaConf
 
-    from animegamer.config.validate import validate_eval_run
+    from animegamer.checks import validate_eval_run
     from animegamer.utils.logging import setup_logging
 
     setup_logging(composed.log_level)

@@ -6,13 +6,11 @@ composes them with each component's own checks is :mod:`animegamer.checks`.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Iterable
 
 from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.schema import NUM_MOTION_LEVELS, EncodersConfig, PipelineConfig
-from animegamer.data.layout import MANIFEST
 
 # decord 0.6 copies decoded frames with a 16-pixel-aligned line size: other widths fail to decode.
 DECODER_WIDTH_MULTIPLE = 16
@@ -127,75 +125,3 @@ PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representati
                   "adaptation")
 # Steps that read the films and the caption source (finalize: its version is part of each task's fingerprint).
 CAPTION_STEPS = ("process", "finalize")
-
-
-# An environment variable's name: what evaluation.judge.api_key_env must hold (the key stays in the environment).
-ENV_VAR_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-JUDGE_TEMPERATURE_RANGE = (0.0, 2.0)  # what OpenAI-compatible servers accept
-
-
-def check_judge(judge) -> list[str]:
-    """``evaluation.judge``: an http(s) endpoint with a model name, or no endpoint (scores unavailable)."""
-    key = "evaluation.judge"
-    problems = []
-    if judge.url and not judge.url.startswith(("http://", "https://")):
-        problems.append(f"{key}.url={judge.url!r}: must be an http(s) base URL such as http://127.0.0.1:8000/v1 "
-                        "(or '' for no judge)")
-    if judge.url and not judge.model_name:
-        problems.append(f"{key}.model_name is empty: name the model the endpoint at {judge.url} serves")
-    if judge.api_key_env and not re.fullmatch(ENV_VAR_NAME, judge.api_key_env):
-        problems.append(f"{key}.api_key_env must name an environment variable (letters, digits, _), not hold "
-                        "a key: export the key in that variable instead")
-    problems += positive(key, judge, ("samples", "frames_per_turn", "image_max_side", "max_tokens", "timeout_s"))
-    if judge.retries < 0:
-        problems.append(f"{key}.retries={judge.retries} must be >= 0")
-    low, high = JUDGE_TEMPERATURE_RANGE
-    if not low <= judge.temperature <= high:
-        problems.append(f"{key}.temperature={judge.temperature} must be in [{low}, {high}]")
-    return problems
-
-
-def validate_eval_run(cfg) -> None:
-    """Exports, shards and the model sizes an evaluation needs, all checked before anything loads."""
-    # The composing pass moved to animegamer.checks; this function is to follow it there.
-    from animegamer.checks import check_decoder_compile, check_export_sizes, check_mllm, check_tokenizer
-
-    e = cfg.evaluation
-    problems = []
-    for key in ("mllm_export", "renderer_export"):
-        path = getattr(e, key)
-        if not path or not (Path(path) / "trained.safetensors").is_file():
-            problems.append(f"evaluation.{key}={path!r}: not an export folder (train the phase first)")
-    if e.reconstruction_export and not (Path(e.reconstruction_export) / "trained.safetensors").is_file():
-        problems.append(f"evaluation.reconstruction_export={e.reconstruction_export!r}: not a phase (a) export folder")
-    if e.benchmark and not Path(e.benchmark).is_file():
-        problems.append(f"evaluation.benchmark={e.benchmark!r}: no such file")
-    root = Path(cfg.data.root)
-    for folder in (cfg.data.clips, cfg.data.sessions):
-        if not (root / folder / MANIFEST).exists():
-            problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
-    if e.games <= 0 or e.turns <= 0:
-        problems.append("evaluation.games and evaluation.turns must be > 0")
-    problems += check_judge(e.judge)
-    problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
-    problems += check_decoder_compile(cfg.model.decoder, training=False)
-    problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
-    problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
-    for key in ("mllm_export", "renderer_export", "reconstruction_export"):
-        problems += check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
-    problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
-    if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
-        from animegamer.preflight import evaluation_problems
-
-        problems += evaluation_problems(cfg)
-    if problems:
-        raise ConfigError(problems)
-
-
-def check_evaluated_exports(cfg, keys: tuple[str, ...]) -> list[str]:
-    """The held-out split and clip size each evaluated export was trained with, against this evaluation's."""
-    from animegamer.config.trained_data import clip_size_problems, split_problems
-
-    exports = [(f"evaluation.{key}", getattr(cfg.evaluation, key)) for key in keys]
-    renderers = [(k, f) for k, f in exports if not k.endswith("mllm_export")]
-    return split_problems(cfg, exports) + clip_size_problems(cfg, renderers)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from animegamer.config.validate import ConfigError, positive
 from animegamer.metrics.common import available, format_metric, unavailable
 from animegamer.utils.http import (IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient, answer_with_retries,
                                    api_key_from_env)
@@ -338,12 +339,37 @@ def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) ->
     return metrics["judge"]
 
 
+# An environment variable's name: what evaluation.judge.api_key_env must hold (the key stays in the environment).
+ENV_VAR_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+JUDGE_TEMPERATURE_RANGE = (0.0, 2.0)  # what OpenAI-compatible servers accept
+
+
+def check_judge(judge) -> list[str]:
+    """``evaluation.judge``: an http(s) endpoint with a model name, or no endpoint (scores unavailable)."""
+    key = "evaluation.judge"
+    problems = []
+    if judge.url and not judge.url.startswith(("http://", "https://")):
+        problems.append(f"{key}.url={judge.url!r}: must be an http(s) base URL such as http://127.0.0.1:8000/v1 "
+                        "(or '' for no judge)")
+    if judge.url and not judge.model_name:
+        problems.append(f"{key}.model_name is empty: name the model the endpoint at {judge.url} serves")
+    if judge.api_key_env and not re.fullmatch(ENV_VAR_NAME, judge.api_key_env):
+        problems.append(f"{key}.api_key_env must name an environment variable (letters, digits, _), not hold "
+                        "a key: export the key in that variable instead")
+    problems += positive(key, judge, ("samples", "frames_per_turn", "image_max_side", "max_tokens", "timeout_s"))
+    if judge.retries < 0:
+        problems.append(f"{key}.retries={judge.retries} must be >= 0")
+    low, high = JUDGE_TEMPERATURE_RANGE
+    if not low <= judge.temperature <= high:
+        problems.append(f"{key}.temperature={judge.temperature} must be in [{low}, {high}]")
+    return problems
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m animegamer.metrics.judge EVAL_FOLDER evaluation.judge.url=... [overrides]``."""
     import sys
 
     from animegamer.config.compose import compose_config
-    from animegamer.config.validate import ConfigError, check_judge
     from animegamer.errors import UserError, exit_on_user_error
     from animegamer.utils.logging import setup_logging
 

@@ -24,6 +24,7 @@ from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointI
                                                save_checkpoint)
 from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
 from animegamer.training.loggers import make_logger
+from animegamer.training.process_group import host_rendezvous, process_group_lifetime
 from animegamer.training.profiling import make_profiler, summarise_traces
 from animegamer.training.run_record import check_run_folder
 from animegamer.training.safe_io import ensure_weights_only
@@ -144,7 +145,7 @@ def run_folder_callbacks(cfg: RunConfig, resolved: dict, resume: Path | None) ->
 def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     """Fit the configured phase; resumes from the newest complete checkpoint in ``<output>/checkpoints``.
     The run folder is locked first (global rank 0), so no other run's partial files are cleaned."""
-    with folder_lock(cfg.output_dir, cfg.lock_wait_seconds, enabled=is_global_zero()):
+    with folder_lock(cfg.output_dir, cfg.lock_wait_seconds, enabled=is_global_zero()), process_group_lifetime():
         return _train(cfg, resolved)
 
 
@@ -166,6 +167,7 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
     callbacks.extend(resuming)
     trainer = make_trainer(cfg, callbacks)
+    host_rendezvous(trainer)  # before fit launches the other ranks
     module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
     # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
     trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])

@@ -161,7 +161,7 @@ def answer_with_retries(
         try:
             answer = generate(feedback)
         except GenerationError as exc:
-            last_error = f"attempt {attempt}/{attempts}: generation failed: {exc}"
+            last_error = f"attempt {attempt}/{attempts}: request failed: {exc}"
             logger.warning("%s: %s", label, last_error)
             feedback = None
             if backoff_s > 0 and attempt < attempts:
