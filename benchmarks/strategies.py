@@ -32,9 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
 
+from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C  # noqa: E402  (after the path set-up)
+
 PRESETS = {"gpu": "gpu", "ddp": "ddp", "deepspeed_stage_2": "deepspeed_zero2", "deepspeed_stage_2_offload": "deepspeed_zero2_offload",
            "fsdp": "fsdp"}
-EXPERIMENTS = {"a_joint": "paper_a_joint", "b": "paper_b", "c": "paper_c"}
+EXPERIMENTS = {A_JOINT: "paper_a_joint", PHASE_B: "paper_b", PHASE_C: "paper_c"}
 TOKENIZER = ROOT / ".device_wheels" / "tokenizer"
 
 
@@ -57,9 +59,9 @@ def make_data(phase: str, root: Path, samples: int, tiny: bool) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     clips, enc = cfg.pipeline.clips, cfg.model.encoders
     n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
-    if phase == "a_joint":
+    if phase == A_JOINT:
         return synthetic.feature_shards(root, enc, samples, clips.frames, clips.height, clips.width)
-    if phase == "b":
+    if phase == PHASE_B:
         return synthetic.session_shards(root, samples, 5, n, d)
     from animegamer.config.validate import vae_latent_shape
 
@@ -201,7 +203,7 @@ def compare(reference: dict[int, float], other: dict[int, float]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--phases", nargs="+", default=["a_joint", "b", "c"], choices=list(EXPERIMENTS))
+    parser.add_argument("--phases", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
     parser.add_argument("--strategies", nargs="+", default=["deepspeed_stage_2", "fsdp"], choices=list(PRESETS))
     parser.add_argument("--gpus", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--steps", type=int, default=100)

@@ -211,6 +211,24 @@ def test_zero3_is_accepted_for_the_warmup_stage(data_root):
     assert "partitions the LoRA weights" in text, text
 
 
+def test_zero3_builds_on_the_cpu_not_in_lightnings_init_context(data_root):
+    """Lightning refuses init_module(empty_init=False) under ZeRO-3 (NotImplementedError at model build):
+    the accepted ZeRO-3 stage must not ask for it, while ZeRO-2 on a GPU still builds in the trainer's context."""
+    import contextlib
+
+    from animegamer.training.strategies import module_init
+
+    class Trainer:
+        def init_module(self, empty_init=None):
+            raise NotImplementedError(f"init_module(empty_init={empty_init}) is refused under ZeRO-3")
+
+    zero3 = train_cfg(data_root, "a_warmup", "trainer=deepspeed_zero3", "trainer.accelerator=gpu")
+    assert module_init(zero3, Trainer()) is contextlib.nullcontext
+    zero2 = train_cfg(data_root, "a_warmup", "trainer=deepspeed_zero2", "trainer.accelerator=gpu")
+    with pytest.raises(NotImplementedError):
+        module_init(zero2, Trainer())()
+
+
 @pytest.mark.parametrize("preset", ["gpu", "ddp", "deepspeed_zero2", "deepspeed_zero2_offload", "fsdp"])
 @pytest.mark.parametrize("phase", ["a_warmup", "b"])
 def test_replicated_weight_presets_are_accepted(data_root, preset, phase):

@@ -127,10 +127,18 @@ def test_toy_vae_trains_on_the_ci_clips_and_loads_as_the_frozen_vae(ci_data: tup
 
     out, result = ci_data
     vae_dir = tmp_path / "vae"
-    assert main([str(vae_dir), "--data", str(out / "pipeline"), "--steps", "2", "--batch-size", "1",
-                 "--crop-frames", "9", "--eval-every", "1", "--eval-clips", "1"]) == 0
+    command = [str(vae_dir), "--data", str(out / "pipeline"), "--steps", "2", "--batch-size", "1",
+               "--crop-frames", "9", "--eval-every", "1", "--eval-clips", "1"]
+    assert main(command) == 0
     record = json.loads((vae_dir / TRAINING_RECORD).read_text())
     assert record["steps_done"] == 2 and len(record["curve"]) == 2
+    weights = next(vae_dir.glob("*.safetensors"))
+    written = weights.stat().st_mtime_ns
+    assert main(command) == 0  # the same clips and settings: reused, not trained again
+    assert next(vae_dir.glob("*.safetensors")).stat().st_mtime_ns == written
+    assert main([*command[:4], "3", *command[5:]]) == 0  # another setting: trained again
+    assert json.loads((vae_dir / TRAINING_RECORD).read_text())["steps_done"] == 3
+    record = json.loads((vae_dir / TRAINING_RECORD).read_text())
     assert record["held_out_clips"] == result["split"]["held_out_clips"]
     assert record["loaded_held_out_psnr"] == pytest.approx(record["held_out_psnr"], abs=1e-3)
     encoders = build_frozen_encoders(EncodersConfig(vae=VAEConfig(path=str(vae_dir))), which=("vae",))

@@ -52,9 +52,9 @@ class ToyVAETraining:
     """Settings of one VAE training run; :meth:`validate` checks them all at once."""
 
     steps: int = 3000
-    batch_size: int = 4
+    batch_size: int = 8
     lr: float = 1e-3
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     min_lr_ratio: float = 0.05  # cosine decay to this fraction of lr
     grad_clip: float = 1.0
     l1_weight: float = 1.0
@@ -65,8 +65,9 @@ class ToyVAETraining:
     eval_clips: int = 64  # held-out clips scored during training (all of them at the end)
     eval_batch_size: int = 8
     flip: bool = True  # mirrored clips: cartoon scenes read the same both ways
-    # Random crops for training (0: the whole clip). The VAE is convolutional and causal in time, so
-    # it learns the same from crops, for a fraction of the compute; it is always scored on whole clips.
+    # Random crops for training (0: the whole clip): the VAE is convolutional and causal in time, so a
+    # crop is a smaller clip of the same kind, for a fraction of the compute. Scores are always on whole
+    # clips (the CPU prototype trained on 9x32x32 crops and was scored on 17x64x96 clips).
     crop_frames: int = 0  # 8k + 1 (see CROP_FRAME_STEP)
     crop_height: int = 0
     crop_width: int = 0
@@ -295,24 +296,55 @@ def vae_config(model: str, overrides: Sequence[str]) -> tuple[VAEConfig, int]:
     return vae, int(cfg.model.encoders.seed)
 
 
-def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
-        overrides: Sequence[str] = ()) -> dict[str, Any]:
+def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encoder_seed: int,
+                   run_cfg: ToyVAETraining, about: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train on ``data``'s training clips, write ``out``, score it again through the frozen loader;
+    returns the record written to ``out/training.json`` (``about`` is added to it as is)."""
+    from animegamer.utils.io import write_json_atomic
+
     run_cfg.validate()
-    vae_cfg, seed = vae_config(model, overrides)
     train, held_out = load_clips(data, run_cfg.val_fraction)
-    trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=seed)
-    record.update({"settings": asdict(run_cfg), "model": model, "overrides": list(overrides),
-                   "vae": asdict(vae_cfg), "data": str(Path(data).resolve()),
+    trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=encoder_seed)
+    record.update({**(about or {}), **_identity(data, vae_cfg, encoder_seed, run_cfg),
                    "clip_shape": list(train.video.shape[1:])})
     save_vae(trained, out, record)
     record["loaded_held_out_psnr"] = check_saved(out, held_out, run_cfg.eval_batch_size, run_cfg.device)
-    from animegamer.utils.io import write_json_atomic
-
     write_json_atomic(Path(out) / TRAINING_RECORD, record)
     logger.info("VAE -> %s: held-out PSNR %.2f dB (loaded again: %.2f dB), training clips %.2f dB, scaling "
                 "factor %.4f, %.0f s", out, record["held_out_psnr"], record["loaded_held_out_psnr"],
                 record["train_psnr"], record["scaling_factor"], record["train_seconds"])
     return record
+
+
+def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: ToyVAETraining) -> dict[str, Any]:
+    """What a trained folder was made from: the clips (folder and manifest digest), sizes and settings."""
+    from animegamer.config.trained_data import clip_manifest_sha256
+
+    return {"data": str(Path(data).resolve()), "clip_manifest_sha256": clip_manifest_sha256(data, CLIPS_DIR),
+            "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg)}
+
+
+def ensure_trained(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encoder_seed: int,
+                   run_cfg: ToyVAETraining, about: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``out``'s record when it was trained from the same clips, sizes and settings (a recipe run again
+    reuses its VAE); otherwise train it (again)."""
+    from animegamer.utils.io import read_json_if_exists
+
+    record = read_json_if_exists(Path(out) / TRAINING_RECORD)
+    wanted = _identity(data, vae_cfg, encoder_seed, run_cfg)
+    if record is not None and all(record.get(key) == value for key, value in wanted.items()):
+        logger.info("VAE %s: trained from the same clips and settings; reused (held-out PSNR %.2f dB)",
+                    out, record["held_out_psnr"])
+        return record
+    return train_and_save(out, data, vae_cfg, encoder_seed, run_cfg, about)
+
+
+def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
+        overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The command: the VAE of preset ``model`` (with ``overrides``) trained on ``data``, or reused."""
+    run_cfg.validate()
+    vae_cfg, seed = vae_config(model, overrides)
+    return ensure_trained(out, data, vae_cfg, seed, run_cfg, {"model": model, "overrides": list(overrides)})
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

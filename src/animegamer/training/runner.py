@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
+from animegamer.data.storage import data_source
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.phases.specs import BuiltPhase, spec_for
 from animegamer.training.bad_data import BadDataBudget
@@ -65,7 +66,7 @@ class ShardData(L.LightningDataModule):
 def clip_lookup(cfg: RunConfig, keys: list[str]):
     """key -> ground-truth frames (T, H, W, 3) from the clip shards, for validation videos."""
     wanted = set(keys)
-    dataset = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in wanted)
+    dataset = IndexedShardDataset(data_source(cfg.data, cfg.data.clips), lambda s: s["mp4"], lambda k: k in wanted)
     positions = {key: i for i, key in enumerate(dataset.keys())}
     return lambda key: dataset[positions[key]]
 

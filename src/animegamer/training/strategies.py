@@ -39,6 +39,7 @@ DEEPSPEED_STRATEGIES = {
     "deepspeed_stage_3_offload": (3, True),
 }
 STRATEGIES = DDP_STRATEGIES + (FSDP,) + tuple(DEEPSPEED_STRATEGIES)
+ZERO3_STAGE = 3  # the stage that partitions the parameters themselves
 # The DeepSpeed whose ZeRO-1/2 were seen to skip a step with NaN/inf gradients in float32 and, with
 # check_grad_overflow, in bf16 (tests/test_deepspeed.py). In 0.19.0's source float32 still applies such
 # a step and 0.16.9 has no bf16 check; the versions between were not read. Also the lower bound of
@@ -83,7 +84,7 @@ def make_strategy(cfg: RunConfig):
     require_deepspeed(name)
     stage, offload = DEEPSPEED_STRATEGIES[name]
     return rule_keeping_deepspeed()(cfg.phase.grad_clip, cfg.trainer.max_nonfinite_in_row, stage=stage,
-                                    offload_optimizer=offload, offload_parameters=offload and stage == 3,
+                                    offload_optimizer=offload, offload_parameters=offload and stage == ZERO3_STAGE,
                                     exclude_frozen_parameters=True, logging_level=logging.WARNING)
 
 
@@ -195,6 +196,11 @@ def module_init(cfg: RunConfig, trainer) -> Callable[[], ContextManager]:
         return contextlib.nullcontext
     if cfg.trainer.strategy == FSDP and cfg.trainer.fsdp_init_device == FSDP_GPU_INIT:
         return lambda: _on_root_device(trainer)
+    if DEEPSPEED_STRATEGIES.get(cfg.trainer.strategy, (0, False))[0] == ZERO3_STAGE:
+        # Lightning refuses empty_init=False under ZeRO-3, and its zero.Init context would hand the
+        # builders empty partitioned parameters that their load_state_dict cannot fill: build on the CPU
+        # as FSDP does, and let DeepSpeed partition the finished model when it wraps it.
+        return contextlib.nullcontext
     return lambda: trainer.init_module(empty_init=False)
 
 
