@@ -121,3 +121,13 @@ def test_each_phase_keeps_its_own_fields():
     assert c.phase.unconditional_rep_prob == 0.25 and "image_dropout" not in c.phase
     a = compose_config("train", ["phase=a_warmup", "phase.input=clips", "phase.random_frame=true"])
     assert (a.phase.input, a.phase.random_frame, a.phase.text_dropout) == ("clips", True, 0.05)
+
+
+@pytest.mark.parametrize("frames, ok", [(17, True), (49, True), (9, True), (13, False), (5, False), (15, False)])
+def test_clip_frames_must_give_an_odd_number_of_latent_frames(frames, ok):
+    """13 frames -> 4 latent frames, which the CogVideoX VAE decodes to 16 frames; 17 -> 5 -> 17."""
+    from animegamer.config.validate import check_pipeline
+
+    cfg = OmegaConf.to_object(compose_config("pipeline", ["model=tiny", f"pipeline.clips.frames={frames}"]))
+    frame_problems = [p for p in check_pipeline(cfg.pipeline, cfg.model.encoders) if "pipeline.clips.frames" in p]
+    assert (frame_problems == []) == ok, frame_problems

@@ -102,9 +102,16 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
         if p.clips.height % factor or p.clips.width % factor:
             problems.append(f"pipeline.clips size {p.clips.width}x{p.clips.height} must be a multiple of the VAE's "
                             f"spatial compression {factor}")
-        if (p.clips.frames - 1) % enc.vae.temporal_compression_ratio:
+        tc = enc.vae.temporal_compression_ratio
+        if (p.clips.frames - 1) % tc:
             problems.append(f"pipeline.clips.frames={p.clips.frames} must be 1 + a multiple of the VAE's temporal "
-                            f"compression {enc.vae.temporal_compression_ratio}")
+                            f"compression {tc}")
+        elif (p.clips.frames - 1) // tc % 2:
+            # diffusers' CogVideoX VAE decodes the latent frames after the first in pairs: an even latent
+            # count comes back with extra frames (13 frames -> 4 latent frames -> 16 frames decoded).
+            problems.append(f"pipeline.clips.frames={p.clips.frames} gives an even number of latent frames "
+                            f"({(p.clips.frames - 1) // tc + 1}), which the VAE does not decode back to "
+                            f"{p.clips.frames} frames: use 1 + a multiple of {2 * tc} (e.g. 17 or 49)")
     return problems
 
 

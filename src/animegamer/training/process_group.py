@@ -16,7 +16,9 @@ through a ``noexcept`` destructor calls ``std::terminate``: "terminate called wi
 exception", SIGABRT after the run's work is done, now and then, more often when a collective is the
 last thing a rank does and the machine is loaded. Lightning never destroys a gloo group, so its
 workers live until the interpreter exits. :func:`end_process_group` destroys the group on every rank
-while the interpreter is intact, which joins the workers.
+while the interpreter is intact, which joins the workers. A group of one process is left to whoever
+made it (a caller may run several fits on it); each rank of a multi-process run is a process of its
+own, whose launcher starts the others once.
 """
 from __future__ import annotations
 
@@ -61,12 +63,13 @@ def host_rendezvous(trainer) -> None:
 
 
 def end_process_group(synchronize: bool) -> None:
-    """Destroy the default gloo group (``synchronize``: after a barrier, when every rank ends here
-    together) and release the store :func:`host_rendezvous` bound."""
+    """Destroy the default gloo group of several processes (``synchronize``: after a barrier, when every
+    rank ends here together) and release the store :func:`host_rendezvous` bound."""
     import torch.distributed as dist
 
     try:
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == GLOO:
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == GLOO and \
+                dist.get_world_size() > 1:
             if synchronize:
                 dist.barrier()  # every rank has left its last collective before any takes its side down
             # Unreachable wrappers in reference cycles (FSDP's units) still hold the group: collect them,
@@ -76,7 +79,7 @@ def end_process_group(synchronize: bool) -> None:
     finally:
         while _hosted:
             store, earlier = _hosted.pop()
-            del store  # the server closes with its last reference
+            del store  # the server closes with its last reference (a live group's store holds one)
             if earlier is None:
                 os.environ.pop(MASTER_PORT, None)
             else:
@@ -85,7 +88,7 @@ def end_process_group(synchronize: bool) -> None:
 
 @contextlib.contextmanager
 def process_group_lifetime() -> Iterator[None]:
-    """Around a training run: the group is destroyed when it ends. After a finished run, or a preemption
+    """Around a training run: :func:`end_process_group` when it ends. After a finished run, or a preemption
     (``SystemExit(PREEMPTED_EXIT_CODE)``: every rank stopped at the same step and saved together), the
     ranks synchronize first; after a failure they do not, as a peer may never arrive."""
     ended_together = False
