@@ -17,6 +17,7 @@ import numpy as np
 from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
+from animegamer.metrics.baselines import SHUFFLED, derangement, state_baselines
 from animegamer.metrics.common import available, mean_metric, unavailable
 from data_pipeline.captioners.base import STATUS_OK
 
@@ -50,6 +51,16 @@ def held_out_games(cfg: RunConfig) -> dict:
                          "evaluate exports trained with a larger data.val_fraction (at that fraction), another "
                          "pipeline output, or pass evaluation.benchmark")
     return {"source": str(Path(cfg.data.root) / cfg.data.clips), "held_out": "shots", "games": games}
+
+
+def training_states(cfg: RunConfig) -> list[dict]:
+    """The states (ML and the MLLM's states) of every captioned clip of no held-out shot: what the
+    majority-class baseline counts, so that it never sees the benchmark's answers."""
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
+    split = held_out(cfg)
+    metas = (clips[i] for i in range(len(clips)))
+    return [{"ML": m["motion"]["level"], **m["states"]} for m in metas
+            if not split.clip(m["key"]) and m["captioner"]["status"] == STATUS_OK]
 
 
 def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
@@ -176,18 +187,38 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     count = min(e.reconstruction_clips, len(dataset))
     keys = [dataset.locations[i].key for i in range(count)]
     truth = first_frames(cfg, set(keys))
-    rows = []
-    for index, key in enumerate(keys):
-        item = dataset[index]
-        clips = ClipBatch(item["latents"][None], item["text"][None], item["image"][None], item["flow"][None])
+    items = [dataset[index] for index in range(count)]
+
+    def decode(index: int, source: int) -> np.ndarray:
+        """Clip ``index`` (its latent shape, motion scope and noise) decoded from clip ``source``'s
+        representation: the same noise either way, so only the conditioning differs."""
+        own, other = items[index], items[source]
+        clips = ClipBatch(own["latents"][None], other["text"][None], other["image"][None], own["flow"][None])
         with torch.no_grad():
             latents = model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
                                         e.sampling_steps)
-            frames = (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
-        rows.append(scorers.turn(frames, truth[key], "", ""))
+            return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+
+    rows = [scorers.turn(decode(index, index), truth[key], "", "") for index, key in enumerate(keys)]
+    shuffled = shuffled_reconstruction(cfg, keys, truth, decode, scorers)
     setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,
                            sampling_steps=e.sampling_steps or cfg.model.diffusion.sampling_steps)
     return {"clips": count, "export": e.reconstruction_export, "setup": setup,
+            "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
+            "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip"),
+            "baselines": {SHUFFLED: shuffled}}
+
+
+def shuffled_reconstruction(cfg: RunConfig, keys: list[str], truth: dict, decode, scorers: Scorers) -> dict:
+    """The shuffled-representation baseline: clip i decoded from clip j's representation (a derangement
+    seeded by ``cfg.seed``), scored against clip i with the same metrics as the reconstruction."""
+    label = "shuffled representation (clip i decoded from clip j's)"
+    if len(keys) < 2:
+        reason = f"{len(keys)} held-out clip: shuffling needs at least 2"
+        return {"label": label, "clip_i": unavailable(reason), "dreamsim": unavailable(reason)}
+    order = derangement(len(keys), cfg.seed)
+    rows = [scorers.turn(decode(index, source), truth[keys[index]], "", "") for index, source in enumerate(order)]
+    return {"label": label, "derangement": order,
             "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
             "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip")}
 
@@ -233,6 +264,9 @@ def evaluate(cfg: RunConfig) -> dict:
                         "completed_turns": sum(g["completed"] for g in games),
                         "renderer": e.renderer_export, "mllm": e.mllm_export}
     metrics["setup"] = game_setup(cfg, models)
+    # Baselines on exactly the turns the model was scored on (a stopped game's played turns).
+    scored = [game["turns"][: played["completed"]] for game, played in zip(benchmark["games"], games)]
+    metrics["baselines"] = state_baselines(scored, training_states(cfg))
     metrics["judge"] = judge_report_games(e.judge, games)  # Table 2; unavailable without an endpoint
     if e.reconstruction_export:
         metrics["reconstruction"] = write_reconstruction(cfg, scorers, out / RECONSTRUCTION_FOLDER)

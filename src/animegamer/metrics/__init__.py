@@ -4,6 +4,7 @@
 * ``dreamsim``: DreamSim similarity, only with the ``dreamsim`` package and local weights.
 * ``motion``: ACC-F / MAE-F with the data pipeline's own flow estimator and motion bins.
 * ``states``: ACC-S / MAE-S over the ML / SC / ET / ST state values.
+* ``baselines``: majority-class and copy-the-last-turn states, the shuffled-representation derangement.
 * ``report``: metrics.json, report.md beside the paper's numbers, plots, gallery.html.
 
 Every model-based metric is ``available(value)`` or ``unavailable(reason)`` (value None, never 0).

@@ -6,7 +6,8 @@
 ``motion_accuracy``) and ``"states"`` (from ``state_accuracy``); a headline ACC-F/MAE-F/ACC-S/MAE-S
 missing at the top level is read from those. ``metrics["setup"]`` (``animegamer.metrics.setup``)
 says what produced the numbers; ``metrics["clips"]`` counts the clips of a report without games (the
-reconstruction report). ``games`` is a list of
+reconstruction report). ``metrics["baselines"]`` (``animegamer.metrics.baselines``: name ->
+{"label", headline metric keys}) become rows of a "Baselines" table beside ours. ``games`` is a list of
 ``{"id": str (optional), "turns": [{"instruction", "video" (generated mp4), "truth_video" (optional:
 the held-out clip the turn stands for), "states" (predicted), "target_states" (optional),
 "environment" (optional), "metrics" {per-turn metrics}}]}``; clip paths are as this process sees them
@@ -281,6 +282,21 @@ def _metrics_table(ours: Mapping[str, dict], paper: Mapping[str, float], paper_n
     return lines
 
 
+def _baselines_table(ours: Mapping[str, dict], baselines: Mapping[str, Mapping], ours_name: str) -> list[str]:
+    """Ours and every baseline (``metrics["baselines"]``: name -> {"label", metric keys}) as rows, one
+    column per headline metric some baseline carries."""
+    keys = [k for k in METRIC_INFO if any(k in b for b in baselines.values())]
+    if not keys:
+        return []
+    lines = ["## Baselines", "", "Computed in this evaluation, on the same clips and turns, with the same metrics.", "",
+             "| | " + " | ".join(_label(k) for k in keys) + " |", "|---" * (len(keys) + 1) + "|",
+             f"| {ours_name} | " + " | ".join(_fmt(k, ours[k]) if k in ours else "-" for k in keys) + " |"]
+    for name, row in baselines.items():
+        cells = [_fmt(k, as_metric(row[k])) if k in row else "-" for k in keys]
+        lines.append(f"| {row.get('label', name)} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _markdown(
     title: str,
     ours: Mapping[str, dict],
@@ -299,6 +315,7 @@ def _markdown(
     notes.append('"n/a (reason)" marks a metric that could not be measured (e.g. missing local weights): '
                  "it is not a zero.")
     lines += [" ".join(notes), ""]
+    lines += _baselines_table(ours, metrics.get("baselines") or {}, ours_name)
     if metrics.get("judge"):
         from animegamer.metrics.judge import table2_lines  # late: ``python -m animegamer.metrics.judge`` runs it
 
