@@ -211,16 +211,13 @@ class PredictOrFixed:
         return Prediction(states, rep, tokens)
 
 
-def run_framework(args, cfg, record) -> dict:
-    from animegamer.game import Game, GameModels, merge_for_play
-    from animegamer.mllm.predict import HistoryTurn
-    from animegamer.mllm.sequence import Turn
-    from animegamer.models.encoder import representation_tokens
+def build_framework(args, cfg):
+    """The framework's ``GameModels`` at ``cfg``'s sizes, random weights, on ``args.device`` in ``args.dtype``."""
+    from animegamer.game import GameModels, merge_for_play
     from animegamer.models.frozen_encoders import FrozenVAE
     from animegamer.models.reconstruction import ReconstructionModel
     from animegamer.phases.phase_b import PhaseB
 
-    t0 = time.perf_counter()
     with building(args.device, args.dtype):
         mllm = PhaseB(cfg)
         renderer = ReconstructionModel(cfg)
@@ -231,19 +228,35 @@ def run_framework(args, cfg, record) -> dict:
     mllm = mllm.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
     renderer = renderer.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
     vae = vae.to(device=args.device, dtype=args.dtype)
-    models = GameModels(mllm=mllm, renderer=renderer, vae=vae, level_flow=LEVEL_FLOW, cfg=cfg,
-                        sources={"benchmark": "random weights"})
-    sync(args.device)
-    record["build_s"] = round(time.perf_counter() - t0, 1)
+    return GameModels(mllm=mllm, renderer=renderer, vae=vae, level_flow=LEVEL_FLOW, cfg=cfg,
+                      sources={"benchmark": "random weights"})
+
+
+def new_game(args, cfg, models):
+    """A ``Game`` with 4 played turns in its history (every timed turn has the full window) and its
+    ``PredictOrFixed``."""
+    from animegamer.game import Game
+    from animegamer.mllm.predict import HistoryTurn
+    from animegamer.mllm.sequence import Turn
+    from animegamer.models.encoder import representation_tokens
 
     predict = PredictOrFixed()
     game = Game(models, seed=cfg.seed, window_turns=HISTORY_TURNS + 1, predict_fn=predict,
                 sampling_steps=args.steps)
     n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
     generator = torch.Generator().manual_seed(1)
-    # Four played turns in the history (benchmark set-up, private list): every timed turn has the full window.
+    # benchmark set-up through the private list
     game._history.extend(HistoryTurn(Turn(instruction(k), STATES[k]), torch.randn(n, d, generator=generator))
                          for k in range(HISTORY_TURNS))
+    return game, predict
+
+
+def run_framework(args, cfg, record) -> dict:
+    t0 = time.perf_counter()
+    models = build_framework(args, cfg)
+    sync(args.device)
+    record["build_s"] = round(time.perf_counter() - t0, 1)
+    game, predict = new_game(args, cfg, models)
     record.update(steps=game.diffusion.sampling_steps, latent_shape=list(game.latent_shape), turns=[])
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()

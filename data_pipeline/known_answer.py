@@ -84,10 +84,18 @@ def film_specs(count: int) -> list[FilmSpec]:
 
 
 # --------------------------------------------------------------------------- films
-def make_films(folder: Path, size: DataSize) -> list[ToyFilm]:
-    """Draw the size's films into ``folder``; a film whose truth file says it was drawn with the same
-    arguments is reused."""
-    films = []
+def _draw(folder: Path, spec: FilmSpec, size: DataSize) -> ToyFilm:
+    return make_toy_film(folder, film_id=spec.film_id, seed=spec.seed, variant=spec.variant,
+                         width=size.film_width, height=size.film_height)
+
+
+def make_films(folder: Path, size: DataSize, workers: int = 1) -> list[ToyFilm]:
+    """Draw the size's films into ``folder`` (``workers`` processes at once); a film whose truth file says
+    it was drawn with the same arguments is reused."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    films: dict[str, ToyFilm] = {}
+    missing = []
     for spec in film_specs(size.films):
         truth = folder / f"{spec.film_id}.truth.json"
         if truth.exists():
@@ -95,11 +103,16 @@ def make_films(folder: Path, size: DataSize) -> list[ToyFilm]:
             same = (film.seed, film.variant, film.width, film.height) == (
                 spec.seed, spec.variant, size.film_width, size.film_height)
             if same and film.video_path.exists() and film.captions_path.exists():
-                films.append(film)
+                films[spec.film_id] = film
                 continue
-        films.append(make_toy_film(folder, film_id=spec.film_id, seed=spec.seed, variant=spec.variant,
-                                   width=size.film_width, height=size.film_height))
-    return films
+        missing.append(spec)
+    if workers > 1 and len(missing) > 1:
+        with ProcessPoolExecutor(min(workers, len(missing))) as pool:
+            drawn = list(pool.map(_draw, [folder] * len(missing), missing, [size] * len(missing)))
+    else:
+        drawn = [_draw(folder, spec, size) for spec in missing]
+    films.update({film.film_id: film for film in drawn})
+    return [films[spec.film_id] for spec in film_specs(size.films)]
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -253,7 +266,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
     out = Path(out)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    toy_films = make_films(out / FILMS_DIR, data_size)
+    toy_films = make_films(out / FILMS_DIR, data_size, workers or 1)
     seconds["films"] = time.perf_counter() - started
     mark = time.perf_counter()
     run_steps(out, data_size, CLIP_STEPS, workers=workers, overrides=overrides)

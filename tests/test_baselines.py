@@ -82,25 +82,24 @@ def test_derangement_has_no_fixed_point_and_is_fixed_by_its_seed():
 
 
 def test_shuffled_reconstruction_decodes_each_clip_from_another_clips_representation():
-    from animegamer.evaluation import shuffled_reconstruction
+    from animegamer.evaluation import RECONSTRUCTION_KEYS, shuffled_reconstruction
 
-    keys = ["a", "b", "c"]
-    truth = {key: np.full((2, 2, 3), i, np.uint8) for i, key in enumerate(keys)}
     calls = []
 
-    def decode(index, source):
+    # A score that says 1 exactly when clip i is decoded from its own representation.
+    def score(index, source):
         calls.append((index, source))
-        return np.full((1, 2, 2, 3), source, np.uint8)
+        return {"clip_i": available(float(index == source)), "dreamsim": unavailable("no weights"),
+                "psnr": available(10.0 + index)}
 
-    # A scorer that says 1 exactly when the decoded clip is the true one.
-    scorer = SimpleNamespace(turn=lambda frames, ref, *_: {"clip_i": available(float(np.all(frames == ref))),
-                                                           "dreamsim": unavailable("no weights")})
-    result = shuffled_reconstruction(SimpleNamespace(seed=3), keys, truth, decode, scorer)
+    result = shuffled_reconstruction(SimpleNamespace(seed=3), 3, score)
     assert calls == list(enumerate(derangement(3, 3))) and result["derangement"] == derangement(3, 3)
     assert result["clip_i"]["value"] == 0.0
+    assert result["psnr"]["value"] == pytest.approx(11.0)  # mean of 10, 11, 12
     assert result["dreamsim"] == unavailable("no weights")
-    alone = shuffled_reconstruction(SimpleNamespace(seed=3), keys[:1], truth, decode, scorer)
-    assert not alone["clip_i"]["available"] and "at least 2" in alone["clip_i"]["reason"]
+    alone = shuffled_reconstruction(SimpleNamespace(seed=3), 1, score)
+    assert set(alone) == {"label", *RECONSTRUCTION_KEYS}
+    assert not alone["psnr"]["available"] and "at least 2" in alone["psnr"]["reason"]
 
 
 def test_report_shows_baselines_as_rows_beside_ours(tmp_path):
@@ -137,7 +136,7 @@ def test_real_evaluation_reports_every_baseline(pages):  # noqa: F811
     assert "## Baselines" in report and base[MAJORITY]["label"] in report and base[COPY_LAST]["label"] in report
     reconstruction = json.loads((root / "eval" / "reconstruction" / "metrics.json").read_text())["metrics"]
     shuffled = reconstruction["baselines"][SHUFFLED]
-    assert set(shuffled) >= {"label", "clip_i", "dreamsim"}
+    assert set(shuffled) >= {"label", "clip_i", "dreamsim", "psnr"}
     if reconstruction["clips"] >= 2:
         assert sorted(shuffled["derangement"]) == list(range(reconstruction["clips"]))
     assert shuffled["label"] in (root / "eval" / "reconstruction" / "report.md").read_text()

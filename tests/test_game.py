@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 from dataclasses import replace
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -362,7 +363,7 @@ def test_phase_c_export_from_a_gathered_state_equals_the_modules(exports, tmp_pa
 
 def test_command_line(exports, tmp_path, monkeypatch):
     stub = StubPredict(exports.cfg)
-    monkeypatch.setattr("animegamer.game.predict_next", stub)
+    monkeypatch.setattr("animegamer.game.play_game", partial(play_game, predict_fn=stub))  # main's games
     script = tmp_path / "instructions.txt"
     script.write_text("# a comment\n" + "\n".join(instructions(3)) + "\n\n")
     common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"),
@@ -389,7 +390,7 @@ def test_command_line_max_turns_limits_the_game_and_window_turns_sets_the_window
     """--max-turns is the number of turns played, --window-turns the MLLM's window; every line the
     command writes is a log line in the one shared format."""
     stub = StubPredict(exports.cfg)
-    monkeypatch.setattr("animegamer.game.predict_next", stub)
+    monkeypatch.setattr("animegamer.game.play_game", partial(play_game, predict_fn=stub))  # main's games
     script = tmp_path / "instructions.txt"
     script.write_text("\n".join(instructions(5)) + "\n")
     common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"),
@@ -419,7 +420,7 @@ def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeyp
     problem on stderr, no traceback."""
     from animegamer.errors import USER_ERROR_EXIT_CODE
 
-    monkeypatch.setattr("animegamer.game.predict_next", StubPredict(exports.cfg))
+    monkeypatch.setattr("animegamer.game.play_game", partial(play_game, predict_fn=StubPredict(exports.cfg)))
     script = tmp_path / "instructions.txt"
     script.write_text(instructions(1)[0] + "\n")
     common = ["--clips-manifest", str(exports.manifest), "--device", "cpu", "--instructions", str(script), *SMALL]

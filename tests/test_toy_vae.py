@@ -112,3 +112,34 @@ def test_training_learns_and_the_saved_folder_is_the_frozen_vae(tmp_path: Path) 
     rounded = (decoded * 255).round().to(torch.uint8)
     # The same pixels as the trained model gives, up to float rounding through the scaling factor.
     assert int((rounded.int() - reconstruct(model.eval(), held_out.video).int()).abs().max()) <= 1
+
+
+def test_a_trained_folder_is_reused_from_moved_data_and_retrained_for_other_clips(tmp_path: Path, monkeypatch) -> None:
+    """The clips are named by their manifest's digest, not their folder: a VAE folder carried to another
+    machine (the data at another path) is reused; other clips are trained on."""
+    import shutil
+
+    import animegamer.toy_vae as toy_vae
+    from animegamer.config.trained_data import MANIFEST
+
+    first = tmp_path / "machine_a" / "pipeline"
+    (first / "clips").mkdir(parents=True)
+    (first / "clips" / MANIFEST).write_text('{"counts": {"clips": 3}}')
+    run = ToyVAETraining(steps=1)
+    trained = []
+    monkeypatch.setattr(toy_vae, "train_and_save", lambda out, data, *a, **k: trained.append(str(data)) or {})
+    identity = toy_vae._identity(first, TINY_VAE, 0, run)
+    out = tmp_path / "vae"
+    out.mkdir()
+    (out / TRAINING_RECORD).write_text(json.dumps({**identity, "data": str(first), "held_out_psnr": 31.5}))
+
+    moved = tmp_path / "machine_b" / "pipeline"
+    shutil.copytree(first, moved)
+    assert toy_vae.ensure_trained(out, moved, TINY_VAE, 0, run)["held_out_psnr"] == 31.5
+    assert trained == []
+
+    (moved / "clips" / MANIFEST).write_text('{"counts": {"clips": 4}}')
+    toy_vae.ensure_trained(out, moved, TINY_VAE, 0, run)
+    assert trained == [str(moved)]
+    toy_vae.ensure_trained(out, first, TINY_VAE, 1, run)  # another random build of the encoder
+    assert trained == [str(moved), str(first)]

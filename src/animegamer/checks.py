@@ -2,7 +2,7 @@
 at once, before any model is built.
 
 Each component holds its choices and checks its own settings (``models/encoder.py``,
-``models/mllm.py``, ``models/decoder.py``, ``training/strategies.py``, ``training/profiling.py``,
+``models/mllm.py``, ``models/decoder.py``, ``models/fp8.py``, ``training/strategies.py``, ``training/profiling.py``,
 ``mllm/collate.py``, ``training/bad_data.py``, ``phases/common.py``); each phase's own fields and
 needs are checked by its spec (``phases/specs.py``). This module composes them with the checks that
 span components: sizes that must agree between networks, the tokenizer against the layout and the
@@ -25,8 +25,11 @@ from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encod
 from animegamer.data.layout import MANIFEST
 from animegamer.data.storage import check_remote_settings, data_source
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
+from animegamer.diffusion.cfg_parallel import check_cfg_parallel
+from animegamer.game import check_batch_games
 from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.encoder import check_encoder_config, representation_tokens
+from animegamer.models.fp8 import check_decoder_fp8
 from animegamer.models.mllm import SDPA, check_mllm
 from animegamer.metrics.judge import check_judge
 from animegamer.phases.common import check_schedule
@@ -200,7 +203,7 @@ def check_kernels(model) -> list[str]:
     for key, backends in (("model.decoder", dec.attention_backends), ("model.mllm", m.attention_backends)):
         for backend in backends:
             problems += choice(f"{key}.attention_backends[]", str(backend), ATTENTION_BACKENDS)
-    problems += check_decoder_compile(dec, training=True)
+    problems += check_decoder_compile(dec, training=True) + check_decoder_fp8(dec) + check_cfg_parallel(dec)
     if m.attention_backends and m.attention != SDPA:
         problems.append(f"model.mllm.attention_backends={list(m.attention_backends)} orders SDPA's kernels, "
                         f"but model.mllm.attention={m.attention!r}: use {SDPA} or leave it empty")
@@ -316,9 +319,11 @@ def validate_eval_run(cfg) -> None:
             problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
     if e.games <= 0 or e.turns <= 0:
         problems.append("evaluation.games and evaluation.turns must be > 0")
+    problems += check_batch_games("evaluation.batch_games", e.batch_games)
     problems += check_judge(e.judge)
     problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
-    problems += check_decoder_compile(cfg.model.decoder, training=False)
+    problems += check_decoder_compile(cfg.model.decoder, training=False) + check_decoder_fp8(cfg.model.decoder)
+    problems += check_cfg_parallel(cfg.model.decoder)
     problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
     problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
     for key in ("mllm_export", "renderer_export", "reconstruction_export"):
@@ -326,6 +331,9 @@ def validate_eval_run(cfg) -> None:
     problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
     if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
         problems += evaluation_problems(cfg)
+    from animegamer.evaluation import untrained_game_problems  # late: evaluation loads the data readers
+
+    problems += untrained_game_problems(cfg)
     if problems:
         raise ConfigError(problems)
 

@@ -3,7 +3,9 @@
 A benchmark game is consecutive turns of one held-out session: each turn's instruction, environment
 text, ground-truth first frame (by clip key), motion level and states. The trained game plays the
 instructions; the generated clips and predicted states are scored against the truth with the
-paper's Table 1 metrics. Model-based metrics without local weights are reported unavailable.
+paper's Table 1 metrics and PSNR against each turn's held-out clip; baselines (majority-class and
+copy-the-last-turn states, optionally the untrained game) are scored beside it on the same turns.
+Model-based metrics without local weights are reported unavailable.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import numpy as np
 from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
-from animegamer.metrics.baselines import SHUFFLED, derangement, state_baselines
+from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
 from animegamer.metrics.common import available, mean_metric, unavailable
+from animegamer.metrics.psnr import clip_psnr
 from data_pipeline.captioners.base import STATUS_OK
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,8 @@ log = logging.getLogger(__name__)
 BENCHMARK_FILE = "benchmark.json"
 RECONSTRUCTION_FOLDER = "reconstruction"
 TRUTH_FOLDER = "truth"  # the held-out clips the benchmark games stand for, beside the generated ones
+UNTRAINED_FOLDER = "untrained"  # the untrained-game baseline's games (evaluation.untrained_game)
+RECONSTRUCTION_KEYS = ("clip_i", "dreamsim", "psnr")  # per-clip scores of the reconstruction and its baseline
 STATE_KEYS = ("ML", "SC", "ET", "ST")
 STAGES = ("mllm", "sample", "vae_decode", "total")
 
@@ -92,6 +97,14 @@ def first_frames(cfg: RunConfig, keys: set[str]) -> dict[str, np.ndarray]:
     return {key: clips[i] for i, key in enumerate(clips.keys())}
 
 
+def truth_clips(cfg: RunConfig, keys: set[str]) -> dict[str, np.ndarray]:
+    """Ground-truth clips (T, H, W, 3) uint8 of ``keys``, decoded from the clip shards: what PSNR
+    compares the generated and reconstructed clips with."""
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in keys,
+                                allow_empty=True)
+    return {key: clips[i] for i, key in enumerate(clips.keys())}
+
+
 class Scorers:
     """The metric models, each loaded from local weights or explicitly unavailable."""
 
@@ -117,21 +130,22 @@ class Scorers:
 
 def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
     """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
-    from animegamer.game import play_game
+    from animegamer.game import play_games
 
     keys = {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t}
     frames_by_key = first_frames(cfg, keys)
     truth_clips = write_truth_clips(cfg, keys, out / TRUTH_FOLDER)
     report_games, turns = [], []
-    for game in benchmark["games"]:
-        folder = out / "games" / game["id"]
-        played, stopped = [], None
-        try:
-            play_game(models, [t["instruction"] for t in game["turns"]], folder, seed=cfg.seed, overwrite=True,
-                      sampling_steps=cfg.evaluation.sampling_steps, on_turn=played.append)
-        except ValueError as error:
-            stopped = str(error)
-            log.warning("game %s stopped: %s", game["id"], error)
+    folders = [out / "games" / game["id"] for game in benchmark["games"]]
+    # evaluation.batch_games games advance together; each plays as it would alone.
+    outcomes = play_games(models, [[t["instruction"] for t in game["turns"]] for game in benchmark["games"]], folders,
+                          seed=cfg.seed, batch_games=cfg.evaluation.batch_games, overwrite=True,
+                          sampling_steps=cfg.evaluation.sampling_steps)
+    for game, folder, outcome in zip(benchmark["games"], folders, outcomes):
+        played, stopped = outcome.results, None
+        if outcome.error is not None:
+            stopped = str(outcome.error)
+            log.warning("game %s stopped: %s", game["id"], outcome.error)
         rows = []
         for truth, result in zip(game["turns"], played):
             scores = scorers.turn(result.frames, frames_by_key[truth["key"]], truth["instruction"], truth["environment"])
@@ -146,12 +160,17 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
     return report_games, turns
 
 
-def aggregate(cfg: RunConfig, turns: list, bins: dict) -> dict:
+def aggregate(cfg: RunConfig, turns: list, bins: dict, truth: dict[str, np.ndarray]) -> dict:
+    """The benchmark's metrics over the played ``turns``; ``truth``: the ground-truth clips by key (PSNR of
+    each turn's clip against its turn's clip, unavailable for a benchmark turn without a key)."""
     from animegamer.metrics.motion import motion_accuracy
     from animegamer.metrics.states import state_accuracy
 
     metrics = {name: mean_metric([t["scores"][name] for t in turns], "no completed turn")
                for name in ("clip_i", "clip_t", "clip_t_env", "dreamsim")}
+    psnr = [clip_psnr(t["result"].frames, truth.get(t["truth"].get("key"))) for t in turns]
+    metrics["psnr"] = mean_metric(psnr, "no completed turn")
+    metrics["psnr_per_turn"] = psnr
     if turns:
         motion = motion_accuracy([t["result"].frames for t in turns], [t["truth"]["level"] for t in turns], bins,
                                  cfg.pipeline.motion)
@@ -186,7 +205,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     dataset = phase_a_dataset(run, "val")
     count = min(e.reconstruction_clips, len(dataset))
     keys = [dataset.locations[i].key for i in range(count)]
-    truth = first_frames(cfg, set(keys))
+    clips = truth_clips(cfg, set(keys))
     items = [dataset[index] for index in range(count)]
 
     def decode(index: int, source: int) -> np.ndarray:
@@ -199,28 +218,75 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
                                         e.sampling_steps)
             return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
-    rows = [scorers.turn(decode(index, index), truth[key], "", "") for index, key in enumerate(keys)]
-    shuffled = shuffled_reconstruction(cfg, keys, truth, decode, scorers)
+    def score(index: int, source: int) -> dict:
+        """Clip ``index`` decoded from clip ``source``'s representation, against the true clip ``index``."""
+        frames, key = decode(index, source), keys[index]
+        return {**scorers.turn(frames, clips[key][0], "", ""), "psnr": clip_psnr(frames, clips[key])}
+
+    own = mean_scores([score(index, index) for index in range(count)])
+    shuffled = shuffled_reconstruction(cfg, count, score)
     setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,
                            sampling_steps=e.sampling_steps or cfg.model.diffusion.sampling_steps)
-    return {"clips": count, "export": e.reconstruction_export, "setup": setup,
-            "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
-            "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip"),
-            "baselines": {SHUFFLED: shuffled}}
+    return {"clips": count, "export": e.reconstruction_export, "setup": setup, **own, "baselines": {SHUFFLED: shuffled}}
 
 
-def shuffled_reconstruction(cfg: RunConfig, keys: list[str], truth: dict, decode, scorers: Scorers) -> dict:
+def mean_scores(rows: list[dict]) -> dict:
+    """Per reconstruction metric, the mean over clips (unavailable with the first reason)."""
+    return {name: mean_metric([r[name] for r in rows], "no held-out clip") for name in RECONSTRUCTION_KEYS}
+
+
+def shuffled_reconstruction(cfg: RunConfig, count: int, score) -> dict:
     """The shuffled-representation baseline: clip i decoded from clip j's representation (a derangement
-    seeded by ``cfg.seed``), scored against clip i with the same metrics as the reconstruction."""
+    seeded by ``cfg.seed``), scored against clip i by ``score(i, j)`` as the reconstruction is by
+    ``score(i, i)``, so "own minus shuffled" of a metric is one subtraction."""
     label = "shuffled representation (clip i decoded from clip j's)"
-    if len(keys) < 2:
-        reason = f"{len(keys)} held-out clip: shuffling needs at least 2"
-        return {"label": label, "clip_i": unavailable(reason), "dreamsim": unavailable(reason)}
-    order = derangement(len(keys), cfg.seed)
-    rows = [scorers.turn(decode(index, source), truth[keys[index]], "", "") for index, source in enumerate(order)]
-    return {"label": label, "derangement": order,
-            "clip_i": mean_metric([r["clip_i"] for r in rows], "no held-out clip"),
-            "dreamsim": mean_metric([r["dreamsim"] for r in rows], "no held-out clip")}
+    if count < 2:
+        reason = f"{count} held-out clip: shuffling needs at least 2"
+        return {"label": label, **{name: unavailable(reason) for name in RECONSTRUCTION_KEYS}}
+    order = derangement(count, cfg.seed)
+    return {"label": label, "derangement": order, **mean_scores([score(i, j) for i, j in enumerate(order)])}
+
+
+def phase_b_start(export: str) -> tuple[int | None, list[str]]:
+    """What phase (b) built its MLLM from before training, as ``export`` records it: the run's seed (None
+    where unrecorded) and its ``init_from`` exports."""
+    from animegamer.checkpoints.export import EXPORT_FILE
+    from animegamer.config.disk_checks import read_json_object
+
+    saved = ((read_json_object(Path(export) / EXPORT_FILE) or {}).get("config")) or {}
+    init = (saved.get("phase") or {}).get("init_from") or ""
+    return saved.get("seed"), [init] if init else []
+
+
+def untrained_game_problems(cfg: RunConfig) -> list[str]:
+    """``evaluation.untrained_game`` needs the phase (b) start its MLLM export records to exist."""
+    e = cfg.evaluation
+    if not e.untrained_game or not e.mllm_export:
+        return []
+    _, init = phase_b_start(e.mllm_export)
+    return [f"evaluation.untrained_game: {e.mllm_export}/export.json records phase.init_from={path!r}, "
+            "not an export folder (the untrained game starts where phase (b) started)"
+            for path in init if not (Path(path) / "trained.safetensors").is_file()]
+
+
+def untrained_baseline(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers, bins: dict,
+                       truth: dict) -> dict:
+    """The untrained game: the benchmark played with the MLLM as phase (b) started (its seed and
+    init_from, no trained weights) and the trained renderer, scored by the same code as the game."""
+    from dataclasses import replace
+
+    from animegamer.game import load_game_mllm
+
+    seed, init = phase_b_start(cfg.evaluation.mllm_export)
+    start = replace(models.cfg, seed=cfg.seed if seed is None else int(seed))
+    untrained = replace(models, mllm=load_game_mllm(start, init, models.device, models.dtype),
+                        sources={**models.sources, "mllm": init, "mllm_seed": start.seed})
+    games, turns = play_benchmark(cfg, untrained, benchmark, out, scorers)
+    what = f"init_from {init[0]}" if init else f"seed {start.seed}"
+    return {"label": f"untrained game (MLLM at phase (b)'s start: {what})", "seed": start.seed, "init_from": init,
+            **aggregate(cfg, turns, bins, truth),
+            "games": {"planned_turns": sum(g["planned"] for g in games),
+                      "completed_turns": sum(g["completed"] for g in games)}}
 
 
 def game_setup(cfg: RunConfig, models) -> dict:
@@ -259,7 +325,8 @@ def evaluate(cfg: RunConfig) -> dict:
     bins = json.loads(manifest.read_text())["motion_bins"]
     scorers = Scorers(cfg)
     games, turns = play_benchmark(cfg, models, benchmark, out, scorers)
-    metrics = aggregate(cfg, turns, bins)
+    truth = truth_clips(cfg, {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t})
+    metrics = aggregate(cfg, turns, bins, truth)
     metrics["games"] = {"planned_turns": sum(g["planned"] for g in games),
                         "completed_turns": sum(g["completed"] for g in games),
                         "renderer": e.renderer_export, "mllm": e.mllm_export}
@@ -267,6 +334,9 @@ def evaluate(cfg: RunConfig) -> dict:
     # Baselines on exactly the turns the model was scored on (a stopped game's played turns).
     scored = [game["turns"][: played["completed"]] for game, played in zip(benchmark["games"], games)]
     metrics["baselines"] = state_baselines(scored, training_states(cfg))
+    if e.untrained_game:
+        metrics["baselines"][UNTRAINED] = untrained_baseline(cfg, models, benchmark, out / UNTRAINED_FOLDER, scorers,
+                                                             bins, truth)
     metrics["judge"] = judge_report_games(e.judge, games)  # Table 2; unavailable without an endpoint
     if e.reconstruction_export:
         metrics["reconstruction"] = write_reconstruction(cfg, scorers, out / RECONSTRUCTION_FOLDER)

@@ -30,15 +30,13 @@ The output folder holds ``turn_000.mp4``, ``turn_001.mp4``, ..., ``game.json`` (
 """
 from __future__ import annotations
 
-from functools import partial
-
 import argparse
 import logging
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -46,7 +44,7 @@ import torch
 from animegamer.config.schema import RunConfig
 from animegamer.data.shards import MANIFEST
 from animegamer.errors import InvalidInputError, OutputExistsError, UserError, exit_on_user_error
-from animegamer.mllm.predict import HistoryTurn, Prediction, predict_next, window
+from animegamer.mllm.predict import HistoryTurn, Prediction, window
 from animegamer.mllm.sequence import Turn
 from animegamer.pages import POSTER_SUFFIX, poster_path, save_poster
 from animegamer.utils.randomness import step_seed
@@ -55,7 +53,7 @@ log = logging.getLogger("animegamer.game")  # the same name under ``python -m an
 
 __all__ = [
     "CHARACTER_STATES", "INITIAL_STATE", "STATE_STEP", "STATE_RANGE", "GameModels", "TurnResult", "Game",
-    "GameWriter", "load_game_models", "play_game", "update_states", "read_level_flow",
+    "GameWriter", "PlayedGame", "load_game_models", "play_game", "play_games", "play_turns", "update_states", "read_level_flow",
     "read_instructions", "window", "main",
 ]
 
@@ -90,9 +88,19 @@ class GameModels:
     level_flow: dict[int, float]
     cfg: RunConfig
     sources: dict = field(default_factory=dict)  # where the weights came from (recorded in game.json)
+    # The decoder's copy on a second GPU: the conditional guidance branch runs there (model.decoder.cfg_parallel).
+    cfg_replica: Optional[torch.nn.Module] = None
 
     def __post_init__(self) -> None:
         self.level_flow = check_level_flow(self.level_flow)
+
+    @property
+    def denoiser(self):
+        """What the sampler runs: the decoder (guidance branches batched) or, with a replica, both
+        decoders, one branch each."""
+        from animegamer.diffusion.cfg_parallel import two_device_predictor
+
+        return two_device_predictor(self.renderer.decoder, self.cfg_replica)
 
     @property
     def device(self) -> torch.device:
@@ -153,6 +161,18 @@ def _frozen(module: torch.nn.Module, device, dtype) -> torch.nn.Module:
 
 
 @torch.no_grad()
+def load_game_mllm(cfg: RunConfig, exports: Sequence[str | Path], device: torch.device, dtype: torch.dtype):
+    """The game-state MLLM of ``cfg`` with ``exports`` loaded over it, ready to play (LoRA merged,
+    frozen); no export: the network as phase (b) starts from it (the untrained-game baseline)."""
+    from animegamer.models.game_mllm import build_game_mllm
+
+    mllm = build_game_mllm(cfg, exports)
+    merge_for_play(mllm.model)
+    mllm.model = _frozen(mllm.model, device, dtype)
+    return mllm
+
+
+@torch.no_grad()
 def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
                      renderer_export: str | Path | Sequence[str | Path] | None, level_flow: Mapping,
                      *, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> GameModels:
@@ -166,15 +186,16 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     eval mode, on ``device`` (CUDA when available) in ``dtype`` (bfloat16 on CUDA, float32 on CPU).
     """
     from animegamer.config.validate import ConfigError
+    from animegamer.diffusion.cfg_parallel import cfg_devices, replicate
     from animegamer.models.decoder import check_decoder_compile
     from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.models.game_mllm import build_game_mllm
     from animegamer.models.reconstruction import build_reconstruction
 
     problems = check_decoder_compile(cfg.model.decoder, training=False)
     if problems:
         raise ConfigError(problems)
     device = torch.device(device or default_device())
+    branch_devices = cfg_devices(cfg.model.decoder.cfg_parallel, device)  # refused here, before any build
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     level_flow = check_level_flow(level_flow)
@@ -185,9 +206,7 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     mllm_exports = _as_list(mllm_export)
     if not mllm_exports and not cfg.model.mllm.official_checkpoint:
         raise ValueError("no MLLM weights: give a phase (b) export or set model.mllm.official_checkpoint")
-    mllm = build_game_mllm(cfg, mllm_exports)
-    merge_for_play(mllm.model)
-    mllm.model = _frozen(mllm.model, device, dtype)
+    mllm = load_game_mllm(cfg, mllm_exports, device, dtype)
 
     renderer_exports = _as_list(renderer_export)
     if not renderer_exports and not cfg.model.decoder.official_checkpoint:
@@ -195,14 +214,17 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     renderer = build_reconstruction(cfg, renderer_exports)
     merge_for_play(renderer.decoder)
     renderer = _frozen(renderer, device, dtype)
+    replica = replicate(renderer.decoder, branch_devices[1]) if branch_devices else None
 
     vae = build_frozen_encoders(cfg.model.encoders, device=device, dtype=dtype, which=("vae",)).vae
     sources = {"mllm": mllm_exports, "renderer": renderer_exports, "device": str(device),
                "dtype": str(dtype).removeprefix("torch."),
                "official": {"mllm": cfg.model.mllm.official_checkpoint,
-                            "decoder": cfg.model.decoder.official_checkpoint}}
-    log.info("game models on %s (%s): mllm %s, renderer %s", device, dtype, mllm_exports, renderer_exports)
-    return GameModels(mllm, renderer, vae, level_flow, cfg, sources)
+                            "decoder": cfg.model.decoder.official_checkpoint},
+               "cfg_devices": [str(d) for d in branch_devices] if branch_devices else [str(device)]}
+    log.info("game models on %s (%s): mllm %s, renderer %s; guidance branches on %s", device, dtype, mllm_exports,
+             renderer_exports, sources["cfg_devices"])
+    return GameModels(mllm, renderer, vae, level_flow, cfg, sources, cfg_replica=replica)
 
 
 # --------------------------------------------------------------------------- states
@@ -242,8 +264,9 @@ class Game:
     """One play-through: character states, the history of turns and ``play_turn``.
 
     ``predict_fn`` has ``predict_next``'s signature and receives the window of past turns (never
-    more than ``window_turns - 1``, oldest first); tests inject a stub. ``window_turns`` defaults to K, the
-    number of window lengths phase (b) trained on (``len(cfg.data.window_weights)``).
+    more than ``window_turns - 1``, oldest first); tests inject a stub. None (the default) is the MLLM
+    of ``models`` itself, which :func:`play_turns` runs on several games in one batch. ``window_turns``
+    defaults to K, the number of window lengths phase (b) trained on (``len(cfg.data.window_weights)``).
     """
 
     def __init__(self, models: GameModels, seed: int = 0, window_turns: Optional[int] = None,
@@ -254,10 +277,8 @@ class Game:
         self.window_turns = int(window_turns if window_turns else len(self.cfg.data.window_weights))
         if self.window_turns < 1:
             raise ValueError(f"window_turns must be >= 1, got {self.window_turns}")
-        if predict_fn is None:
-            constrained = models.cfg.model.mllm.constrained_states
-            predict_fn = partial(predict_next, constrained=True) if constrained else predict_next
         self.predict_fn = predict_fn
+        self.constrained = bool(models.cfg.model.mllm.constrained_states)
         self.diffusion = self.cfg.model.diffusion
         if sampling_steps:
             from dataclasses import replace
@@ -312,59 +333,192 @@ class Game:
     @torch.no_grad()
     def play_turn(self, instruction: str) -> TurnResult:
         """Predict, render and apply one turn; the game is unchanged when it raises."""
-        from animegamer.diffusion.sampler import sample
+        outcome = play_turns([self], [instruction])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
-        index = self.turn_index
+    # ---- the pieces of a turn (play_turns runs them on a batch of games)
+    def check_instruction(self, instruction: str) -> None:
         if not isinstance(instruction, str) or not instruction.strip():
-            raise ValueError(f"turn {index}: the instruction must be a non-empty string, got {instruction!r}")
-        models, timings = self.models, {}
-        mllm = models.mllm
-        start = time.perf_counter()
-        past = window(self._history, self.window_turns)
-        try:
-            prediction = self.predict_fn(mllm.model, mllm.tokenizer, mllm.ids, past, instruction, self.window_turns)
-        except ValueError as error:
-            raise ValueError(f"turn {index} ({instruction!r}): {error}") from error
-        self._sync()
-        timings["mllm"] = time.perf_counter() - start
+            raise ValueError(f"turn {self.turn_index}: the instruction must be a non-empty string, got {instruction!r}")
 
+    def turn_error(self, instruction: str, error: ValueError) -> ValueError:
+        """A failed prediction, named by its turn (the game stays as it was)."""
+        named = ValueError(f"turn {self.turn_index} ({instruction!r}): {error}")
+        named.__cause__ = error
+        return named
+
+    def plan(self, instruction: str, prediction: Prediction) -> "TurnPlan":
+        """The rendering inputs of the predicted turn: validated states, the level's flow, the seed."""
         predicted = {k: int(v) for k, v in prediction.states.items()}
         turn = Turn(instruction, predicted)  # validates keys and ranges
-        level = turn.states["ML"]
-        flow = self.flow_for(level)
-        rep = prediction.rep.detach().float().cpu()
+        flow = self.flow_for(turn.states["ML"])
+        return TurnPlan(self, self.turn_index, instruction, prediction, turn, flow,
+                        prediction.rep.detach().float().cpu(), self.turn_seed(self.turn_index))
 
-        t0 = time.perf_counter()
-        seed = self.turn_seed(index)
-        generator = torch.Generator(device="cpu").manual_seed(seed)  # same draws on every device
-        device, dtype = models.device, models.dtype
-        latents = sample(models.renderer.decoder, self.latent_shape, rep[None].to(device),
-                         self._unconditional(), torch.tensor([flow], device=device), self.diffusion, generator,
-                         dtype=dtype)
-        self._sync()
-        timings["sample"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        video = models.vae.decode(latents)[0]  # (T, H, W, 3) in [0, 1]
-        frames = (video.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-        timings["vae_decode"] = time.perf_counter() - t0
-        expected = (self.frames, self.height, self.width, 3)
-        if frames.shape != expected:
-            raise RuntimeError(f"turn {index}: decoded clip {frames.shape}, expected {expected}")
-        timings["total"] = time.perf_counter() - start
-
+    def commit(self, plan: "TurnPlan", frames: np.ndarray, timings: dict[str, float]) -> TurnResult:
+        """Apply a rendered turn: states move, the turn joins the history."""
         before = self.states
-        after = update_states(before, turn.states)
-        result = TurnResult(index=index, instruction=instruction, tokens=[int(t) for t in prediction.tokens],
-                            token_text=_token_text(mllm, prediction.tokens), predicted=dict(turn.states),
-                            states_before=before, states_after=after, motion_level=level, flow=flow, seed=seed,
-                            frames=frames, rep=rep, timings=timings)
+        after = update_states(before, plan.turn.states)
+        level = plan.turn.states["ML"]
+        result = TurnResult(index=plan.index, instruction=plan.instruction,
+                            tokens=[int(t) for t in plan.prediction.tokens],
+                            token_text=_token_text(self.models.mllm, plan.prediction.tokens),
+                            predicted=dict(plan.turn.states), states_before=before, states_after=after,
+                            motion_level=level, flow=plan.flow, seed=plan.seed, frames=frames, rep=plan.rep,
+                            timings=timings)
         self._states = after
-        self._history.append(HistoryTurn(turn, rep))
+        self._history.append(HistoryTurn(plan.turn, plan.rep))
         self._results.append(result)
-        log.info("turn %d: ML %d (flow %.3f) SC %+d ET %+d ST %+d -> %s in %.2fs", index, level, flow,
+        predicted = plan.turn.states
+        log.info("turn %d: ML %d (flow %.3f) SC %+d ET %+d ST %+d -> %s in %.2fs", plan.index, level, plan.flow,
                  predicted["SC"], predicted["ET"], predicted["ST"], after, timings["total"])
         return result
+
+
+@dataclass(frozen=True, eq=False)
+class TurnPlan:
+    """One game's turn between the MLLM step and rendering."""
+
+    game: Game
+    index: int
+    instruction: str
+    prediction: Prediction
+    turn: Turn
+    flow: float
+    rep: torch.Tensor  # (N, D) float32, CPU
+    seed: int
+
+
+# --------------------------------------------------------------------------- one turn of several games
+def _check_batchable(games: Sequence[Game]) -> None:
+    """Games batched together share what one batch computes with: models, sampling and the window."""
+    first = games[0]
+    for game in games[1:]:
+        if (game.models is not first.models or game.diffusion != first.diffusion
+                or game.window_turns != first.window_turns or game.latent_shape != first.latent_shape
+                or (game.predict_fn is None) != (first.predict_fn is None) or game.constrained != first.constrained):
+            raise ValueError("games played in one batch must share models, sampling settings, window_turns and "
+                             "the predictor")
+
+
+def predict_turns(games: Sequence[Game], instructions: Sequence[str]) -> list[Prediction | ValueError]:
+    """The MLLM step of one turn of each game: a prediction, or the ValueError naming that game's turn.
+
+    Games on the built-in MLLM share one left-padded prefill and greedy loop; a game with its own
+    ``predict_fn`` is asked alone. A prompt the batch cannot build or run (too long for the MLLM's
+    window) is retried alone per game, so the error lands on the game it belongs to.
+    """
+    from animegamer.mllm.predict import generate_rows, prompts_batch
+    from animegamer.mllm.sequence import parse_states
+
+    outcomes: list[Prediction | ValueError] = []
+    if games[0].predict_fn is not None:
+        for game, instruction in zip(games, instructions):
+            mllm = game.models.mllm
+            try:
+                past = window(game._history, game.window_turns)
+                outcomes.append(game.predict_fn(mllm.model, mllm.tokenizer, mllm.ids, past, instruction,
+                                                game.window_turns))
+            except ValueError as error:
+                outcomes.append(game.turn_error(instruction, error))
+        return outcomes
+    mllm, window_turns = games[0].models.mllm, games[0].window_turns
+    try:
+        batch = prompts_batch(mllm.model, mllm.tokenizer, mllm.ids, [g._history for g in games], instructions,
+                              window_turns)
+        rows = generate_rows(mllm.model, mllm.ids, batch, games[0].constrained)
+    except ValueError as error:
+        if len(games) == 1:
+            return [games[0].turn_error(instructions[0], error)]
+        return [outcome for game, instruction in zip(games, instructions)
+                for outcome in predict_turns([game], [instruction])]
+    for game, instruction, (tokens, rep) in zip(games, instructions, rows):
+        try:
+            outcomes.append(Prediction(parse_states(mllm.ids, tokens, mllm.tokenizer), rep, tokens))
+        except ValueError as error:
+            outcomes.append(game.turn_error(instruction, error))
+    return outcomes
+
+
+def render_latents(models: GameModels, diffusion, latent_shape: Sequence[int], plans: Sequence[TurnPlan],
+                   uncond: torch.Tensor) -> torch.Tensor:
+    """Decoder latents (B, T, C, H, W) of the planned turns, sampled in one batch (CFG doubles it).
+
+    Each turn draws its noise from its own CPU generator seeded by (seed, turn): row b gets exactly
+    the draws it would get sampled alone, on every device."""
+    from animegamer.diffusion.sampler import sample
+
+    device, dtype = models.device, models.dtype
+    generators = [torch.Generator(device="cpu").manual_seed(plan.seed) for plan in plans]
+    shape = (len(plans), *latent_shape[1:])
+    reps = torch.stack([plan.rep for plan in plans]).to(device)
+    flows = torch.tensor([plan.flow for plan in plans], device=device)
+    return sample(models.denoiser, shape, reps, uncond, flows, diffusion, generators, dtype=dtype)
+
+
+def decode_frames(vae, latents: torch.Tensor) -> np.ndarray:
+    """(B, T, H, W, 3) uint8 clips of a batch of latents."""
+    video = vae.decode(latents)  # (B, T, H, W, 3) in [0, 1]
+    return (video.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+
+
+@torch.no_grad()
+def play_turns(games: Sequence[Game], instructions: Sequence[str]) -> list[TurnResult | ValueError]:
+    """One turn of each game, the MLLM, the sampler and the VAE each run once on the batch.
+
+    A game whose turn fails (empty instruction, malformed state generation) gets its ValueError in
+    its place and stays unchanged; the others play on. Every game's result is what it would get
+    played alone (its own history, seed and noise draws). A turn's timings are its share of each
+    batched stage (the stage's seconds over the games in it), so they add up to the batch's time.
+    """
+    if len(games) != len(instructions) or not games:
+        raise ValueError(f"{len(games)} games and {len(instructions)} instructions: need one instruction per game")
+    _check_batchable(games)
+    first = games[0]
+    models, sync = first.models, first._sync
+    start = time.perf_counter()
+    outcomes: list[TurnPlan | ValueError | None] = [None] * len(games)
+    asked = []
+    for slot, (game, instruction) in enumerate(zip(games, instructions)):
+        try:
+            game.check_instruction(instruction)
+            asked.append(slot)
+        except ValueError as error:
+            outcomes[slot] = error
+    if asked:
+        predictions = predict_turns([games[i] for i in asked], [instructions[i] for i in asked])
+        for slot, prediction in zip(asked, predictions):
+            if isinstance(prediction, ValueError):
+                outcomes[slot] = prediction
+                continue
+            try:
+                outcomes[slot] = games[slot].plan(instructions[slot], prediction)
+            except ValueError as error:
+                outcomes[slot] = games[slot].turn_error(instructions[slot], error)
+    sync()
+    mllm_s = time.perf_counter() - start
+    slots = [slot for slot, outcome in enumerate(outcomes) if isinstance(outcome, TurnPlan)]
+    plans = [outcomes[slot] for slot in slots]
+    if not plans:
+        return outcomes
+
+    t0 = time.perf_counter()
+    latents = render_latents(models, first.diffusion, first.latent_shape, plans, first._unconditional())
+    sync()
+    sample_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    clips = decode_frames(models.vae, latents)
+    vae_s = time.perf_counter() - t0
+    expected = (first.frames, first.height, first.width, 3)
+    if clips.shape[1:] != expected:
+        raise RuntimeError(f"turn {plans[0].index}: decoded clip {clips.shape[1:]}, expected {expected}")
+
+    share = {"mllm": mllm_s / len(asked), "sample": sample_s / len(plans), "vae_decode": vae_s / len(plans)}
+    for slot, plan, frames in zip(slots, plans, clips):
+        outcomes[slot] = plan.game.commit(plan, frames, {**share, "total": sum(share.values())})
+    return outcomes
 
 
 def _token_text(mllm, tokens: Sequence[int]) -> Optional[str]:
@@ -459,18 +613,92 @@ def play_game(models: GameModels, instructions: Iterable[str], out_dir: str | Pa
     is played. ``extra`` adds keys to game.json. A malformed state generation raises ValueError naming
     the turn; game.json then records the error and the turns played before it.
     """
-    game = Game(models, seed=seed, window_turns=window_turns, predict_fn=predict_fn, sampling_steps=sampling_steps)
-    writer = GameWriter(game, out_dir, overwrite=overwrite, extra=extra)
-    for instruction in instructions:
-        try:
-            result = game.play_turn(instruction)
-        except Exception as error:
+    callback = None if on_turn is None else (lambda _number, result: on_turn(result))
+    [played] = play_games(models, [instructions], [out_dir], seed, window_turns=window_turns, predict_fn=predict_fn,
+                          sampling_steps=sampling_steps, overwrite=overwrite, on_turn=callback, extra=extra)
+    if played.error is not None:
+        raise played.error
+    return played.record
+
+
+def check_batch_games(key: str, value) -> list[str]:
+    """Games played at once: a whole number >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return [f"{key}={value!r}: must be a whole number >= 1 (games played at once; 1 plays them one at a time)"]
+    return []
+
+
+@dataclass
+class PlayedGame:
+    """A game of :func:`play_games`: game.json's content, its played turns and why it stopped early."""
+
+    record: dict
+    results: list[TurnResult]
+    error: Optional[ValueError]  # the failed turn's error (the game ends there); None: every instruction played
+
+
+def play_games(models: GameModels, scripts: Sequence[Iterable[str]], out_dirs: Sequence[str | Path], seed: int = 0,
+               *, batch_games: int = 1, window_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None,
+               sampling_steps: int = 0, overwrite: bool = False,
+               on_turn: Optional[Callable[[int, TurnResult], None]] = None,
+               extra: Optional[dict] = None) -> list[PlayedGame]:
+    """Play several games, up to ``batch_games`` of them advancing together through :func:`play_turns`.
+
+    Games start in order; a game whose script ends, or whose turn fails with a ValueError (recorded in
+    its game.json and its ``PlayedGame.error``), leaves the batch and the next game takes its place.
+    Every game gets the same turns, states and clips as played alone with ``seed`` (``batch_games=1``
+    plays them one after another). ``on_turn(game_number, result)`` runs after each written turn. Any
+    other error stops every game, recorded in the game.json of those in the batch, and propagates.
+    """
+    problems = check_batch_games("batch_games", batch_games)
+    if problems:
+        raise ValueError(problems[0])
+    if len(scripts) != len(out_dirs):
+        raise ValueError(f"{len(scripts)} scripts and {len(out_dirs)} output folders: need one folder per game")
+    waiting = list(range(len(scripts)))[::-1]  # popped from the end: game 0 first
+    played: list[Optional[PlayedGame]] = [None] * len(scripts)
+    active: list[tuple[int, Game, GameWriter, Iterator[str]]] = []
+
+    def finish(number: int, game: Game, writer: GameWriter, error: Optional[ValueError] = None) -> None:
+        if error is not None:
             writer.fail(error)
+        played[number] = PlayedGame(writer.record(), list(game.results), error)
+
+    while waiting or active:
+        # The playing games' next instructions; a game whose script ended frees its slot at once.
+        turn, candidates, active = [], active, []
+        while candidates or (waiting and len(turn) < batch_games):
+            if candidates:
+                entry = candidates.pop(0)
+            else:
+                number = waiting.pop()
+                game = Game(models, seed=seed, window_turns=window_turns, predict_fn=predict_fn,
+                            sampling_steps=sampling_steps)
+                entry = (number, game, GameWriter(game, out_dirs[number], overwrite=overwrite, extra=extra),
+                         iter(scripts[number]))
+            instruction = next(entry[3], None)
+            if instruction is None:
+                finish(*entry[:3])
+            else:
+                turn.append((entry, instruction))
+        if not turn:
+            continue
+        try:
+            outcomes = play_turns([entry[1] for entry, _ in turn], [instruction for _, instruction in turn])
+        except Exception as error:
+            for (_, _, writer, _), _ in turn:
+                writer.fail(error)
             raise
-        writer.add(result)
-        if on_turn is not None:
-            on_turn(result)
-    return writer.record()
+        for (entry, _), outcome in zip(turn, outcomes):
+            number, game, writer, _ = entry
+            if isinstance(outcome, ValueError):
+                finish(number, game, writer, outcome)
+                continue
+            writer.add(outcome)
+            if on_turn is not None:
+                on_turn(number, outcome)
+            active.append(entry)
+    return played
 
 
 # --------------------------------------------------------------------------- command line

@@ -1,4 +1,4 @@
-"""The whole recipe as one call: pipeline -> pre-flight -> phase (a1, a2) -> representations -> session
+"""The whole recipe as one call: pipeline -> [VAE] -> pre-flight -> phase (a1, a2) -> representations -> session
 shards -> phase (b) -> adaptation shards -> phase (c) -> evaluation (benchmark games, metrics, report).
 The quick start and fine-tuning on a new film are two parameterisations of it, and the Table 3 recipe
 (:mod:`animegamer.ablations`) runs its phase (a) stages; every stage is the same code path as its own
@@ -7,14 +7,23 @@ command.
 After the pipeline and before the first training step, :func:`animegamer.preflight.check_recipe`
 checks that the data allows every stage (captioned clips, training sessions, held-out shots), so a run
 that cannot finish fails in seconds with what to change.
+
+With ``Recipe.vae`` set, the pipeline stops after its clip steps, the preset's frozen VAE is trained on
+the training clips (:func:`animegamer.toy_vae.ensure_trained`, reused when already trained from the same
+clips and settings) into ``Recipe.vae_out``, and every later stage, precompute included, loads it
+(``model.encoders.vae.path``): random frozen VAEs give no pixels back, so pixel metrics need it.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from animegamer.config.compose import compose_config
+
+if TYPE_CHECKING:
+    from animegamer.toy_vae import ToyVAETraining
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +38,12 @@ class Recipe:
     start_a: str = ""  # an earlier phase (a) export: skip the warm-up, start a_joint from it
     start_b: str = ""  # an earlier phase (b) export to start from
     extra: list[str] = field(default_factory=list)  # overrides for every stage
+    vae: ToyVAETraining | None = None  # train the frozen VAE after the clips (None: the config's VAE)
+    vae_out: str = ""  # its folder (diffusers format); with vae set, required
 
 
 STORY_TURNS = 5
+CLIP_STEPS = ("process", "finalize")  # the pipeline steps the VAE stage needs: clip shards and manifest
 # What the summary says for a validation metric when the held-out split had nothing for the phase.
 NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
 
@@ -84,9 +96,32 @@ def play_story(composed, out: Path) -> Path:
     return out / INDEX_FILE
 
 
+def train_vae_stage(recipe: Recipe) -> dict:
+    """The pipeline's clip steps, then the preset's VAE trained on their training clips (or reused)."""
+    from omegaconf import OmegaConf
+
+    from animegamer.toy_vae import ensure_trained
+
+    if not recipe.vae_out:
+        raise ValueError("Recipe.vae is set but Recipe.vae_out is empty: name the folder the VAE is written to")
+    run_pipeline_step([*recipe.pipeline, f"pipeline.steps=[{','.join(CLIP_STEPS)}]", *recipe.extra])
+    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *recipe.extra])
+    vae_cfg = OmegaConf.to_object(cfg.model.encoders.vae)
+    if vae_cfg.path:
+        raise ValueError(f"Recipe.vae is set but model.encoders.vae.path is too ({vae_cfg.path!r}): the VAE "
+                         f"stage trains a random build of the preset's sizes; leave the path empty")
+    settings = replace(recipe.vae, val_fraction=float(cfg.data.val_fraction))  # never a held-out shot
+    return ensure_trained(recipe.vae_out, cfg.data.root, vae_cfg, int(cfg.model.encoders.seed), settings,
+                          {"model": str(cfg.model.name)})
+
+
 def run_recipe(recipe: Recipe) -> dict:
     from animegamer.preflight import check_recipe
 
+    vae_record = None
+    if recipe.vae is not None:
+        vae_record = train_vae_stage(recipe)
+        recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
     extra = recipe.extra
     pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *extra])
     train = lambda stage, *o: train_stage([*stage, *o, *extra])
@@ -118,6 +153,8 @@ def run_recipe(recipe: Recipe) -> dict:
         report = run_evaluation(evaluation)
         story = play_story(evaluation, root / "game")
     summary = {
+        "vae": recipe.vae_out or None,
+        "vae held-out PSNR": vae_record["held_out_psnr"] if vae_record else None,
         "clip shards": clips["output"],
         "report": str(Path(clips["output"]).parent / "report.json"),
         "features": clips.get("features", {}).get("output"),

@@ -306,7 +306,7 @@ def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
     train, held_out = load_clips(data, run_cfg.val_fraction)
     trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=encoder_seed)
     record.update({**(about or {}), **_identity(data, vae_cfg, encoder_seed, run_cfg),
-                   "clip_shape": list(train.video.shape[1:])})
+                   "data": str(Path(data).resolve()), "clip_shape": list(train.video.shape[1:])})
     save_vae(trained, out, record)
     record["loaded_held_out_psnr"] = check_saved(out, held_out, run_cfg.eval_batch_size, run_cfg.device)
     write_json_atomic(Path(out) / TRAINING_RECORD, record)
@@ -317,10 +317,12 @@ def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
 
 
 def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: ToyVAETraining) -> dict[str, Any]:
-    """What a trained folder was made from: the clips (folder and manifest digest), sizes and settings."""
+    """What a trained folder was made from: the clips (their manifest's digest), sizes and settings. The
+    clips' folder is left out (the record keeps it for information): the digest already names the clips,
+    and a folder carried to another machine, or data moved, must still be reused."""
     from animegamer.config.trained_data import clip_manifest_sha256
 
-    return {"data": str(Path(data).resolve()), "clip_manifest_sha256": clip_manifest_sha256(data, CLIPS_DIR),
+    return {"clip_manifest_sha256": clip_manifest_sha256(data, CLIPS_DIR),
             "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg)}
 
 

@@ -69,6 +69,11 @@ class VAEConfig:
     # Let cuDNN time its 3-D convolution algorithms on the first decode of a shape and reuse the fastest
     # (the game decodes one fixed shape every turn). Not yet measured on a GPU: off by default.
     cudnn_benchmark: bool = False
+    # Decoding options for play (benchmarks/game_turn_two_gpu.py measures speed and 8-bit difference):
+    # the 3-D convolutions' weights channels_last_3d (cuDNN's NDHWC kernels), and torch.compile of the
+    # VAE's decoder (fixed shapes; the first decode compiles).
+    channels_last: bool = False
+    compile: bool = False
 
 
 @dataclass
@@ -135,6 +140,13 @@ class DecoderConfig:
     # attention-adjacent kernel configs) | reduce-overhead / max-autotune (also CUDA graphs: sampling
     # only, the game and evaluation; every denoising step has the same shapes).
     compile_mode: str = "default"
+    # FP8 matmuls for the frozen base linears of the blocks (models/fp8.py, torchao; CUDA >= 8.9):
+    # off | tensorwise | rowwise. LoRA and every trained layer stay bf16.
+    fp8: str = "off"
+    # Play (the game, evaluation): the two guidance branches at once, the conditional one on a replica of
+    # the decoder on a second GPU (diffusion/cfg_parallel.py). auto: when two CUDA devices are visible;
+    # on: required (refused with fewer); off: one GPU, the branches as one batch of 2.
+    cfg_parallel: str = "auto"
 
 
 @dataclass
@@ -495,11 +507,16 @@ class EvalConfig:
     benchmark: str = ""  # benchmark file (json); '' = built from held-out sessions and written to out
     games: int = 4
     turns: int = 5
+    # games played at once (MLLM, sampler and VAE batched over them; the same results as one at a time)
+    batch_games: int = 1
     clip_model: str = ""  # local CLIP folder for CLIP-I / CLIP-T; '' -> reported unavailable
     dreamsim: str = ""  # local DreamSim weights folder; '' -> reported unavailable
     reconstruction_export: str = ""  # phase (a) export: also the Table 3 reconstruction metrics
     reconstruction_clips: int = 8
     sampling_steps: int = 0  # 0 = model.diffusion.sampling_steps
+    # Also play the benchmark with the MLLM as phase (b) started (its export's seed and init_from, no
+    # trained weights) and the same renderer: the "untrained game" baseline row.
+    untrained_game: bool = False
     out: str = "outputs/eval"
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 

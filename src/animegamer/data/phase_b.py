@@ -93,9 +93,11 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
                           pad_to_multiple_of=cfg.phase.pad_to_multiple)
     else:
         collate = partial(collate_sequences, pad_id=pad_id, pad_to_multiple_of=cfg.phase.pad_to_multiple)
+    # Pinned on GPU runs: a batch carries every window's history reps (tens of MB at paper sizes), and
+    # from pageable memory Lightning's copy to the device stalls the step's start while the GPU idles.
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, drop_last=True,
                       num_workers=cfg.data.num_workers, collate_fn=collate,
-                      persistent_workers=cfg.data.num_workers > 0)
+                      persistent_workers=cfg.data.num_workers > 0, pin_memory=cfg.trainer.accelerator != "cpu")
 
 
 def val_loader(cfg: RunConfig, dataset: FullSessions, pad_id: int) -> DataLoader:

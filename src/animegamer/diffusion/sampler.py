@@ -1,7 +1,8 @@
 """The decoder's sampler: DPM++ (2M SDE) over CogVideoX's schedule, with dynamic classifier-free guidance.
 
 One step of the loop, for timestep t_i (999, 979, ..., 19 for 50 steps):
-  1. run the denoiser once on [uncond ; cond] stacked along the batch (one call, 2B samples);
+  1. run the denoiser on both branches: by default once on [uncond ; cond] stacked along the batch (one
+     call, 2B samples, :class:`BatchedCFG`); ``cfg_parallel.TwoDeviceCFG`` runs each branch on its own GPU;
   2. guide: v = v_uncond + g_i (v_cond - v_uncond), g_i from :func:`dynamic_guidance_scale`;
   3. let diffusers' ``CogVideoXDPMScheduler.step`` move x_{t_i} to x_{t_{i+1}}: it turns v into x0,
      takes a second-order step using the previous step's x0 (first order on the first and last step)
@@ -16,14 +17,15 @@ number of sampling steps and t_i the *training timestep* (0..999), not the step 
 SAT code (which AnimeGamer's decoder was trained and released with) and diffusers' CogVideoX pipeline
 compute it that way; for 50 steps ``(N - t_i) / N`` runs from -18.98 to 0.62, so the scale swings
 between 1 and 1 + s from step to step instead of decaying smoothly. The CogVideoX authors called the
-wave "a coincidence" that they kept because it worked (zai-org/CogVideo#267); diffusers#9641 / PR
-#13172 propose the step index instead. ``guidance_progress="step_index"`` gives the smooth schedule
+wave a coincidence that they kept because it worked, and diffusers' maintainers have proposed the step
+index instead. ``guidance_progress="step_index"`` gives the smooth schedule
 (from 1 + s at the first step down to ~1), kept only as an option: the default reproduces the release.
 """
 from __future__ import annotations
 
 import logging
 import math
+from abc import ABC, abstractmethod
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -89,37 +91,59 @@ def _match_batch(rep: torch.Tensor, batch: int, name: str) -> torch.Tensor:
     return rep.expand(batch, -1, -1)
 
 
-def _predict_velocity(
-    denoise_fn: DenoiseFn,
-    latents: torch.Tensor,
-    timestep: int,
-    cond: torch.Tensor,
-    uncond: Optional[torch.Tensor],
-    flow: Optional[torch.Tensor],
-    guidance: float,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """One (guided) velocity prediction, float32 (B, T, C, H, W).
+class VelocityPredictor(ABC):
+    """One guided velocity prediction per sampling step: the sampler's loop calls it and nothing else.
 
-    With guidance the two branches run as one batch of 2B, unconditional first (diffusers' order): the
-    network then sees the same batch shape at every step, and one big call beats two small ones on a GPU.
-    The flow (motion scope) is not a guidance condition: both branches get the same value.
+    ``__call__(latents, timestep, cond, uncond, flow, guidance, dtype)`` returns the guided velocity,
+    float32 (B, T, C, H, W) on ``latents``' device; ``uncond`` is None without guidance. Subclasses decide
+    where the two branches run (:class:`BatchedCFG` here, ``cfg_parallel.TwoDeviceCFG`` on two devices).
     """
-    guided = uncond is not None
-    x_in = torch.cat([latents, latents]) if guided else latents  # (B or 2B, T, C, H, W)
-    rep_in = torch.cat([uncond, cond]) if guided else cond  # (B or 2B, N, D)
-    flow_in = None if flow is None else (torch.cat([flow, flow]) if guided else flow)  # (B or 2B,)
-    t_in = torch.full((x_in.shape[0],), timestep, dtype=torch.long, device=latents.device)  # (B or 2B,)
-    v = denoise_fn(x_in.to(dtype), t_in, rep_in.to(dtype), flow_in).float()
-    if not guided:
-        return v
-    v_uncond, v_cond = v.chunk(2)
+
+    uses_cuda_graphs: bool = False  # a compiled decoder replaying CUDA graphs: the loop marks every step
+
+    @abstractmethod
+    def __call__(self, latents: torch.Tensor, timestep: int, cond: torch.Tensor, uncond: Optional[torch.Tensor],
+                 flow: Optional[torch.Tensor], guidance: float, dtype: torch.dtype) -> torch.Tensor:
+        """The guided velocity of one step."""
+
+
+class BatchedCFG(VelocityPredictor):
+    """Both branches as one batch of 2B, unconditional first (diffusers' order), on the denoiser's device.
+
+    The network then sees the same batch shape at every step, and one big call beats two small ones on a
+    GPU. The flow (motion scope) is not a guidance condition: both branches get the same value.
+    """
+
+    def __init__(self, denoise_fn: DenoiseFn) -> None:
+        self.denoise_fn = denoise_fn
+        self.uses_cuda_graphs = bool(getattr(denoise_fn, "uses_cuda_graphs", False))
+
+    def __call__(self, latents, timestep, cond, uncond, flow, guidance, dtype):
+        guided = uncond is not None
+        x_in = torch.cat([latents, latents]) if guided else latents  # (B or 2B, T, C, H, W)
+        rep_in = torch.cat([uncond, cond]) if guided else cond  # (B or 2B, N, D)
+        flow_in = None if flow is None else (torch.cat([flow, flow]) if guided else flow)  # (B or 2B,)
+        t_in = torch.full((x_in.shape[0],), timestep, dtype=torch.long, device=latents.device)  # (B or 2B,)
+        v = self.denoise_fn(x_in.to(dtype), t_in, rep_in.to(dtype), flow_in).float()
+        if not guided:
+            return v
+        v_uncond, v_cond = v.chunk(2)
+        return guide(v_uncond, v_cond, guidance)
+
+
+def guide(v_uncond: torch.Tensor, v_cond: torch.Tensor, guidance: float) -> torch.Tensor:
+    """Classifier-free guidance of the two float32 velocities: v_u + g (v_c - v_u)."""
     return v_uncond + guidance * (v_cond - v_uncond)
+
+
+def as_velocity_predictor(denoise_fn: "DenoiseFn | VelocityPredictor") -> VelocityPredictor:
+    """A :class:`VelocityPredictor` as it is; a plain denoiser (the decoder) with its branches batched."""
+    return denoise_fn if isinstance(denoise_fn, VelocityPredictor) else BatchedCFG(denoise_fn)
 
 
 @torch.no_grad()
 def sample(
-    denoise_fn: DenoiseFn,
+    denoise_fn: "DenoiseFn | VelocityPredictor",
     shape: Sequence[int],
     cond: torch.Tensor,
     uncond: Optional[torch.Tensor],
@@ -135,7 +159,9 @@ def sample(
     """Sample decoder latents (B, T, C, H, W), float32, with ``cfg.sampling_steps`` DPM++ steps.
 
     Args:
-        denoise_fn: the decoder, returning the predicted velocity (see ``DenoiseFn``).
+        denoise_fn: the decoder, returning the predicted velocity (see ``DenoiseFn``), its two guidance
+            branches run as one batch; or a :class:`VelocityPredictor` that places them itself (e.g.
+            ``cfg_parallel.TwoDeviceCFG``: one branch per GPU).
         shape: (B, T, C, H, W) of the latents, e.g. (B, 5, 16, 60, 90) for 17 frames at 480x720.
         cond: (B, N, D) representation of the turn (encoder output or the MLLM's prediction).
         uncond: (B or 1, N, D) unconditional representation (the encoder on empty text and a zero
@@ -177,14 +203,14 @@ def sample(
         raise ValueError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
     latents = latents.to(device=device, dtype=torch.float32) * scheduler.init_noise_sigma  # x_999: pure noise
 
+    predict = as_velocity_predictor(denoise_fn)
     old_x0: Optional[torch.Tensor] = None  # the previous step's x0 prediction, for the 2nd-order update
-    # A decoder compiled with CUDA graphs (model.decoder.compile_mode) reuses its output buffers: each
-    # step's call starts a new replay, the previous step's outputs being no longer read.
-    cuda_graphs = getattr(denoise_fn, "uses_cuda_graphs", False)
     for i, t in enumerate(timesteps):
-        if cuda_graphs:
+        # A decoder compiled with CUDA graphs (model.decoder.compile_mode) reuses its output buffers: each
+        # step's call starts a new replay, the previous step's outputs being no longer read.
+        if predict.uses_cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        v = _predict_velocity(denoise_fn, latents, t, cond, uncond, flow, guidances[i], dtype)
+        v = predict(latents, t, cond, uncond, flow, guidances[i], dtype)
         t_back = timesteps[i - 1] if i > 0 else None  # the timestep old_x0 was predicted at
         latents, old_x0 = scheduler.step(v, old_x0, t, t_back, latents, generator=generator, return_dict=False)
         logger.debug("step %d/%d t=%d guidance=%.3f", i + 1, len(timesteps), t, guidances[i])

@@ -4,6 +4,7 @@
 * ``dreamsim``: DreamSim similarity, only with the ``dreamsim`` package and local weights.
 * ``motion``: ACC-F / MAE-F with the data pipeline's own flow estimator and motion bins.
 * ``states``: ACC-S / MAE-S over the ML / SC / ET / ST state values.
+* ``psnr``: PSNR of a generated or reconstructed clip against its ground-truth clip (8-bit frames).
 * ``baselines``: majority-class and copy-the-last-turn states, the shuffled-representation derangement.
 * ``report``: metrics.json, report.md beside the paper's numbers, plots, gallery.html.
 
@@ -44,6 +45,8 @@ _LAZY = {
     "confusion_matrix": "animegamer.metrics.motion",
     "measure_levels": "animegamer.metrics.motion",
     "motion_accuracy": "animegamer.metrics.motion",
+    "clip_psnr": "animegamer.metrics.psnr",
+    "psnr": "animegamer.metrics.psnr",
 }
 
 

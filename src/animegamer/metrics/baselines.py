@@ -8,6 +8,8 @@
   left out of MAE-S), which keeps the baseline on exactly the model's turns.
 * shuffled representation (reconstruction): clip i decoded from clip j's representation for a fixed
   seeded derangement, which shows whether the decoder uses its conditioning at all.
+* untrained game (``evaluation.untrained_game``, played in ``animegamer.evaluation``): the benchmark
+  played with the MLLM as phase (b) started and the trained renderer, scored like the game.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from animegamer.metrics.states import STATE_KEYS, state_accuracy
 MAJORITY = "majority"
 COPY_LAST = "copy_last"
 SHUFFLED = "shuffled"
+UNTRAINED = "untrained"
 SOURCE_TRAINING = "training split"
 SOURCE_BENCHMARK = "benchmark turns (no training clip at hand)"
 # A derangement is drawn by rejection: each draw succeeds with probability about 1/e, so this many

@@ -65,6 +65,7 @@ METRIC_INFO = {
     "mae_f": ("MAE-F", False, 4),
     "acc_s": ("ACC-S", True, 4),
     "mae_s": ("MAE-S", False, 4),
+    "psnr": ("PSNR (dB)", True, 2),
     "seconds_per_turn": ("Time (s/turn)", False, 2),
 }
 CONSISTENCY_KEYS = ("clip_i", "dreamsim", "clip_t", "clip_t_env")
@@ -78,6 +79,8 @@ _NOTES = (
     (("acc_f", "mae_f"), "ACC-F / MAE-F: motion level of each generated clip, measured with the data "
      "pipeline's flow estimator and bins, against the target level."),
     (("acc_s", "mae_s"), "ACC-S / MAE-S: predicted state values (ML, SC, ET, ST) against the targets."),
+    (("psnr",), "PSNR: each generated (or reconstructed) clip against its ground-truth clip, 8-bit frames, "
+     "mean over clips in dB (an identical clip scores the cap, 100 dB)."),
 )
 
 PLOT_FILES = {

@@ -41,10 +41,19 @@ def window(history: Sequence[HistoryTurn], window_turns: int) -> list[HistoryTur
 def prompt_batch(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,
                  window_turns: int) -> dict:
     """The left-padded batch (of one) of the inference prompt, on the model's device."""
-    past = window(history, window_turns)
-    prompt = build_prompt(ids, tokenizer, [h.turn for h in past], instruction, model.num_query_tokens)
-    reps = torch.stack([h.rep for h in past]) if past else torch.zeros(0, model.num_query_tokens, model.rep_width)
-    batch = collate_sequences([Example(prompt, reps)], pad_id=ids.pad, padding_side="left")
+    return prompts_batch(model, tokenizer, ids, [history], [instruction], window_turns)
+
+
+def prompts_batch(model, tokenizer, ids: TokenIds, histories: Sequence[Sequence[HistoryTurn]],
+                  instructions: Sequence[str], window_turns: int) -> dict:
+    """The left-padded batch of several games' inference prompts (one row per game), on the model's device."""
+    examples = []
+    for history, instruction in zip(histories, instructions, strict=True):
+        past = window(history, window_turns)
+        prompt = build_prompt(ids, tokenizer, [h.turn for h in past], instruction, model.num_query_tokens)
+        reps = torch.stack([h.rep for h in past]) if past else torch.zeros(0, model.num_query_tokens, model.rep_width)
+        examples.append(Example(prompt, reps))
+    batch = collate_sequences(examples, pad_id=ids.pad, padding_side="left")
     device = next(model.parameters()).device
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
@@ -70,13 +79,24 @@ def generate(model, ids: TokenIds, batch: dict, constrained: bool = False) -> tu
 
     ``constrained``: greedy over :func:`state_grammar` instead of the whole vocabulary (the official
     release decodes freely; a free generation that breaks the layout raises in :func:`parse_states`)."""
+    return generate_rows(model, ids, batch, constrained)[0]
+
+
+@torch.no_grad()
+def generate_rows(model, ids: TokenIds, batch: dict, constrained: bool = False) -> list[tuple[list[int], torch.Tensor]]:
+    """:func:`generate` for every row of a left-padded batch: each row's tokens end at its own
+    ``</TURN>`` (the batch repeats it after a row stops), as a batch of one would have stopped."""
     mask = attention_mask_4d(batch["query_mask"], batch["padding_mask"], dtype=model.llm.dtype)
     out = model.generate_states(batch["input_ids"], mask, batch["history_reps"].to(model.llm.dtype),
                                 batch["history_index"], batch["query_mask"], max_new_tokens=STATE_TOKENS,
                                 stop_token_id=ids.turn_end, position_ids=batch["position_ids"],
                                 padding_mask=batch["padding_mask"],
                                 allowed_tokens=state_grammar(ids) if constrained else None)
-    return out["tokens"][0].tolist(), out["pred"][0].float().cpu()
+    rows = []
+    for tokens, rep in zip(out["tokens"].tolist(), out["pred"].float().cpu()):
+        end = tokens.index(ids.turn_end) + 1 if ids.turn_end in tokens else len(tokens)
+        rows.append((tokens[:end], rep))
+    return rows
 
 
 def predict_next(model, tokenizer, ids: TokenIds, history: Sequence[HistoryTurn], instruction: str,

@@ -394,6 +394,10 @@ class FrozenVAE(_FrozenModule):
         if cfg.tiling:
             self.model.enable_tiling()
         self.cudnn_benchmark = cfg.cudnn_benchmark
+        if cfg.channels_last:
+            conv3d_memory_format(self.model, torch.channels_last_3d)
+        if cfg.compile:  # in place: parameter names stay; only decoding plays at a fixed shape
+            self.model.decoder.compile(dynamic=False)
         configured = int(self.model.config.temporal_compression_ratio)
         if self.temporal_compression != configured:
             logger.warning(
@@ -479,6 +483,14 @@ class FrozenVAE(_FrozenModule):
         return x.permute(0, 2, 3, 4, 1)  # (B, T, H, W, 3)
 
     forward = encode
+
+
+def conv3d_memory_format(model: nn.Module, memory_format: torch.memory_format) -> None:
+    """The 3-D convolutions' weights in ``memory_format``; cuDNN lays their outputs out the same way. Only
+    these: the VAE's upsamplers also hold 2-D convolutions, which channels_last_3d does not apply to."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv3d):
+            module.weight.data = module.weight.data.contiguous(memory_format=memory_format)
 
 
 @contextmanager

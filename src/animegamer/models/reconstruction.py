@@ -20,6 +20,7 @@ from animegamer.config.schema import DiffusionConfig, RunConfig
 from animegamer.diffusion.sampler import sample
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.models.fp8 import apply_decoder_fp8
 from animegamer.models.lora import is_lora_name
 from animegamer.utils.randomness import seeded
 
@@ -93,7 +94,8 @@ def build_reconstruction(cfg: RunConfig, exports: Sequence[str | Path] = (),
     when the config names one, then each export (phase (a) or (c)) in order, each over the last.
 
     The adapter comes before the official import so that the official LoRA is kept as an adapter (not
-    merged), and the exports come last because they hold what training changed."""
+    merged), and the exports come last because they hold what training changed. ``model.decoder.fp8``
+    converts the decoder's frozen base linears after all of them (:mod:`.fp8`)."""
     model = ReconstructionModel(cfg)
     if with_lora is None:
         with_lora = any(export_holds_lora(export) for export in exports)
@@ -103,6 +105,7 @@ def build_reconstruction(cfg: RunConfig, exports: Sequence[str | Path] = (),
         import_official_decoder(model, cfg.model.decoder.official_checkpoint)
     for export in exports:
         load_export(export, model)
+    apply_decoder_fp8(model.decoder)  # last: the LoRA wrappers and every weight are in place
     return model
 
 

@@ -66,9 +66,11 @@ ALLOWED = (
     "phase.pack_tokens", "phase.pad_to_multiple",
     "model.decoder.gradient_checkpointing", "model.decoder.gradient_checkpointing_every",
     "model.decoder.attention_backends", "model.decoder.compile", "model.decoder.compile_mode",
+    "model.decoder.cfg_parallel",
     "model.mllm.gradient_checkpointing", "model.mllm.gradient_checkpointing_every",
     "model.mllm.attention_backends", "model.mllm.attention", "model.mllm.compile", "model.mllm.constrained_states",
-    "model.encoders.vae.tiling", "model.encoders.vae.cudnn_benchmark",
+    "model.encoders.vae.tiling", "model.encoders.vae.cudnn_benchmark", "model.encoders.vae.channels_last",
+    "model.encoders.vae.compile",
     # The pipeline's execution (the shards it writes do not depend on these).
     "pipeline.workers", "pipeline.lock_wait_seconds", "pipeline.part", "pipeline.num_parts", "pipeline.steps", "pipeline.precompute.device",
     "pipeline.precompute.batch_size", "pipeline.representations.device", "pipeline.representations.batch_size",

@@ -68,6 +68,9 @@ class Throughput(L.Callback):
             metrics["perf/mfu"] = self.flops / seconds / self.peak
         if module.device.type == "cuda":  # "why out of memory?": the peak since the run started
             metrics["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(module.device) / 2**30
+            # "why is this step slower?": allocations that found no free cached block, freed the cache and
+            # retried (synchronising cudaFree calls; a fragmented allocator), counted since the run started
+            metrics["perf/alloc_retries"] = torch.cuda.memory_stats(module.device).get("num_alloc_retries", 0)
         # Straight to the loggers at this step (Lightning's own flush runs on its log_every_n_steps
         # cadence, which after a resume need not meet this one); callback_metrics get them too.
         module.log_dict(metrics, rank_zero_only=True, logger=False)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Several scripts/stress_two_process.sh loops at once, for a machine with many cores: each loop runs its
+# own burner beside its pytest, so the cores stay oversubscribed as on a loaded 2-core CI machine.
+#
+#   LOOPS=8 SECONDS_BUDGET=480 scripts/stress_parallel.sh TEST_ID...
+#
+# Each loop repeats the given tests (all of them every round) until SECONDS_BUDGET has passed, then
+# finishes its round. The totals (rounds, passed, rounds with an abort at exit) go to
+# $STRESS_DIR/parallel-summary.txt; every loop's summary.txt and round logs stay beside it.
+set -u
+cd "$(dirname "$0")/.."
+LOOPS=${LOOPS:-4}
+SECONDS_BUDGET=${SECONDS_BUDGET:-600}
+ROOT=${STRESS_DIR:-/tmp}/stress_parallel
+mkdir -p "$ROOT"
+deadline=$(( $(date +%s) + SECONDS_BUDGET ))
+for loop in $(seq 1 "$LOOPS"); do
+    (
+        export STRESS_DIR=$ROOT/loop-$loop
+        # Rounds are counted by the inner script; a large count with a deadline check in between
+        # would need changing it, so run single rounds until the deadline instead.
+        while [ "$(date +%s)" -lt "$deadline" ]; do
+            scripts/stress_two_process.sh 1 "$@" > /dev/null 2>&1
+        done
+    ) &
+done
+wait
+rounds=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep -c '^round ')
+passed=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep '^round ' | grep -c 'exit 0,')
+aborted=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep '^round ' | grep -vc 'abort lines 0')
+echo "loops=$LOOPS rounds=$rounds passed=$passed rounds_with_abort=$aborted tests=$*" | tee "$ROOT/parallel-summary.txt"
+cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep '^round ' >> "$ROOT/parallel-summary.txt"
+[ "$passed" = "$rounds" ]

@@ -1,0 +1,436 @@
+"""The known-answer learning benchmark: does training give a game that works?
+
+    python -m animegamer.known_answer OUT [--size ci|gpu] [--seed N] [override ...]
+
+Toy films whose states and motion levels are known (:mod:`data_pipeline.known_answer`) go through the
+whole recipe (:func:`animegamer.recipe.run_recipe`: pipeline clips -> the frozen VAE trained on them ->
+precompute and sessions -> phase (a1, a2) -> representations -> phase (b) -> adaptation -> phase (c) ->
+evaluation on held-out shots), then the baselines are scored in the same evaluation code:
+
+* the untrained game, majority-class and copy-the-last-turn states (``evaluation.baselines``);
+* the phase (a2) renderer decoding a clip from another clip's representation (does the decoder use its
+  conditioning?; ``reconstruction.baselines``);
+* the game rendered by the phase (a2) decoder instead of the phase (c) one (does adaptation help?);
+* the Table 3 ablations without the motion-scope input and without the warm-up: each a2 stage trained
+  as its own model and scored as the renderer of the same game and on reconstruction.
+
+``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
+row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
+``OUT/curves.png`` the four stages' training losses; ``OUT/gallery.png`` generated clips under their
+ground truth. The films, pipeline output and VAE are shared by every seed; each seed trains into
+``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from animegamer.metrics.report import METRICS_FILE
+from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage
+from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "known_answer.json"
+TABLE_FILE = "known_answer.md"
+CURVES_FILE = "curves.png"
+GALLERY_FILE = "gallery.png"
+VAE_DIR = "vae"
+STAGES = ("a_warmup", "a_joint", "b", "c")  # the run folders whose loss histories are plotted
+TRAINED = "trained game"
+A2_RENDERER = "game rendered by the a2 decoder"
+RECONSTRUCTION = "a2 reconstruction (own representation)"
+# Metrics where lower is better; every other metric is better higher.
+LOWER_IS_BETTER = frozenset({"mae_s", "mae_f", "dreamsim"})
+CURVE_SMOOTHING = 10  # steps in the moving average drawn over each stage's per-step loss
+GALLERY_TURNS = 3
+GALLERY_FRAMES = 5  # frames per clip in the gallery strip, evenly spaced
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """A Table 3 phase (a) variant the benchmark can afford: train.py overrides of its model, and
+    whether it has its own warm-up (as :mod:`animegamer.ablations` plans them: a variant that changes
+    what phase (a1) trains warms up on its own; ``no_warmup`` has none)."""
+
+    overrides: tuple[str, ...]
+    warmup: bool
+
+
+# The overrides are those of configs/experiment/ablation_a_<name>.yaml, whose other settings are the
+# paper's (model, trainer, logger) and do not apply here.
+ABLATIONS = {
+    "no_motion_scope": Ablation(("model.decoder.motion_scope=false",), warmup=True),
+    "no_warmup": Ablation((), warmup=False),
+}
+
+
+@dataclass(frozen=True)
+class BenchmarkSize:
+    """One size of the benchmark: the data set (``data_pipeline.known_answer.SIZES``), the stage
+    experiments ``known_answer_<name>_{a,b,c,eval}`` and the VAE stage's settings."""
+
+    name: str
+    vae: ToyVAETraining | None  # None: the preset's random frozen VAE
+    ablations: tuple[str, ...] = tuple(ABLATIONS)
+    overrides: tuple[str, ...] = ()  # for every stage
+
+
+SIZES = {
+    # 2 CPU cores: the tiny presets' random frozen VAE. Training one does not fit: a step of 2 crops of
+    # 9x16x32 took over 3 s on the loaded CI machine (docs/plans/known_answer.md), so CI asserts what
+    # needs no pixels back (states, and the conditioning the decoder reads, in latent-derived scores).
+    "ci": BenchmarkSize("ci", None),
+    # One H200: the preset's VAE for 100 s (150 s gave 26.4 dB held out: docs/plans/known_answer.md).
+    "gpu": BenchmarkSize("gpu", ToyVAETraining(steps=20000, batch_size=8, lr=1e-3, warmup_steps=200, eval_every=500,
+                                               eval_clips=64, eval_batch_size=16, device="cuda", max_seconds=100.0)),
+}
+
+
+@dataclass
+class Layout:
+    """Where everything goes: data and VAE are shared by every seed, runs are per seed."""
+
+    out: Path
+    seed: int
+
+    @property
+    def films(self) -> Path:
+        from data_pipeline.known_answer import FILMS_DIR
+
+        return self.out / FILMS_DIR
+
+    @property
+    def pipeline(self) -> Path:
+        from data_pipeline.known_answer import PIPELINE_DIR
+
+        return self.out / PIPELINE_DIR
+
+    @property
+    def vae(self) -> Path:
+        return self.out / VAE_DIR
+
+    @property
+    def runs(self) -> Path:
+        return self.out / f"seed_{self.seed}"
+
+
+def data_overrides(layout: Layout) -> list[str]:
+    """The films as inputs and caption source, the pipeline output: for every stage."""
+    films = layout.films.resolve()
+    return [f"pipeline.inputs=['{films}']", f"pipeline.caption.path='{films}'",
+            f"pipeline.output='{layout.pipeline.resolve()}'"]
+
+
+def stage_overrides(layout: Layout, size: BenchmarkSize, experiment: str) -> list[str]:
+    return [f"experiment=known_answer_{size.name}_{experiment}", f"seed={layout.seed}",
+            f"output_dir='{layout.runs.resolve()}/${{phase.name}}'"]
+
+
+def vae_overrides(layout: Layout, size: BenchmarkSize) -> list[str]:
+    """The recipe's trained VAE for the stages run beside it (the recipe passes it to its own)."""
+    return [f"model.encoders.vae.path='{layout.vae.resolve()}'"] if size.vae else []
+
+
+def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) -> Recipe:
+    return Recipe(
+        pipeline=[f"experiment=known_answer_{size.name}"],
+        phase_a=stage_overrides(layout, size, "a"), phase_b=stage_overrides(layout, size, "b"),
+        phase_c=stage_overrides(layout, size, "c"),
+        evaluation=[f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", "evaluation.untrained_game=true"],
+        extra=[*data_overrides(layout), *size.overrides, *extra], vae=size.vae,
+        vae_out=str(layout.vae) if size.vae else "")
+
+
+def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str, renderer: str,
+                      overrides: Sequence[str] = (), reconstruction: str = "", extra: Sequence[str] = ()) -> dict:
+    """The benchmark's games played by the trained MLLM with another renderer, into ``runs/eval_<name>``."""
+    from animegamer.evaluation import run as run_evaluation
+
+    return run_evaluation(evaluation_config([
+        f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
+        *vae_overrides(layout, size), *overrides, f"evaluation.mllm_export='{mllm}'",
+        f"evaluation.renderer_export='{renderer}'", f"evaluation.reconstruction_export='{reconstruction}'",
+        *extra, f"evaluation.out='{layout.runs.resolve() / ('eval_' + name)}'"]))
+
+
+def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str]) -> str:
+    """The ablation's phase (a) stages into ``runs/ablation_<name>/``; returns its a2 export."""
+    ablation = ABLATIONS[name]
+    common = [f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}", *data_overrides(layout),
+              *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra,
+              f"output_dir='{layout.runs.resolve() / ('ablation_' + name)}/${{phase.name}}'"]
+    start = train_stage([*common, "phase=a_warmup"])["export"] if ablation.warmup else ""
+    return train_stage([*common, "phase=a_joint", f"phase.init_from='{start}'"])["export"]
+
+
+# --------------------------------------------------------------------------- representation prediction
+def representation_prediction(pipeline_root: Path) -> dict[str, float]:
+    """How well phase (b) predicts each clip's phase (a2) representation, from the shards the recipe
+    already wrote: the adaptation shards' ``pred_rep`` (true history before it) against the
+    representation shards' ``rep`` of the same clip. ``mse_ratio``: the mean squared error over that of
+    predicting every clip's rep as the mean rep (1.0: nothing learned; training sessions' clips, since
+    the adaptation shards are phase (c)'s training data)."""
+    import numpy as np
+
+    from animegamer.data.shards import iter_samples, shard_urls
+    from data_pipeline.adaptation import ADAPTATION_DIR
+    from data_pipeline.representations import REPRESENTATIONS_DIR
+
+    true = {s["__key__"]: s["rep.npy"].astype(np.float64)
+            for s in iter_samples(shard_urls(pipeline_root / REPRESENTATIONS_DIR), video=False)}
+    pairs = [(s["pred_rep.npy"].astype(np.float64), true[s["__key__"]])
+             for s in iter_samples(shard_urls(pipeline_root / ADAPTATION_DIR), video=False)]
+    if not pairs:
+        raise ValueError(f"{pipeline_root / ADAPTATION_DIR}: no adaptation sample to score")
+    predicted, target = (np.stack(v) for v in zip(*pairs))
+    spread = float(((target - target.mean(axis=0)) ** 2).mean())
+    error = float(((predicted - target) ** 2).mean())
+    return {"clips": len(pairs), "mse": error, "mean_rep_mse": spread, "mse_ratio": error / spread}
+
+
+# --------------------------------------------------------------------------- the table
+def metric_values(metrics: dict) -> dict[str, float | None]:
+    """Every scalar metric of one evaluation row: ``{"available": ..., "value": ...}`` entries (an
+    unavailable one as None)."""
+    values = {}
+    for key, metric in metrics.items():
+        if isinstance(metric, dict) and "available" in metric and key != "seconds_per_turn":
+            values[key] = float(metric["value"]) if metric["available"] and metric.get("value") is not None else None
+    return values
+
+
+def rows_of(name: str, metrics: dict) -> list[dict]:
+    """The rows one evaluation gives: its game (labelled ``name``), each of its baselines, and its
+    reconstruction with the reconstruction's baselines."""
+    rows = [{"row": name, "metrics": metric_values(metrics)}]
+    for key, baseline in (metrics.get("baselines") or {}).items():
+        rows.append({"row": baseline.get("label", key), "baseline": key, "metrics": metric_values(baseline)})
+    reconstruction = metrics.get("reconstruction")
+    if reconstruction:
+        label = RECONSTRUCTION if name == TRAINED else f"{name}: {RECONSTRUCTION}"
+        rows.append({"row": label, "metrics": metric_values(reconstruction)})
+        for key, baseline in (reconstruction.get("baselines") or {}).items():
+            rows.append({"row": f"{label}, {baseline.get('label', key)}", "baseline": key,
+                         "metrics": metric_values(baseline)})
+    return rows
+
+
+def comparisons(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per metric of the trained game (and of its reconstruction), every other row's value and how much
+    better the trained one is (positive: trained better; lower-is-better metrics are negated)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for reference in (TRAINED, RECONSTRUCTION):
+        mine = next((r["metrics"] for r in rows if r["row"] == reference), {})
+        for key, value in mine.items():
+            if value is None:
+                continue
+            sign = -1.0 if key in LOWER_IS_BETTER else 1.0
+            out.setdefault(f"{reference}: {key}", {})
+            for row in rows:
+                other = row["metrics"].get(key)
+                # A game's clips are compared with games', a reconstruction's with reconstructions'.
+                same_kind = (RECONSTRUCTION in row["row"]) == (reference == RECONSTRUCTION)
+                if row["row"] != reference and other is not None and same_kind:
+                    out[f"{reference}: {key}"][row["row"]] = {"value": other, "trained": value,
+                                                              "margin": sign * (value - other)}
+    return out
+
+
+def write_table(path: Path, rows: list[dict], about: dict) -> None:
+    keys = sorted({k for r in rows for k, v in r["metrics"].items() if v is not None})
+    fmt = lambda v: "" if v is None else f"{v:.3f}"
+    lines = [f"Known-answer benchmark, size {about['size']}, seed {about['seed']}: held-out shots "
+             f"({about.get('turns', '?')} game turns, {about.get('reconstruction_clips', '?')} reconstructed clips).", "",
+             "| row | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    lines += [f"| {r['row']} | " + " | ".join(fmt(r["metrics"].get(k)) for k in keys) + " |" for r in rows]
+    lines += ["", "Lower is better for " + ", ".join(sorted(LOWER_IS_BETTER & set(keys))) + "; higher for the rest. "
+              "An empty cell: the metric does not apply to the row (or had no weights)."]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- curves and gallery
+def loss_histories(runs: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each stage's per-step training loss (micro-batches of a step averaged), from its run folder."""
+    from animegamer.training.faults import LOSS_HISTORY
+
+    histories = {}
+    for stage in STAGES:
+        path = runs / stage / LOSS_HISTORY
+        if not path.exists():
+            continue
+        by_step: dict[int, list[float]] = {}
+        for step, _, loss in json.loads(path.read_text()):
+            by_step.setdefault(int(step), []).append(float(loss))
+        histories[stage] = sorted((s, sum(v) / len(v)) for s, v in by_step.items())
+    return histories
+
+
+def plot_curves(histories: dict[str, list[tuple[int, float]]], path: Path) -> bool:
+    """One panel per stage (their losses differ in kind and scale): per-step loss and its moving average."""
+    import numpy as np
+
+    from animegamer.metrics.report import _figure
+
+    if not histories:
+        return False
+    fig = _figure(3.2 * len(histories), 3.0)
+    for index, (stage, points) in enumerate(histories.items()):
+        ax = fig.add_subplot(1, len(histories), index + 1)
+        steps, losses = (np.asarray(v, dtype=float) for v in zip(*points))
+        ax.plot(steps, losses, alpha=0.3, linewidth=0.8)
+        window = min(CURVE_SMOOTHING, len(losses))
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, linewidth=1.5)
+        ax.set_title(stage)
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    fig.axes[0].set_ylabel("training loss")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def write_gallery(eval_out: Path, path: Path) -> bool:
+    """The first turns' generated clips (even rows) under their ground truth (odd rows), a few frames each."""
+    import numpy as np
+    from PIL import Image
+
+    from animegamer.data.shards import decode_video
+
+    metrics = json.loads((eval_out / "metrics.json").read_text())
+    turns = [t for g in metrics.get("games", []) for t in g.get("turns", []) if t.get("truth_video")][:GALLERY_TURNS]
+    strips = []
+    for turn in turns:
+        for video in (turn["truth_video"], turn["video"]):
+            frames = decode_video((eval_out / video).read_bytes())  # metrics.json: relative to its folder
+            picks = np.linspace(0, len(frames) - 1, GALLERY_FRAMES).round().astype(int)
+            strips.append(np.concatenate([frames[i] for i in picks], axis=1))
+    if not strips:
+        return False
+    Image.fromarray(np.concatenate(strips, axis=0)).save(path)
+    return True
+
+
+# --------------------------------------------------------------------------- all of it
+def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
+                  ablations: Sequence[str] | None = None, films: int | None = None,
+                  vae: dict[str, Any] | None = None, a2_renderer: bool = True) -> dict[str, Any]:
+    """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``ablations``: which
+    Table 3 variants to train and score (default: the size's); ``films``: how many films (default: the
+    size's); ``vae``: VAE training settings replacing the size's (e.g. ``max_seconds``, ``device``);
+    ``a2_renderer``: also play the game with the a2 decoder as the renderer."""
+    from dataclasses import replace
+
+    from data_pipeline.known_answer import SIZES as DATA_SIZES
+    from data_pipeline.known_answer import make_films, measure
+
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
+    bench = SIZES[size]
+    if vae:
+        if bench.vae is None:
+            raise ValueError(f"size {size!r} trains no VAE: VAE settings {sorted(vae)} do not apply")
+        bench = replace(bench, vae=replace(bench.vae, **vae))
+        bench.vae.validate()
+    data_size = DATA_SIZES[size] if films is None else replace(DATA_SIZES[size], films=films)
+    names = bench.ablations if ablations is None else tuple(ablations)
+    unknown = sorted(set(names) - set(ABLATIONS))
+    if unknown:
+        raise ValueError(f"unknown ablation(s) {unknown}; choose from {sorted(ABLATIONS)}")
+    layout = Layout(Path(out), seed)
+    seconds: dict[str, float] = {}
+    mark = started = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        seconds[name] = time.perf_counter() - mark
+        mark = time.perf_counter()
+
+    eval_cfg = evaluation_config([f"experiment=known_answer_{size}_eval", *data_overrides(layout), *extra])
+    drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers))  # the pipeline's workers
+    lap("films")
+    summary = run_recipe(recipe_of(layout, bench, extra))
+    # Read now: the next seed's recipe writes its own representations and adaptation shards here.
+    representation = representation_prediction(layout.pipeline)
+    lap("recipe")
+    eval_out = Path(summary["evaluation report"]).parent
+    main = json.loads((eval_out / METRICS_FILE).read_text())["metrics"]
+    data = measure(layout.out, drawn, float(eval_cfg.data.val_fraction))
+    vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if bench.vae else {}
+    result = {
+        "size": size, "seed": seed, "turns": main.get("games", {}).get("completed_turns"),
+        "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
+        "rows": rows_of(TRAINED, main), "representation_prediction": representation,
+        "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
+        "data": {k: data[k] for k in ("films", "clips", "split", "sessions", "rules")},
+        "motion_agreement": data["motion"]["agreement"],
+        "files": {"curves": str(layout.out / CURVES_FILE) if plot_curves(loss_histories(layout.runs),
+                                                                           layout.out / CURVES_FILE) else None,
+                  "gallery": str(layout.out / GALLERY_FILE) if write_gallery(eval_out, layout.out / GALLERY_FILE)
+                  else None, "evaluation": summary["evaluation report"]},
+        "wall_seconds": seconds,
+    }
+    # Written after each part, so a run stopped by a time limit leaves what it measured so far.
+    write_result(layout.out, result, started)
+    if a2_renderer:
+        a2 = evaluate_renderer(layout, bench, "a2_renderer", summary["phase b export"], summary["phase a2 export"],
+                               extra=extra)
+        result["rows"] += rows_of(A2_RENDERER, a2["metrics"])[:1]  # its state baselines are the trained game's
+        lap("a2 renderer evaluation")
+        write_result(layout.out, result, started)
+    for name in names:
+        export = train_ablation(layout, bench, name, extra)
+        scored = evaluate_renderer(layout, bench, f"ablation_{name}", summary["phase b export"], export,
+                                   ABLATIONS[name].overrides, reconstruction=export, extra=extra)
+        # The same state baselines again: left out.
+        result["rows"] += [r for r in rows_of(f"ablation {name}", scored["metrics"]) if "baseline" not in r]
+        lap(f"ablation {name}")
+        write_result(layout.out, result, started)
+    log.info("known-answer benchmark -> %s (%.0f s)", layout.out / RESULT_FILE, seconds["total"])
+    return result
+
+
+def write_result(out: Path, result: dict, started: float) -> None:
+    """``known_answer.json`` (with the comparisons of the rows so far) and the table."""
+    result["wall_seconds"]["total"] = time.perf_counter() - started
+    result["trained_vs_baselines"] = comparisons(result["rows"])
+    (out / RESULT_FILE).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    write_table(out / TABLE_FILE, result["rows"], result)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m animegamer.known_answer", description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="folder for the films, pipeline, VAE, runs and results")
+    parser.add_argument("--size", choices=sorted(SIZES), default="ci")
+    parser.add_argument("--seed", type=int, default=0, help="training and evaluation seed (data and VAE are shared)")
+    parser.add_argument("--ablations", nargs="*", default=None, metavar="NAME",
+                        help=f"Table 3 variants to train and score (default: all of {' '.join(ABLATIONS)})")
+    parser.add_argument("--films", type=int, default=None, help="number of films (default: the size's)")
+    parser.add_argument("--vae-max-seconds", type=float, default=None, help="VAE training time limit (0: none)")
+    parser.add_argument("--vae-steps", type=int, default=None, help="VAE training steps")
+    parser.add_argument("--vae-device", default=None, help="VAE training device (default: the size's)")
+    parser.add_argument("overrides", nargs="*", help="overrides for every stage, e.g. phase.max_steps=100")
+    return parser.parse_intermixed_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from animegamer.errors import exit_on_user_error
+    from animegamer.utils.logging import setup_logging
+
+    args = _parse_args(argv)
+    setup_logging("INFO")
+    vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
+                                           ("device", args.vae_device)) if value is not None}
+    exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The known-answer benchmark's bookkeeping: rows from an evaluation's metrics, the trained game against
+each row, the loss curves read from run folders, and the representation-prediction score on shards."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from animegamer.known_answer import (
+    RECONSTRUCTION,
+    TRAINED,
+    comparisons,
+    loss_histories,
+    plot_curves,
+    representation_prediction,
+    rows_of,
+    write_table,
+)
+
+
+def _metric(value):
+    return {"available": value is not None, "value": value}
+
+
+EVALUATION = {
+    "acc_s": _metric(0.75), "mae_s": _metric(0.5), "acc_f": _metric(0.6), "clip_i": _metric(None),
+    "seconds_per_turn": _metric(2.0), "psnr_per_turn": [_metric(20.0)],
+    "baselines": {"majority": {"label": "majority", "acc_s": _metric(0.5), "mae_s": _metric(1.0)},
+                  "untrained": {"label": "untrained game", "acc_s": _metric(0.0), "mae_s": _metric(2.0),
+                                "acc_f": _metric(0.2)}},
+    "reconstruction": {"psnr": _metric(28.0), "clips": 4,
+                       "baselines": {"shuffled": {"label": "shuffled", "psnr": _metric(24.5)}}},
+}
+
+
+def test_rows_and_margins_keep_games_and_reconstructions_apart(tmp_path: Path) -> None:
+    rows = rows_of(TRAINED, EVALUATION)
+    assert [r["row"] for r in rows] == [TRAINED, "majority", "untrained game", RECONSTRUCTION,
+                                        f"{RECONSTRUCTION}, shuffled"]
+    # Unavailable metrics are None; timings and per-turn lists are not metrics of the table.
+    assert rows[0]["metrics"] == {"acc_s": 0.75, "mae_s": 0.5, "acc_f": 0.6, "clip_i": None}
+    rows += [r for r in rows_of("ablation no_motion_scope", EVALUATION) if "baseline" not in r]
+    margins = comparisons(rows)
+    # Higher is better for ACC-S, lower for MAE-S: both margins positive when the trained game is better.
+    assert margins["trained game: acc_s"]["majority"]["margin"] == pytest.approx(0.25)
+    assert margins["trained game: mae_s"]["untrained game"]["margin"] == pytest.approx(1.5)
+    assert margins["trained game: acc_f"]["untrained game"]["margin"] == pytest.approx(0.4)
+    assert margins[f"{RECONSTRUCTION}: psnr"][f"{RECONSTRUCTION}, shuffled"]["margin"] == pytest.approx(3.5)
+    # The ablation's own reconstruction is a reconstruction row; its game is a game row.
+    assert f"ablation no_motion_scope: {RECONSTRUCTION}" in margins[f"{RECONSTRUCTION}: psnr"]
+    assert "ablation no_motion_scope" in margins["trained game: acc_s"]
+    assert not any(RECONSTRUCTION in other for other in margins["trained game: acc_s"])
+    write_table(tmp_path / "t.md", rows, {"size": "ci", "seed": 0, "turns": 6, "reconstruction_clips": 4})
+    table = (tmp_path / "t.md").read_text()
+    assert "| row | acc_f | acc_s | mae_s | psnr |" in table  # clip_i had no value anywhere: no column
+    assert "| trained game | 0.600 | 0.750 | 0.500 |  |" in table
+
+
+def test_loss_curves_average_micro_batches_per_step(tmp_path: Path) -> None:
+    (tmp_path / "a_warmup").mkdir()
+    (tmp_path / "a_warmup" / "loss_history.json").write_text(json.dumps([[0, 0, 1.0], [0, 1, 3.0], [1, 0, 1.5]]))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "loss_history.json").write_text(json.dumps([[0, 0, 4.0]]))
+    histories = loss_histories(tmp_path)
+    assert histories == {"a_warmup": [(0, 2.0), (1, 1.5)], "b": [(0, 4.0)]}
+    assert plot_curves(histories, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 1000
+    assert not plot_curves({}, tmp_path / "none.png")
+
+
+def test_representation_prediction_scores_against_the_mean_representation(tmp_path: Path) -> None:
+    from animegamer.utils.io import npy_bytes
+    from data_pipeline.writer import MANIFEST, SHARD_PATTERN, write_shard
+
+    def shards(folder: Path, member: str, arrays: dict[str, np.ndarray]) -> None:
+        folder.mkdir()
+        entry = write_shard(folder / SHARD_PATTERN.format(0), [{"__key__": k, member: npy_bytes(v)} for k, v in arrays.items()])
+        (folder / MANIFEST).write_text(json.dumps({"shards": [entry]}))
+
+    rng = np.random.default_rng(0)
+    reps = {f"clip{i}": rng.normal(size=(3, 4)).astype(np.float32) for i in range(6)}
+    mean = np.mean(list(reps.values()), axis=0)
+    shards(tmp_path / "representations", "rep.npy", reps)
+    # Predicting the mean representation scores 1 by definition; halfway to the truth, a quarter.
+    shards(tmp_path / "adaptation", "pred_rep.npy", {k: (mean + v) / 2 for k, v in reps.items()})
+    score = representation_prediction(tmp_path)
+    assert score["clips"] == 6 and score["mse_ratio"] == pytest.approx(0.25)
