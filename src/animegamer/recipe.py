@@ -43,7 +43,6 @@ class Recipe:
 
 
 STORY_TURNS = 5
-CLIP_STEPS = ("process", "finalize")  # the pipeline steps the VAE stage needs: clip shards and manifest
 # What the summary says for a validation metric when the held-out split had nothing for the phase.
 NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
 
@@ -101,6 +100,7 @@ def train_vae_stage(recipe: Recipe) -> dict:
     from omegaconf import OmegaConf
 
     from animegamer.toy_vae import ensure_trained
+    from data_pipeline.known_answer import CLIP_STEPS  # the steps that write the clip shards and manifest
 
     if not recipe.vae_out:
         raise ValueError("Recipe.vae is set but Recipe.vae_out is empty: name the folder the VAE is written to")
