@@ -1,8 +1,10 @@
 #!/bin/bash
 # The known-answer learning benchmark on one GPU of the lent H200 machine, in one call:
 #   bash scripts/known_answer_gpu.sh [overrides for every stage, e.g. phase.max_steps=800]
-# carrying outputs/h10_device/wheels (and, when the machine lacks OpenCV, PyAV or PySceneDetect,
-# outputs/known_answer_device/wheels). Writes to $OUT (at most 8 files): known_answer.json,
+# carrying WHEELS (default .device_wheels_ka, git-ignored): the wheels the device lacks, for Python 3.12
+# (diffusers, hydra-core, omegaconf, antlr4-python3-runtime, webdataset, braceexpand, decord, peft,
+# importlib-metadata, av, scenedetect, platformdirs; `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 -d .device_wheels_ka NAME==VERSION`, 55 MB). Writes to $OUT (at most 8 files): known_answer.json,
 # known_answer.md, curves.png, gallery.png, the VAE's training.json, the evaluation's metrics.json and
 # report.md, and the log. Stage lengths: configs/experiment/known_answer_gpu_{a,b,c}.yaml (phase.max_steps)
 # and the VAE's max_seconds (animegamer/known_answer.py, SIZES["gpu"]); docs/plans/known_answer.md
@@ -10,18 +12,14 @@
 set -u
 WORK=/tmp/known_answer
 BUDGET_S=${BUDGET_S:-540}  # the benchmark itself; the install and the copies come on top
+WHEELS=${WHEELS:-.device_wheels_ka}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  outputs/h10_device/wheels/*.whl || exit 1
+  "$WHEELS"/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# The pipeline draws and cuts the films (OpenCV, PyAV, PySceneDetect) and the evaluation measures the
-# generated clips' motion with OpenCV: install them from the carried wheels only where missing.
-if ! python3 -c "import cv2, av, scenedetect, matplotlib" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    outputs/known_answer_device/wheels/*.whl 2>&1 | tail -2
+if ! python3 -c "import torch, diffusers, decord, webdataset, hydra, cv2, av, scenedetect, matplotlib; \
+print(torch.__version__, diffusers.__version__, cv2.__version__, av.__version__, torch.cuda.get_device_name(0))"; then
+  echo "missing packages: add their wheels to $WHEELS and run again"; exit 1
 fi
-python3 -c "import torch, diffusers, decord, webdataset, hydra, cv2, av, scenedetect, matplotlib; \
-print(torch.__version__, diffusers.__version__, cv2.__version__, av.__version__, torch.cuda.get_device_name(0))" \
-  2>&1 | tail -1 || exit 1
 export CUDA_VISIBLE_DEVICES=0
 # 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains.
 timeout "$BUDGET_S" python3 -m animegamer.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \
