@@ -18,6 +18,7 @@ from animegamer.checkpoints.export import TRAINED_FILE
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
+from animegamer.checkpoints.export import recorded_start
 from animegamer.mllm.collate import collate_sequences, make_example
 from animegamer.models.game_mllm import TokenizedMLLM, build_game_mllm, run_batch
 from animegamer.training.run_record import ALLOWED, flatten
@@ -41,7 +42,9 @@ def model_settings(model: ModelConfig) -> dict:
 
 
 def load_phase_b(model_cfg: ModelConfig, export: str | Path, device: str) -> TokenizedMLLM:
-    """The MLLM of a phase (b) export, frozen, in eval mode, on ``device``."""
+    """The MLLM of a phase (b) export, frozen, in eval mode, on ``device``, built with the seed the
+    export records: an export holds only the trained tensors, and a random-weight build's frozen LLM
+    comes from the seed, so another seed would predict with another network."""
     mllm = build_game_mllm(RunConfig(model=model_cfg), [export])
     mllm.model.eval().requires_grad_(False).to(device)
     return mllm
@@ -75,8 +78,10 @@ def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: d
     settings = cfg.adaptation
     root = Path(cfg.output)
     export_sha = sha256_file(Path(settings.export) / TRAINED_FILE)
+    # The export's seed too: shards predicted by a differently seeded frozen LLM are not reusable.
     lineage = step_fingerprint(root, "adaptation", {
-        "export_sha256": export_sha, "model": model_settings(model), "maxcount": cfg.writer.maxcount})
+        "export_sha256": export_sha, "export_seed": recorded_start(settings.export)[0],
+        "model": model_settings(model), "maxcount": cfg.writer.maxcount})
     reused = reused_summary(root, "adaptation", lineage[1])
     if reused is not None:
         return reused

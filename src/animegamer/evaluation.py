@@ -250,12 +250,9 @@ def shuffled_reconstruction(cfg: RunConfig, count: int, score) -> dict:
 def phase_b_start(export: str) -> tuple[int | None, list[str]]:
     """What phase (b) built its MLLM from before training, as ``export`` records it: the run's seed (None
     where unrecorded) and its ``init_from`` exports."""
-    from animegamer.checkpoints.export import EXPORT_FILE
-    from animegamer.config.disk_checks import read_json_object
+    from animegamer.checkpoints.export import recorded_start
 
-    saved = ((read_json_object(Path(export) / EXPORT_FILE) or {}).get("config")) or {}
-    init = (saved.get("phase") or {}).get("init_from") or ""
-    return saved.get("seed"), [init] if init else []
+    return recorded_start(export)
 
 
 def untrained_game_problems(cfg: RunConfig) -> list[str]:

@@ -174,8 +174,10 @@ def representation_prediction(pipeline_root: Path) -> dict[str, float]:
     """How well phase (b) predicts each clip's phase (a2) representation, from the shards the recipe
     already wrote: the adaptation shards' ``pred_rep`` (true history before it) against the
     representation shards' ``rep`` of the same clip. ``mse_ratio``: the mean squared error over that of
-    predicting every clip's rep as the mean rep (1.0: nothing learned; training sessions' clips, since
-    the adaptation shards are phase (c)'s training data)."""
+    predicting every clip's rep as the mean rep (1.0: nothing learned). The clips are the adaptation
+    shards', phase (c)'s training data: each clip in the session where it has the most history, and
+    that session may be a training one, a held-out one or one that mixes both (the first GPU run: 259 of
+    456 from training sessions), so this mixes fitted and unseen windows."""
     import numpy as np
 
     from animegamer.data.shards import iter_samples, shard_urls

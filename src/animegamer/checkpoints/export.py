@@ -86,3 +86,15 @@ def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...]
             params[name].copy_(value.to(params[name].dtype))
     log.info("loaded %d tensors from %s", len(tensors), folder)
     return sorted(tensors)
+
+
+def recorded_start(export: str | Path) -> tuple[int | None, list[str]]:
+    """What the run that wrote ``export`` built its network from before training: its seed (None where
+    unrecorded) and its ``phase.init_from`` exports. An export holds only the trained tensors; a
+    random-weight preset's frozen rest comes from that seed, so loading the export over a network built
+    with another seed gives another network."""
+    from animegamer.config.disk_checks import read_json_object
+
+    saved = ((read_json_object(Path(export) / EXPORT_FILE) or {}).get("config")) or {}
+    init = (saved.get("phase") or {}).get("init_from") or ""
+    return saved.get("seed"), [init] if init else []

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from animegamer.checkpoints.export import load_export
+from animegamer.checkpoints.export import load_export, recorded_start
 from animegamer.config.schema import RunConfig
 from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
@@ -60,9 +60,23 @@ def import_official_mllm(model: GameStateMLLM, path: str) -> None:
         raise ValueError(f"{path}: {report.summary()}")
 
 
+def seeded_as_trained(cfg: RunConfig, exports: Sequence[str | Path]) -> RunConfig:
+    """``cfg`` with the seed the newest export's run built its network with: the export holds only the
+    trained tensors, so the game, the evaluation and the adaptation step must rebuild the same frozen
+    rest (a random-weight preset's comes from the seed) whatever their own ``seed`` is."""
+    from dataclasses import replace
+
+    seed = recorded_start(exports[-1])[0] if exports else None
+    if seed is None or int(seed) == cfg.seed:
+        return cfg
+    log.info("building the MLLM with seed %s, the seed %s was trained with (not %s)", seed, exports[-1], cfg.seed)
+    return replace(cfg, seed=int(seed))
+
+
 def build_game_mllm(cfg: RunConfig, exports: Sequence[str | Path] = ()) -> TokenizedMLLM:
     """The game-state MLLM of ``cfg``: the tokenizer, the network sized to it, the official checkpoint
     when the config names one, then each phase (b) export in order, each over the last."""
+    cfg = seeded_as_trained(cfg, exports)
     tokenizer, ids = game_tokenizer(cfg)
     model = build_mllm(cfg, len(tokenizer))
     if cfg.model.mllm.official_checkpoint:
