@@ -19,15 +19,31 @@ for loop in $(seq 1 "$LOOPS"); do
         export STRESS_DIR=$ROOT/loop-$loop
         # Rounds are counted by the inner script; a large count with a deadline check in between
         # would need changing it, so run single rounds until the deadline instead.
+        trap 'kill $(jobs -p) 2>/dev/null; exit 143' TERM  # stopped: end the round in progress too
         while [ "$(date +%s)" -lt "$deadline" ]; do
-            scripts/stress_two_process.sh 1 "$@" > /dev/null 2>&1
+            scripts/stress_two_process.sh 1 "$@" > /dev/null 2>&1 &
+            wait $!
         done
     ) &
 done
+summarize() {
+    # Finished rounds only: a round cut off by a timeout has no line in its loop's summary.txt.
+    local lines rounds passed aborted
+    lines=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt 2>/dev/null | grep '^round ')
+    rounds=$(printf '%s\n' "$lines" | grep -c '^round ')
+    passed=$(printf '%s\n' "$lines" | grep -c 'exit 0,')
+    aborted=$(printf '%s\n' "$lines" | grep '^round ' | grep -vc 'abort lines 0')
+    echo "loops=$LOOPS rounds=$rounds passed=$passed rounds_with_abort=$aborted tests=$*" | tee "$ROOT/parallel-summary.txt"
+    printf '%s\n' "$lines" >> "$ROOT/parallel-summary.txt"
+    [ "$passed" = "$rounds" ]
+}
+# An outer `timeout` (a device call's limit) still gets the totals of the rounds that finished.
+on_stop() {
+    trap - TERM INT
+    kill $(jobs -p) 2>/dev/null  # the loops; each one's own EXIT trap stops its burner
+    summarize "$@"
+    exit 124
+}
+trap 'on_stop "$@"' TERM INT
 wait
-rounds=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep -c '^round ')
-passed=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep '^round ' | grep -c 'exit 0,')
-aborted=$(cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep '^round ' | grep -vc 'abort lines 0')
-echo "loops=$LOOPS rounds=$rounds passed=$passed rounds_with_abort=$aborted tests=$*" | tee "$ROOT/parallel-summary.txt"
-cat "$ROOT"/loop-*/stress_two_process/*/summary.txt | grep '^round ' >> "$ROOT/parallel-summary.txt"
-[ "$passed" = "$rounds" ]
+summarize "$@"
