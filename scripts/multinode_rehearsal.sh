@@ -7,12 +7,5 @@
 # .device_wheels; benchmarks/README.md lists them) are installed into /tmp/site first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import hydra, omegaconf, diffusers, webdataset, deepspeed" 2>/dev/null; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "${WHEELS:-.device_wheels}"/*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-# NVLink multicast stays off: on a shared host it can take every GPU out of service.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source scripts/device_env.sh
 exec "$PYTHON" scripts/multinode_rehearsal.py "$@"

@@ -1,0 +1,10 @@
+# Sourced by the GPU launch scripts: on a bare GPU machine, install the project's missing packages from
+# the wheels in $WHEELS (default .device_wheels; benchmarks/README.md lists them) into /tmp/site, and
+# keep NVLink multicast off (on a shared host it can take every GPU out of service). Sets $PYTHON.
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c "import hydra, omegaconf, diffusers, webdataset, deepspeed" 2>/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "${WHEELS:-.device_wheels}"/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
