@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from animegamer.checkpoints.export import recorded_start
 from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
@@ -247,20 +248,12 @@ def shuffled_reconstruction(cfg: RunConfig, count: int, score) -> dict:
     return {"label": label, "derangement": order, **mean_scores([score(i, j) for i, j in enumerate(order)])}
 
 
-def phase_b_start(export: str) -> tuple[int | None, list[str]]:
-    """What phase (b) built its MLLM from before training, as ``export`` records it: the run's seed (None
-    where unrecorded) and its ``init_from`` exports."""
-    from animegamer.checkpoints.export import recorded_start
-
-    return recorded_start(export)
-
-
 def untrained_game_problems(cfg: RunConfig) -> list[str]:
     """``evaluation.untrained_game`` needs the phase (b) start its MLLM export records to exist."""
     e = cfg.evaluation
     if not e.untrained_game or not e.mllm_export:
         return []
-    _, init = phase_b_start(e.mllm_export)
+    _, init = recorded_start(e.mllm_export)
     return [f"evaluation.untrained_game: {e.mllm_export}/export.json records phase.init_from={path!r}, "
             "not an export folder (the untrained game starts where phase (b) started)"
             for path in init if not (Path(path) / "trained.safetensors").is_file()]
@@ -274,7 +267,7 @@ def untrained_baseline(cfg: RunConfig, models, benchmark: dict, out: Path, score
 
     from animegamer.game import load_game_mllm
 
-    seed, init = phase_b_start(cfg.evaluation.mllm_export)
+    seed, init = recorded_start(cfg.evaluation.mllm_export)
     start = replace(models.cfg, seed=cfg.seed if seed is None else int(seed))
     untrained = replace(models, mllm=load_game_mllm(start, init, models.device, models.dtype),
                         sources={**models.sources, "mllm": init, "mllm_seed": start.seed})
