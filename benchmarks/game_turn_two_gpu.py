@@ -4,6 +4,7 @@ sizes with random weights (``benchmarks/game_turn.py``'s framework side: ``build
     python benchmarks/game_turn_two_gpu.py --tokenizer .device_wheels/animegamer_tokenizer --steps 20 \\
         --compile --deadline 200                                       # 2 GPUs, about 4 min with imports
     python benchmarks/game_turn_two_gpu.py --tiny --vae-reps 1         # CPU smoke test (the CPU twice), ~3 min
+    python benchmarks/game_turn_two_gpu.py --vae-only --compile        # one GPU: phases 3 and 5 only, ~1.5 min
 
 Phases, in this order, each stopped by ``--deadline`` (the JSON is rewritten after each):
 
@@ -43,12 +44,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _device import peaks, run_stamp  # noqa: E402
+from _device import building, peaks, run_stamp  # noqa: E402
 from game_turn import (HISTORY_TURNS, STAGES, TOKENIZER, SideTimeout, build_framework, compose, instruction,  # noqa: E402
                        new_game, summarise, time_limit)
 
@@ -256,6 +258,43 @@ def compile_decoders(models, replica, on: bool) -> None:
             transformer._compiled_call_impl = transformer._benchmark_compiled
 
 
+def build_vae(args, cfg) -> SimpleNamespace:
+    """Only the frozen VAE at ``cfg``'s sizes (``--vae-only``), as ``build_framework`` builds it."""
+    from animegamer.models.frozen_encoders import FrozenVAE
+
+    with building(args.device, args.dtype):
+        vae = FrozenVAE(cfg.model.encoders.vae, seed=cfg.model.encoders.seed, dtype=args.dtype)
+    return SimpleNamespace(vae=vae.to(device=args.device, dtype=args.dtype))
+
+
+def vae_compile(args, models, latents, results, left) -> None:
+    """``model.encoders.vae.compile``: the VAE's decoder compiled in place, timed as the options are."""
+    if left() <= 60:
+        return
+    record = results["vae"]["options"]
+    models.vae.model.decoder.compile(dynamic=False)
+    try:
+        with time_limit(int(left())), torch.no_grad():
+            t0 = time.perf_counter()
+            models.vae.decode(latents)  # the compilation
+            first = time.perf_counter() - t0
+            times, frames = [], None
+            for _ in range(args.vae_reps):
+                sync_all(args.devices[:1])
+                t0 = time.perf_counter()
+                frames = to_uint8(models.vae.decode(latents)[0])
+                times.append(time.perf_counter() - t0)
+            models.vae.model.decoder._compiled_call_impl = None
+            eager = to_uint8(models.vae.decode(latents)[0])
+            record["compile"] = {"median_s": round(statistics.median(times), 4), "first_s": round(first, 2),
+                                 "vs_framework": frame_diff(frames, eager)}
+    except (SideTimeout, Exception) as error:
+        record["compile"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+    print(f"vae compile: {record['compile']}", flush=True)
+
+
+
+
 def main() -> None:
     started = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,6 +308,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
     parser.add_argument("--reserve", type=int, default=60,
                         help="with --compile: seconds kept for the eager and VAE phases after the compiled one")
+    parser.add_argument("--vae-only", action="store_true",
+                        help="one GPU: only the VAE decode options (and with --compile the compiled VAE)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.attention, args.compile_mode, args.vae_cudnn_benchmark, args.mllm_compile = None, "default", False, False
@@ -278,10 +319,11 @@ def main() -> None:
         args.devices = (torch.device("cpu"), torch.device("cpu"))
         args.steps = args.steps or 2
     else:
-        if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-            sys.exit(f"needs two CUDA devices, {torch.cuda.device_count() if torch.cuda.is_available() else 0} visible")
+        needed = 1 if args.vae_only else 2
+        if not torch.cuda.is_available() or torch.cuda.device_count() < needed:
+            sys.exit(f"needs {needed} CUDA devices, {torch.cuda.device_count() if torch.cuda.is_available() else 0} visible")
         args.device, args.dtype = "cuda:0", torch.bfloat16
-        args.devices = (torch.device("cuda", 0), torch.device("cuda", 1))
+        args.devices = tuple(torch.device("cuda", i) for i in range(needed))
         torch.cuda.set_device(0)
     # per-phase guards: the VAE options take ~1 s each on an H200; a mode needs its warm-up and a turn
     args.vae_option_budget = 3 if args.tiny else 8
@@ -305,8 +347,8 @@ def main() -> None:
     args.save = save
     cfg = compose(args)
     t0 = time.perf_counter()
-    models = build_framework(args, cfg)
-    replica = replicate(models.renderer.decoder, args.devices[1])
+    models = build_vae(args, cfg) if args.vae_only else build_framework(args, cfg)
+    replica = None if args.vae_only else replicate(models.renderer.decoder, args.devices[1])
     sync_all(args.devices)
     results["build_s"] = round(time.perf_counter() - t0, 1)
     save()
@@ -315,6 +357,13 @@ def main() -> None:
     latents = torch.randn(1, *models.vae.latent_shape(clips.frames, clips.height, clips.width),
                           generator=torch.Generator().manual_seed(3))
     args.latents = {}
+    if args.vae_only:
+        with torch.no_grad():
+            vae_options(args, models, latents, results, left)
+        if compile_phase:
+            vae_compile(args, models, latents, results, left)
+        finish(results, started, save)
+        return
     # The headline first (two GPUs, compiled: both decoders compile at batch 1 in the warm-up turn), then
     # eager one vs two GPUs in one run, the VAE's options, and one GPU compiled (batch 2 compiles again).
     if compile_phase:
@@ -329,27 +378,11 @@ def main() -> None:
     if compile_phase:
         compile_decoders(models, replica, on=True)
         run_modes(args, cfg, models, replica, results, "compiled", ("one_gpu",), left)
-        if left() > 60:
-            record = results["vae"]["options"]
-            models.vae.model.decoder.compile(dynamic=False)
-            try:
-                with time_limit(int(left())), torch.no_grad():
-                    t0 = time.perf_counter()
-                    reference = to_uint8(models.vae.decode(latents)[0])
-                    first = time.perf_counter() - t0
-                    times, frames = [], None
-                    for _ in range(args.vae_reps):
-                        sync_all(args.devices[:1])
-                        t0 = time.perf_counter()
-                        frames = to_uint8(models.vae.decode(latents)[0])
-                        times.append(time.perf_counter() - t0)
-                    models.vae.model.decoder._compiled_call_impl = None
-                    eager = to_uint8(models.vae.decode(latents)[0])
-                    record["compile"] = {"median_s": round(statistics.median(times), 4), "first_s": round(first, 2),
-                                         "vs_framework": frame_diff(frames, eager)}
-            except (SideTimeout, Exception) as error:
-                record["compile"] = {"error": f"{type(error).__name__}: {error}"[:500]}
-            print(f"vae compile: {record['compile']}", flush=True)
+        vae_compile(args, models, latents, results, left)
+    finish(results, started, save)
+
+
+def finish(results: dict, started: float, save) -> None:
     results["wall_s"] = round(time.perf_counter() - started, 1)
     save()
     gc.collect()
