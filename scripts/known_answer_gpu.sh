@@ -6,7 +6,7 @@
 # importlib-metadata, av, scenedetect, platformdirs; `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 -d .device_wheels_ka NAME==VERSION`, 55 MB). Writes to $OUT (at most 8 files): known_answer.json,
 # known_answer.md, curves.png, gallery.png, the VAE's training.json, the evaluation's metrics.json and
-# report.md, and the log. Stage lengths: configs/experiment/known_answer_gpu_{a,b,c}.yaml (phase.max_steps)
+# report.md, and the log. Stage lengths: configs/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps)
 # and the VAE's max_seconds (animegamer/known_answer.py, SIZES["gpu"]); docs/plans/known_answer.md
 # has the expected time of each.
 set -u
@@ -21,12 +21,15 @@ print(torch.__version__, diffusers.__version__, cv2.__version__, av.__version__,
   echo "missing packages: add their wheels to $WHEELS and run again"; exit 1
 fi
 export CUDA_VISIBLE_DEVICES=0
-# 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains.
+# 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains. The decoder
+# base stage (~2 min) takes the time of the no_warmup ablation (~60 s): this call scores no_motion_scope,
+# the ablation with a target (ablations run last).
+ABLATIONS=${ABLATIONS-no_motion_scope}  # ABLATIONS= for none
 timeout "$BUDGET_S" python3 -m animegamer.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \
-  > /tmp/known_answer.log 2>&1
+  --ablations $ABLATIONS > /tmp/known_answer.log 2>&1
 echo "benchmark rc=$? (124: stopped at BUDGET_S=$BUDGET_S; known_answer.json holds the parts finished)"
 tail -c 15000000 /tmp/known_answer.log > "$OUT/known_answer.log"  # the size limit of a returned file
-grep -E "held-out PSNR|done at step|evaluation:|known-answer|Error|error" /tmp/known_answer.log | cut -c1-300 | tail -25
+grep -E "held-out PSNR|done at step|decoder base|evaluation:|known-answer|Error|error" /tmp/known_answer.log | cut -c1-300 | tail -25
 for f in known_answer.json known_answer.md curves.png gallery.png; do
   cp "$WORK/$f" "$OUT/" 2>/dev/null
 done

@@ -1,6 +1,6 @@
 """The CPU learning test: the known-answer benchmark at CI size (``python -m animegamer.known_answer OUT
---size ci``: two toy films, the tiny preset, every stage of the recipe: pipeline, phases a1, a2, b, c
-and the evaluation on held-out shots) must learn above its baselines.
+--size ci``: two toy films, the tiny preset, every stage of the recipe: pipeline, the decoder base, phases
+a1, a2, b, c and the evaluation on held-out shots) must learn above its baselines.
 
 Every unit test can pass while the model learns nothing (a target shifted by one, a loss weighted to
 zero, a state head that never trains); this one fails then. It asserts, on the held-out shots and on

@@ -4,8 +4,9 @@
 
 Toy films whose states and motion levels are known (:mod:`data_pipeline.known_answer`) go through the
 whole recipe (:func:`animegamer.recipe.run_recipe`: pipeline clips -> the frozen VAE trained on them ->
-precompute and sessions -> phase (a1, a2) -> representations -> phase (b) -> adaptation -> phase (c) ->
-evaluation on held-out shots), then the baselines are scored in the same evaluation code:
+precompute and sessions -> the decoder base pre-trained on them -> phase (a1, a2) ->
+representations -> phase (b) -> adaptation -> phase (c) -> evaluation on held-out shots), then the
+baselines are scored in the same evaluation code:
 
 * the untrained game, majority-class and copy-the-last-turn states (``evaluation.baselines``);
 * the phase (a2) renderer decoding a clip from another clip's representation (does the decoder use its
@@ -16,7 +17,7 @@ evaluation on held-out shots), then the baselines are scored in the same evaluat
 
 ``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
 row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
-``OUT/curves.png`` the four stages' training losses; ``OUT/gallery.png`` generated clips under their
+``OUT/curves.png`` the training stages' losses; ``OUT/gallery.png`` generated clips under their
 ground truth. The films, pipeline output and VAE are shared by every seed; each seed trains into
 ``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages).
 """
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from animegamer.metrics.report import METRICS_FILE
-from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage
+from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
+from animegamer.recipe import Recipe, evaluation_config, run_recipe, step_losses, train_stage
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ TABLE_FILE = "known_answer.md"
 CURVES_FILE = "curves.png"
 GALLERY_FILE = "gallery.png"
 VAE_DIR = "vae"
-STAGES = ("a_warmup", "a_joint", "b", "c")  # the run folders whose loss histories are plotted
+STAGES = (A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C)  # the run folders whose loss histories are plotted
 TRAINED = "trained game"
 A2_RENDERER = "game rendered by the a2 decoder"
 RECONSTRUCTION = "a2 reconstruction (own representation)"
@@ -73,10 +75,12 @@ ABLATIONS = {
 @dataclass(frozen=True)
 class BenchmarkSize:
     """One size of the benchmark: the data set (``data_pipeline.known_answer.SIZES``), the stage
-    experiments ``known_answer_<name>_{a,b,c,eval}`` and the VAE stage's settings."""
+    experiments ``known_answer_<name>_{base,a,b,c,eval}``, the VAE stage's settings and whether the
+    decoder base is pre-trained."""
 
     name: str
     vae: ToyVAETraining | None  # None: the preset's random frozen VAE
+    base: bool = False  # pre-train the decoder base (experiment known_answer_<name>_base); False: the preset's
     ablations: tuple[str, ...] = tuple(ABLATIONS)
     overrides: tuple[str, ...] = ()  # for every stage
 
@@ -85,10 +89,14 @@ SIZES = {
     # 2 CPU cores: the tiny presets' random frozen VAE. Training one does not fit: a step of 2 crops of
     # 9x16x32 took over 3 s on the loaded CI machine (docs/plans/known_answer.md), so CI asserts what
     # needs no pixels back (states, and the conditioning the decoder reads, in latent-derived scores).
-    "ci": BenchmarkSize("ci", None),
+    # Its 40-step decoder base (~10 s) checks that every stage runs over a pre-trained base.
+    "ci": BenchmarkSize("ci", None, base=True),
     # One H200: the preset's VAE for 100 s (150 s gave 26.4 dB held out: docs/plans/known_answer.md).
+    # The decoder base too: phases (a) and (c) train adapters over a frozen base, and the first GPU run's
+    # random base made noise (docs/plans/known_answer.md).
     "gpu": BenchmarkSize("gpu", ToyVAETraining(steps=20000, batch_size=8, lr=1e-3, warmup_steps=200, eval_every=500,
-                                               eval_clips=64, eval_batch_size=16, device="cuda", max_seconds=100.0)),
+                                               eval_clips=64, eval_batch_size=16, device="cuda", max_seconds=100.0),
+                         base=True),
 }
 
 
@@ -144,7 +152,13 @@ def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) ->
         phase_c=stage_overrides(layout, size, "c"),
         evaluation=[f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", "evaluation.untrained_game=true"],
         extra=[*data_overrides(layout), *size.overrides, *extra], vae=size.vae,
-        vae_out=str(layout.vae) if size.vae else "")
+        vae_out=str(layout.vae) if size.vae else "",
+        decoder_base=stage_overrides(layout, size, "base") if size.base else None)
+
+
+def base_overrides(summary: dict) -> list[str]:
+    """The recipe's decoder base for the stages run beside it (the recipe passes it to its own)."""
+    return [f"model.decoder.path='{summary['decoder base']}'"] if summary["decoder base"] else []
 
 
 def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str, renderer: str,
@@ -261,16 +275,7 @@ def loss_histories(runs: Path) -> dict[str, list[tuple[int, float]]]:
     """Each stage's per-step training loss (micro-batches of a step averaged), from its run folder."""
     from animegamer.training.faults import LOSS_HISTORY
 
-    histories = {}
-    for stage in STAGES:
-        path = runs / stage / LOSS_HISTORY
-        if not path.exists():
-            continue
-        by_step: dict[int, list[float]] = {}
-        for step, _, loss in json.loads(path.read_text()):
-            by_step.setdefault(int(step), []).append(float(loss))
-        histories[stage] = sorted((s, sum(v) / len(v)) for s, v in by_step.items())
-    return histories
+    return {stage: step_losses(runs / stage) for stage in STAGES if (runs / stage / LOSS_HISTORY).exists()}
 
 
 def plot_curves(histories: dict[str, list[tuple[int, float]]], path: Path) -> bool:
@@ -359,6 +364,7 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers))  # the pipeline's workers
     lap("films")
     summary = run_recipe(recipe_of(layout, bench, extra))
+    trained = [*extra, *base_overrides(summary)]  # the renderers and ablations below over the same base
     # Read now: the next seed's recipe writes its own representations and adaptation shards here.
     representation = representation_prediction(layout.pipeline)
     lap("recipe")
@@ -371,6 +377,8 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
         "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
         "rows": rows_of(TRAINED, main), "representation_prediction": representation,
         "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
+        "decoder_base": {"folder": summary["decoder base"], "train_loss": summary["decoder base train/loss"],
+                         "seconds": summary["decoder base seconds"]},
         "data": {k: data[k] for k in ("films", "clips", "split", "sessions", "rules")},
         "motion_agreement": data["motion"]["agreement"],
         "files": {"curves": str(layout.out / CURVES_FILE) if plot_curves(loss_histories(layout.runs),
@@ -383,14 +391,14 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     write_result(layout.out, result, started)
     if a2_renderer:
         a2 = evaluate_renderer(layout, bench, "a2_renderer", summary["phase b export"], summary["phase a2 export"],
-                               extra=extra)
+                               extra=trained)
         result["rows"] += rows_of(A2_RENDERER, a2["metrics"])[:1]  # its state baselines are the trained game's
         lap("a2 renderer evaluation")
         write_result(layout.out, result, started)
     for name in names:
-        export = train_ablation(layout, bench, name, extra)
+        export = train_ablation(layout, bench, name, trained)
         scored = evaluate_renderer(layout, bench, f"ablation_{name}", summary["phase b export"], export,
-                                   ABLATIONS[name].overrides, reconstruction=export, extra=extra)
+                                   ABLATIONS[name].overrides, reconstruction=export, extra=trained)
         # The same state baselines again: left out.
         result["rows"] += [r for r in rows_of(f"ablation {name}", scored["metrics"]) if "baseline" not in r]
         lap(f"ablation {name}")

@@ -12,10 +12,17 @@ With ``Recipe.vae`` set, the pipeline stops after its clip steps, the preset's f
 the training clips (:func:`animegamer.toy_vae.ensure_trained`, reused when already trained from the same
 clips and settings) into ``Recipe.vae_out``, and every later stage, precompute included, loads it
 (``model.encoders.vae.path``): random frozen VAEs give no pixels back, so pixel metrics need it.
+
+With ``Recipe.decoder_base`` set, after the pipeline (the stage trains on phase (a)'s samples) the whole
+plain decoder is pre-trained (phase ``a_base``, :data:`BASE_OVERRIDES`), the stand-in of CogVideoX's
+pre-training for presets without its weights, and every later stage loads its export's transformer
+folder as ``model.decoder.path``: phases (a) and (c) train adapters over a frozen base, and a random one
+gives noise. Phase (a1) still starts from a fresh encoder; the base stage's is discarded.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,9 +47,15 @@ class Recipe:
     extra: list[str] = field(default_factory=list)  # overrides for every stage
     vae: ToyVAETraining | None = None  # train the frozen VAE after the clips (None: the config's VAE)
     vae_out: str = ""  # its folder (diffusers format); with vae set, required
+    # Overrides of train.py for the decoder base stage (phase a_base); None: the config's decoder.
+    decoder_base: list[str] | None = None
 
 
 STORY_TURNS = 5
+# What the base stage adds to its overrides: the base is a plain video diffusion transformer.
+BASE_OVERRIDES = ("phase=a_base", "model.decoder.motion_scope=false")
+# Steps averaged for the base stage's final training loss (one step's is noisy: each draws its own timesteps).
+FINAL_LOSS_STEPS = 20
 # What the summary says for a validation metric when the held-out split had nothing for the phase.
 NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
 
@@ -115,6 +128,36 @@ def train_vae_stage(recipe: Recipe) -> dict:
                           {"model": str(cfg.model.name)})
 
 
+def step_losses(run_folder: str | Path) -> list[tuple[int, float]]:
+    """A run's per-step training loss (its micro-batches averaged), from its loss history."""
+    import json
+
+    from animegamer.training.faults import LOSS_HISTORY
+
+    by_step: dict[int, list[float]] = {}
+    for step, _, loss in json.loads((Path(run_folder) / LOSS_HISTORY).read_text()):
+        by_step.setdefault(int(step), []).append(float(loss))
+    return sorted((step, sum(v) / len(v)) for step, v in by_step.items())
+
+
+def train_base_stage(overrides: list[str], extra: list[str]) -> dict:
+    """The decoder base (phase a_base), trained or, when its run finished already, reused; returns its
+    run (``export``) and the diffusers folder later stages load (``folder``), its final training loss
+    and the seconds it took here."""
+    from animegamer.models.decoder import BASE_FOLDER
+
+    stage = [*overrides, *extra, *BASE_OVERRIDES]
+    path = compose_config("train", stage).model.decoder.path
+    if path:
+        raise ValueError(f"Recipe.decoder_base is set but model.decoder.path is too ({path!r}): the base stage "
+                         f"pre-trains a random build of the preset's sizes; leave the path empty")
+    started = time.perf_counter()
+    run = train_stage(stage)
+    losses = [loss for _, loss in step_losses(Path(run["export"]).parent)[-FINAL_LOSS_STEPS:]]
+    return {"export": run["export"], "folder": str((Path(run["export"]) / BASE_FOLDER).resolve()),
+            "train_loss": sum(losses) / len(losses), "seconds": time.perf_counter() - started}
+
+
 def run_recipe(recipe: Recipe) -> dict:
     from animegamer.preflight import check_recipe
 
@@ -122,7 +165,7 @@ def run_recipe(recipe: Recipe) -> dict:
     if recipe.vae is not None:
         vae_record = train_vae_stage(recipe)
         recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
-    extra = recipe.extra
+    extra = list(recipe.extra)  # read at each call below: the base stage appends the decoder's path
     pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *extra])
     train = lambda stage, *o: train_stage([*stage, *o, *extra])
     start_a = recipe.start_a
@@ -133,6 +176,10 @@ def run_recipe(recipe: Recipe) -> dict:
     check_recipe(compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra]),
                  compose_config("train", [*recipe.phase_b, *extra]),
                  evaluation_config([*recipe.evaluation, *extra]) if recipe.evaluation else None)
+    base = None
+    if recipe.decoder_base is not None:
+        base = train_base_stage(recipe.decoder_base, extra)
+        extra.append(f"model.decoder.path={base['folder']}")
     if not start_a:
         start_a = train(recipe.phase_a, "phase=a_warmup")["export"]
     joint = train(recipe.phase_a, "phase=a_joint", f"phase.init_from={start_a}")
@@ -155,6 +202,9 @@ def run_recipe(recipe: Recipe) -> dict:
     summary = {
         "vae": recipe.vae_out or None,
         "vae held-out PSNR": vae_record["held_out_psnr"] if vae_record else None,
+        "decoder base": base["folder"] if base else None,
+        "decoder base train/loss": base["train_loss"] if base else None,
+        "decoder base seconds": base["seconds"] if base else None,
         "clip shards": clips["output"],
         "report": str(Path(clips["output"]).parent / "report.json"),
         "features": clips.get("features", {}).get("output"),

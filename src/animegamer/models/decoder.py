@@ -17,9 +17,12 @@ Built on diffusers' ``CogVideoXTransformer3DModel`` without forking its forward:
   ``norm_out`` with the block eps (1e-5); it is set to 1e-6 to reproduce the official network.
 - **LoRA** through peft on the attention projections, added after construction (``add_lora``)
   because phase a1 trains without it and a2 adds it.
+- **A pre-trained base** for presets without downloaded weights: the plain transformer, trained whole
+  (phase ``a_base``), is written as a diffusers folder (``save_base``) that ``model.decoder.path`` loads.
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
@@ -47,8 +50,12 @@ PAPER_REP_TOKENS = PAPER_TEXT_TOKENS + PAPER_IMAGE_TOKENS  # 226
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 DEFAULT_COMPILE_MODE = COMPILE_MODES[0]
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-_TRANSFORMER_SUBFOLDERS = ("", "transformer")
+# The folder a trained base is written to (:meth:`MotionScopeDecoder.save_base`): diffusers' pipeline layout.
+BASE_FOLDER = "transformer"
+_TRANSFORMER_SUBFOLDERS = ("", BASE_FOLDER)
 _DIFFUSERS_CONFIG = "config.json"
+_TEXT_PROJ = "patch_embed.text_proj."  # the projection diffusers builds and this module bypasses
+_TRANSFORMER_PREFIX = "transformer."
 # Settings a checkpoint folder must share with the config: the sizes the rest of the code relies
 # on, and the CogVideoX-2B choices (sin-cos positions, no temporal patching) this module assumes.
 _ARCHITECTURE_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
@@ -58,7 +65,7 @@ _ARCHITECTURE_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim",
 _ADALN_SUFFIXES = (".norm1.linear.weight", ".norm1.linear.bias", ".norm2.linear.weight", ".norm2.linear.bias")
 _FINAL_ADALN_PREFIX = "transformer.norm_out.linear."
 _OFS_KEY_PREFIX = "ofs_embedding."
-_MOTION_SCOPE_PREFIX = "transformer." + _OFS_KEY_PREFIX
+_MOTION_SCOPE_PREFIX = _TRANSFORMER_PREFIX + _OFS_KEY_PREFIX
 
 
 def check_decoder_compile(dec: DecoderConfig, training: bool) -> list[str]:
@@ -286,11 +293,49 @@ class MotionScopeDecoder(nn.Module):
         names, read instead of the (sharded) parameters; it must hold every LoRA matrix."""
         if not self.has_lora:
             raise RuntimeError("the decoder has no LoRA adapter to save")
-        return lora.save_adapter(self.transformer, folder, self.lora_parameters(), state, "transformer.")
+        return lora.save_adapter(self.transformer, folder, self.lora_parameters(), state, _TRANSFORMER_PREFIX)
 
     def load_adapter(self, folder: str | Path) -> None:
         """Load a peft adapter folder, adding the adapter (with the folder's r/alpha) when absent."""
         lora.load_adapter(self, folder, "decoder")
+
+    # ----------------------------------------------------------------------- a pre-trained base
+    def save_base(self, folder: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """Write the transformer as a diffusers folder that ``model.decoder.path`` loads
+        (:func:`build_transformer`): ``config.json`` and its safetensors weights.
+
+        Only a plain video diffusion transformer is a base (no motion-scope embedder, no LoRA): the
+        embedder is added zero-initialised over it, as over CogVideoX's weights. diffusers builds the
+        text projection from the config and would warn about its missing weights and leave it random,
+        so an identity ``Linear(hidden, hidden)`` (the same map as the ``nn.Identity`` it stands for)
+        is written in its place; loading replaces it by ``nn.Identity`` again.
+
+        ``state``: whole tensors gathered elsewhere (FSDP saves) under this module's parameter names,
+        read instead of the (sharded) parameters; it must hold every tensor of the transformer."""
+        from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
+        from safetensors.torch import save_file
+
+        if self.cfg.motion_scope or self.has_lora:
+            raise RuntimeError("only a plain transformer is saved as a base: build it with "
+                               "model.decoder.motion_scope=false and without LoRA")
+        own = self.transformer.state_dict()
+        tensors = own if state is None else {name.removeprefix(_TRANSFORMER_PREFIX): value
+                                             for name, value in state.items() if name.startswith(_TRANSFORMER_PREFIX)}
+        missing = sorted(set(own) - set(tensors))
+        if missing:
+            raise ValueError(f"the decoder state lacks {len(missing)} transformer tensors, e.g. {missing[:5]}")
+        tensors = {name: tensors[name].detach().to("cpu").contiguous() for name in own}
+        dtype = next(iter(tensors.values())).dtype
+        tensors[_TEXT_PROJ + "weight"] = torch.eye(self.hidden, dtype=dtype)
+        tensors[_TEXT_PROJ + "bias"] = torch.zeros(self.hidden, dtype=dtype)
+        config = json.loads(self.transformer.to_json_string())
+        config["text_embed_dim"] = self.hidden  # the identity projection's input width
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(folder / SAFETENSORS_WEIGHTS_NAME), metadata={"format": "pt"})
+        (folder / _DIFFUSERS_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        logger.info("decoder base -> %s (%d tensors)", folder, len(tensors))
+        return folder
 
     # ----------------------------------------------------------------------- parameter groups
     def motion_scope_parameters(self) -> List[str]:
@@ -308,6 +353,13 @@ class MotionScopeDecoder(nn.Module):
         if include_final:
             names += [n for n, _ in self.named_parameters() if n.startswith(_FINAL_ADALN_PREFIX)]
         return names
+
+    def base_parameters(self) -> List[str]:
+        """Names of every parameter of the transformer: what pre-training a base trains (before any
+        LoRA is added; with an adapter the base weights are its frozen ``base_layer``)."""
+        if self.has_lora:
+            raise RuntimeError("the decoder has a LoRA adapter: its base weights are frozen under it")
+        return [n for n, _ in self.named_parameters()]
 
     def lora_parameters(self) -> List[str]:
         """Names of the LoRA matrices (empty before ``add_lora``)."""

@@ -1,8 +1,10 @@
 """Phase (a): the action-aware encoder and the motion-scope decoder learn to reconstruct clips.
 
 Stage ``a_warmup`` trains the encoder and the motion-scope embedder only; ``a_joint`` adds decoder
-LoRA and every block's AdaLN modulation linear. The decoder sees (noisy latents, timestep,
-representation, flow) and predicts the velocity; the loss is CogVideoX's.
+LoRA and every block's AdaLN modulation linear. Stage ``a_base``, for presets without pretrained
+weights, comes first: it trains the whole plain decoder (and an encoder) and exports the decoder as the
+base. The decoder sees (noisy latents, timestep, representation, flow) and predicts the velocity; the
+loss is CogVideoX's.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import torch
 
 from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.diffusion.schedule import alphas_cumprod
+from animegamer.models.decoder import BASE_FOLDER
 from animegamer.models.reconstruction import ClipBatch, ReconstructionModel, build_reconstruction
-from animegamer.phases.specs import ADALN, ENCODER, LORA, MOTION_SCOPE, spec_for, spec_named
+from animegamer.phases.specs import ADALN, DECODER, ENCODER, LORA, MOTION_SCOPE, spec_for, spec_named
 from animegamer.phases.denoising import VAL_TIMESTEPS, AlphasCumprod, denoising_loss, validation_draw
 from animegamer.phases.common import (compute_dtype, clip_gradients, init_exports, keep_trained, make_optimizer,
                                       micro_step, set_trainable, trainable_names)
@@ -30,7 +33,8 @@ def trained_parameters(model: ReconstructionModel, groups: tuple[str, ...]) -> l
     by_group = {ENCODER: lambda: [f"encoder.{n}" for n, _ in model.encoder.named_parameters()],
                 MOTION_SCOPE: lambda: [f"decoder.{n}" for n in decoder.motion_scope_parameters()],
                 ADALN: lambda: [f"decoder.{n}" for n in decoder.adaln_parameters()],
-                LORA: lambda: [f"decoder.{n}" for n in decoder.lora_parameters()]}
+                LORA: lambda: [f"decoder.{n}" for n in decoder.lora_parameters()],
+                DECODER: lambda: [f"decoder.{n}" for n in decoder.base_parameters()]}
     unknown = [group for group in groups if group not in by_group]
     if unknown:
         raise ValueError(f"the reconstruction model has no parameter groups {unknown}; it has {tuple(by_group)}")
@@ -183,7 +187,9 @@ def decoder_flops(cfg: RunConfig, rep_tokens: int, batch: dict) -> float:
 
 
 def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, state: dict | None = None) -> Path:
-    """Export what phase (a) trained: tensors + json (always) and the LoRA as a peft adapter folder.
+    """Export what phase (a) trained: tensors + json (always), the LoRA as a peft adapter folder, and
+    a stage that trains the whole decoder (``a_base``) its transformer as a diffusers folder
+    (``BASE_FOLDER``), the base later stages load as ``model.decoder.path``.
 
     ``state``: the tensors to export, gathered by an FSDP save (names relative to ``module.model``);
     None reads the module. ``module.export_extra`` adds frozen parameters by prefix (phase (c))."""
@@ -191,7 +197,10 @@ def export_phase_a(module: PhaseA, folder: str | Path, meta: dict, state: dict |
 
     extra = tuple(getattr(module, "export_extra", ()))
     folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, extra, state)
-    if module.model.decoder.has_lora:
-        decoder_state = None if state is None else submodule_state(state, "decoder.")
-        module.model.decoder.save_adapter(Path(folder) / "lora", decoder_state)
+    decoder = module.model.decoder
+    decoder_state = None if state is None else submodule_state(state, "decoder.")
+    if decoder.has_lora:
+        decoder.save_adapter(Path(folder) / "lora", decoder_state)
+    if DECODER in spec_for(module.cfg).trains:
+        decoder.save_base(Path(folder) / BASE_FOLDER, decoder_state)
     return Path(folder)

@@ -17,11 +17,12 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
 from animegamer.config.validate import choice
 
-A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_warmup", "a_joint", "b", "c"
+A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_base", "a_warmup", "a_joint", "b", "c"
 
 # Parameter groups of the reconstruction model (encoder + decoder) that a phase trains, resolved to
-# parameter names by phases/phase_a.py; a phase that trains the decoder's LoRA also adds it.
-ENCODER, MOTION_SCOPE, ADALN, LORA = "encoder", "motion_scope", "adaln", "lora"
+# parameter names by phases/phase_a.py; a phase that trains the decoder's LoRA also adds it. DECODER is
+# every parameter of the decoder's transformer (pre-training a base, no LoRA).
+ENCODER, MOTION_SCOPE, ADALN, LORA, DECODER = "encoder", "motion_scope", "adaln", "lora", "decoder"
 # The game-state MLLM's own trainable set (LoRA, and per model.mllm its norms and embeddings, the projections).
 MLLM = "mllm"
 
@@ -196,6 +197,14 @@ def check_reconstruction_phase(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def check_base_phase(cfg: RunConfig) -> list[str]:
+    if not cfg.model.decoder.motion_scope:
+        return []
+    return [f"phase.name={A_BASE!r} pre-trains a plain video diffusion transformer (the stand-in of CogVideoX's "
+            f"pre-training): set model.decoder.motion_scope=false; phase {A_WARMUP} adds the motion-scope embedder "
+            f"over it, zero-initialised"]
+
+
 def check_game_state_phase(cfg: RunConfig) -> list[str]:
     from animegamer.checks import check_tokenizer  # it imports this module
     from animegamer.mllm.collate import check_window_weights
@@ -223,6 +232,11 @@ _RECONSTRUCTION = dict(config=PhaseAConfig, samples=None, sample_shapes=_feature
                        wrap_blocks=_decoder_blocks, checks=(check_reconstruction_phase,))
 
 PHASES: dict[str, PhaseSpec] = {spec.name: spec for spec in (
+    # The whole decoder and the encoder on phase (a)'s samples, the stand-in of CogVideoX's text-to-video
+    # pre-training (the encoder plays the text encoder and is discarded); the export also holds the
+    # transformer as a diffusers folder that later stages load as model.decoder.path.
+    PhaseSpec(A_BASE, trains=(ENCODER, DECODER), exports=RECONSTRUCTION_EXPORT,
+              **{**_RECONSTRUCTION, "checks": (check_reconstruction_phase, check_base_phase)}),
     # Encoder branches and the motion-scope embedder; the decoder stays as loaded (LoRA merged).
     PhaseSpec(A_WARMUP, trains=(ENCODER, MOTION_SCOPE), exports=RECONSTRUCTION_EXPORT, **_RECONSTRUCTION),
     # + the decoder's LoRA and every block's AdaLN modulation linear.
