@@ -168,7 +168,9 @@ class MLLMConfig:
     """The game-state MLLM: Mistral-7B + LoRA + projections (see docs/architecture.md, 'Networks')."""
 
     path: str = ""  # local Mistral-7B-Instruct-v0.1 folder; '' = random weights at the sizes below
-    tokenizer: str = ""  # local tokenizer folder; '' = the LLM folder, or a byte tokenizer for random builds
+    # local tokenizer folder; '' = the LLM folder, or a byte tokenizer for random builds; 'words' = a
+    # word-level tokenizer of the training instructions, for random builds (animegamer/mllm/words.py)
+    tokenizer: str = ""
     official_checkpoint: str = ""  # the official release's MLLM pytorch_model.bin, loaded over the LLM
     vocab_size: int = 32000  # base vocabulary before the AnimeGamer tokens (random builds)
     hidden_size: int = 4096
@@ -187,6 +189,9 @@ class MLLMConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     train_norms: bool = True  # RMSNorms trainable (peft modules_to_save in the official release)
     train_embeddings: bool = True  # input and output embedding matrices trainable
+    # Every LLM weight trainable, beside LoRA: for random-weight presets, whose frozen base is no
+    # pretrained model to adapt (docs/plans/known_answer.md); the paper freezes pretrained Mistral.
+    train_base: bool = False
     lm_weight: float = 1.0
     rec_weight: float = 1.0  # MSE on the representation
     cos_weight: float = 0.0  # Table 3 ablation: cosine term on the representation

@@ -15,11 +15,13 @@ from animegamer.checkpoints.export import load_export, recorded_start
 from animegamer.config.schema import RunConfig
 from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
+from animegamer.mllm.words import WORDS, training_instructions, word_tokenizer
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
 
 log = logging.getLogger(__name__)
 
+TOKENIZER_DIR = "tokenizer"  # a phase (b) export's copy of the tokenizer it trained with
 # The collated batch's entries the network reads (:mod:`animegamer.mllm.collate`); the rest (lengths,
 # keys) is bookkeeping.
 MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
@@ -35,10 +37,23 @@ class TokenizedMLLM:
     ids: TokenIds
 
 
-def game_tokenizer(cfg: RunConfig):
-    """The configured tokenizer with every AnimeGamer token present, and its ids by name."""
+def _tokenizer(cfg: RunConfig, exports: Sequence[str | Path]):
+    """The configured tokenizer; ``words``: the newest export's own copy, else built from the training
+    split's instructions (:mod:`animegamer.mllm.words`)."""
     mllm = cfg.model.mllm
-    tokenizer = load_tokenizer(mllm.tokenizer or mllm.path or None)
+    if mllm.tokenizer != WORDS:
+        return load_tokenizer(mllm.tokenizer or mllm.path or None)
+    saved = Path(exports[-1]) / TOKENIZER_DIR if exports else None
+    if saved is not None and saved.is_dir():
+        return load_tokenizer(str(saved))
+    from animegamer.data.split import held_out
+
+    return word_tokenizer(training_instructions(cfg.data.root, cfg.data.clips, held_out(cfg)))
+
+
+def game_tokenizer(cfg: RunConfig, exports: Sequence[str | Path] = ()):
+    """The configured tokenizer with every AnimeGamer token present, and its ids by name."""
+    tokenizer = _tokenizer(cfg, exports)
     added = add_animegamer_tokens(tokenizer)
     if added:
         log.info("added %d AnimeGamer tokens to the tokenizer", len(added))
@@ -77,7 +92,7 @@ def build_game_mllm(cfg: RunConfig, exports: Sequence[str | Path] = ()) -> Token
     """The game-state MLLM of ``cfg``: the tokenizer, the network sized to it, the official checkpoint
     when the config names one, then each phase (b) export in order, each over the last."""
     cfg = seeded_as_trained(cfg, exports)
-    tokenizer, ids = game_tokenizer(cfg)
+    tokenizer, ids = game_tokenizer(cfg, exports)
     model = build_mllm(cfg, len(tokenizer))
     if cfg.model.mllm.official_checkpoint:
         import_official_mllm(model, cfg.model.mllm.official_checkpoint)

@@ -68,6 +68,7 @@ from animegamer.mllm.collate import gather_queries, scatter_history
 from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import NUM_FRAME_TOKENS, resize_embeddings
+from animegamer.mllm.words import WORDS
 from animegamer.models import lora
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
 from animegamer.models.encoder import representation_tokens
@@ -331,9 +332,11 @@ class GameStateMLLM(nn.Module):
         """The phase-b trainable set from the config.
 
         LoRA and both projections always; the RMSNorms with ``train_norms``; the input and output
-        embedding matrices with ``train_embeddings``.
+        embedding matrices with ``train_embeddings``; every LLM weight with ``train_base``.
         """
         names = self.lora_parameters() + self.projection_parameters()
+        if self.cfg.train_base:
+            names += [n for n, _ in self.named_parameters() if n.startswith("llm.")]
         if self.cfg.train_norms:
             names += self.norm_parameters()
         if self.cfg.train_embeddings:
@@ -591,7 +594,7 @@ class GameStateMLLM(nn.Module):
         save_file(modules, str(folder / MODULES_FILE))
         meta = dict(rep_width=self.rep_width, num_query_tokens=self.num_query_tokens, vocab_size=self.vocab_size,
                     hidden_size=self.hidden, lora=self.has_lora, train_norms=self.cfg.train_norms,
-                    train_embeddings=self.cfg.train_embeddings)
+                    train_embeddings=self.cfg.train_embeddings, train_base=self.cfg.train_base)
         (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         return folder
 
@@ -630,7 +633,9 @@ def check_mllm(model: ModelConfig) -> list[str]:
     """``model.mllm`` before anything is built: against the encoder (query count), its head sizes,
     its attention kernel, and its weight, tokenizer and official-checkpoint paths."""
     m = model.mllm
-    problems = local_folder("model.mllm.path", m.path) + local_folder("model.mllm.tokenizer", m.tokenizer)
+    problems = local_folder("model.mllm.path", m.path)
+    if m.tokenizer != WORDS:
+        problems += local_folder("model.mllm.tokenizer", m.tokenizer)
     queries = representation_tokens(model.encoder)
     if queries > NUM_FRAME_TOKENS:
         problems.append(f"the encoder gives {queries} representation tokens but the layout has only "

@@ -15,7 +15,7 @@ from animegamer.checkpoints.export import save_export
 from animegamer.config.schema import RunConfig
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds
-from animegamer.models.game_mllm import build_game_mllm, run_batch
+from animegamer.models.game_mllm import TOKENIZER_DIR, build_game_mllm, run_batch
 from animegamer.phases.common import clip_gradients, init_exports, keep_trained, make_optimizer, micro_step
 from animegamer.phases.specs import PHASE_B
 from animegamer.utils.randomness import step_seed
@@ -96,5 +96,5 @@ def export_phase_b(module: PhaseB, folder: str | Path, meta: dict, state: dict |
     None reads the module."""
     folder = save_export(folder, module.model, {"phase": PHASE_B, **meta}, state=state)
     module.model.save_adapter(Path(folder) / "adapter", state)
-    module.tokenizer.save_pretrained(str(Path(folder) / "tokenizer"))
+    module.tokenizer.save_pretrained(str(Path(folder) / TOKENIZER_DIR))
     return Path(folder)
