@@ -123,3 +123,23 @@ def test_the_game_rebuilds_the_network_the_export_was_trained_on_whatever_its_ow
 
     other = build_mllm(game_cfg, len(module.tokenizer)).state_dict()
     assert any(not torch.equal(other[name], trained[name]) for name in other if name in trained)
+
+
+def test_random_frozen_weights_do_not_depend_on_the_device_the_caller_builds_on(data_root, tmp_path):
+    """Lightning's ``init_module`` builds a phase's networks on the GPU; evaluation, the game and the
+    pipeline rebuild them on the CPU from the export's seed. CUDA's generator draws other numbers from the
+    same seed, so seeded builds draw on the CPU whatever the caller's device (here "cuda:0" on a machine
+    without one: a build that drew there would fail) and land where the caller moves them."""
+    from animegamer.models.game_mllm import build_mllm
+    from animegamer.models.reconstruction import ReconstructionModel
+
+    _, cfg = tiny_b_cfg(data_root, tmp_path, "seed=3")
+    vocab = 400
+    reference = {"mllm": build_mllm(cfg, vocab).state_dict(), "reconstruction": ReconstructionModel(cfg).state_dict()}
+    with torch.device("cuda:0"):
+        ambient = {"mllm": build_mllm(cfg, vocab).state_dict(), "reconstruction": ReconstructionModel(cfg).state_dict()}
+    for part, state in reference.items():
+        assert ambient[part].keys() == state.keys()
+        differing = [name for name, value in state.items() if not torch.equal(ambient[part][name], value)]
+        assert differing == [], (part, differing[:3])
+        assert {value.device.type for value in ambient[part].values()} == {"cpu"}

@@ -6,7 +6,7 @@ replayed game renders the same clips; models build their random weights under a 
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterable, Iterator, Optional
 
 import torch
@@ -16,11 +16,18 @@ import torch
 def seeded(seed: Optional[int]) -> Iterator[None]:
     """Seed the CPU RNG for random initialisation without leaking into the caller's stream (None:
     the caller's stream as it is). Models hold only what trains in checkpoints and exports, so their
-    frozen random weights must come out the same in every process and on every resume."""
+    frozen random weights must come out the same in every process and on every resume.
+
+    What is built inside is built on the CPU, whatever device the caller builds on (Lightning's
+    ``init_module`` builds on the GPU): CUDA's generator draws other numbers from the same seed, so a
+    frozen random base drawn on the GPU in training would not be the one that evaluation, the game
+    and the pipeline rebuild on the CPU from the export's seed. The caller moves the module. Builds on
+    the meta device (sizes without weights) stay there: they draw nothing."""
     if seed is None:
         yield
         return
-    with torch.random.fork_rng(devices=[]):
+    place = nullcontext() if torch.get_default_device().type == "meta" else torch.device("cpu")
+    with torch.random.fork_rng(devices=[]), place:
         torch.manual_seed(seed)
         yield
 
