@@ -7,6 +7,20 @@ from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
 from animegamer.data.synthetic import session_shards
+from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, byte_tokenizer
+
+
+def tiny_model_cfg():
+    """The tiny preset's ``model`` node, typed (``ModelConfig``)."""
+    return OmegaConf.to_object(compose_config("pipeline", ["model=tiny"]).model)
+
+
+def byte_vocab():
+    """The byte tokenizer of random builds with the AnimeGamer tokens, and their ids."""
+    tokenizer = byte_tokenizer()
+    add_animegamer_tokens(tokenizer)
+    return tokenizer, TokenIds.from_tokenizer(tokenizer)
+
 
 def write_synthetic_sessions(root: Path, sessions: int = 10, turns: int = 5, tokens: int = 46, width: int = 32,
                              seed: int = 0) -> Path:

@@ -11,15 +11,13 @@ import logging
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from animegamer.config.compose import compose_config
 from animegamer.config.schema import MLLMConfig, ModelConfig
 from animegamer.mllm.collate import Example, collate_sequences
 from animegamer.mllm.masks import attention_mask_4d
 from animegamer.mllm.sequence import Turn, build_prompt, build_sequence
-from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, byte_tokenizer
 from animegamer.models.mllm import GameStateMLLM
+from phase_b_helpers import byte_vocab, tiny_model_cfg
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +31,12 @@ BATCH_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "label
 
 @pytest.fixture(scope="module")
 def model_cfg() -> ModelConfig:
-    return OmegaConf.to_object(compose_config("pipeline", ["model=tiny"]).model)
+    return tiny_model_cfg()
 
 
 @pytest.fixture(scope="module")
 def vocab():
-    tokenizer = byte_tokenizer()
-    add_animegamer_tokens(tokenizer)
-    return tokenizer, TokenIds.from_tokenizer(tokenizer)
+    return byte_vocab()
 
 
 def _sizes(model_cfg: ModelConfig) -> tuple[int, int]:

@@ -14,14 +14,13 @@ import dataclasses
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from animegamer.config.compose import compose_config
 from animegamer.config.schema import ModelConfig
 from animegamer.mllm.collate import Example, collate_sequences
 from animegamer.mllm.sequence import Turn, build_sequence
-from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, byte_tokenizer
+from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens
 from animegamer.models.mllm import GameStateMLLM
+from phase_b_helpers import byte_vocab, tiny_model_cfg
 
 SEED = 0
 OTHER_SEED = 5
@@ -30,14 +29,12 @@ STATES = {"ML": 2, "SC": 1, "ET": 0, "ST": 1}
 
 @pytest.fixture(scope="module")
 def model_cfg() -> ModelConfig:
-    return OmegaConf.to_object(compose_config("pipeline", ["model=tiny"]).model)
+    return tiny_model_cfg()
 
 
 @pytest.fixture(scope="module")
 def vocab():
-    tokenizer = byte_tokenizer()
-    add_animegamer_tokens(tokenizer)
-    return tokenizer, TokenIds.from_tokenizer(tokenizer)
+    return byte_vocab()
 
 
 def _model(model_cfg: ModelConfig, vocab, seed: int = SEED, **changes) -> GameStateMLLM:
