@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
@@ -10,12 +11,14 @@ from animegamer.data.synthetic import session_shards
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, byte_tokenizer
 
 
-def tiny_model_cfg():
-    """The tiny preset's ``model`` node, typed (``ModelConfig``)."""
+@pytest.fixture(scope="module")
+def model_cfg():
+    """The tiny preset's ``model`` node, typed (``ModelConfig``); a test module imports the fixture."""
     return OmegaConf.to_object(compose_config("pipeline", ["model=tiny"]).model)
 
 
-def byte_vocab():
+@pytest.fixture(scope="module")
+def vocab():
     """The byte tokenizer of random builds with the AnimeGamer tokens, and their ids."""
     tokenizer = byte_tokenizer()
     add_animegamer_tokens(tokenizer)

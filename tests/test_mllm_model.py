@@ -17,7 +17,7 @@ from animegamer.mllm.collate import Example, collate_sequences
 from animegamer.mllm.masks import attention_mask_4d
 from animegamer.mllm.sequence import Turn, build_prompt, build_sequence
 from animegamer.models.mllm import GameStateMLLM
-from phase_b_helpers import byte_vocab, tiny_model_cfg
+from phase_b_helpers import model_cfg, vocab  # noqa: F401  (fixtures)
 
 logger = logging.getLogger(__name__)
 
@@ -27,16 +27,6 @@ STATES = [{"ML": 1, "SC": 1, "ET": 0, "ST": 1}, {"ML": 4, "SC": 0, "ET": 1, "ST"
           {"ML": 2, "SC": -1, "ET": 0, "ST": 1}]
 BATCH_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
               "padding_mask")
-
-
-@pytest.fixture(scope="module")
-def model_cfg() -> ModelConfig:
-    return tiny_model_cfg()
-
-
-@pytest.fixture(scope="module")
-def vocab():
-    return byte_vocab()
 
 
 def _sizes(model_cfg: ModelConfig) -> tuple[int, int]:

@@ -20,21 +20,11 @@ from animegamer.mllm.collate import Example, collate_sequences
 from animegamer.mllm.sequence import Turn, build_sequence
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens
 from animegamer.models.mllm import GameStateMLLM
-from phase_b_helpers import byte_vocab, tiny_model_cfg
+from phase_b_helpers import model_cfg, vocab  # noqa: F401  (fixtures)
 
 SEED = 0
 OTHER_SEED = 5
 STATES = {"ML": 2, "SC": 1, "ET": 0, "ST": 1}
-
-
-@pytest.fixture(scope="module")
-def model_cfg() -> ModelConfig:
-    return tiny_model_cfg()
-
-
-@pytest.fixture(scope="module")
-def vocab():
-    return byte_vocab()
 
 
 def _model(model_cfg: ModelConfig, vocab, seed: int = SEED, **changes) -> GameStateMLLM:
