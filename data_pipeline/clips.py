@@ -65,6 +65,25 @@ def plan_windows(film: FilmInfo, shots: list[Shot], cfg: ClipsConfig) -> list[Cl
     return windows
 
 
+def shots_without_clips(film: FilmInfo, shots: list[Shot], cfg: ClipsConfig) -> list[Shot]:
+    """The shots too short for one clip window (its span plus the margins at both ends)."""
+    with_clips = {w.shot_index for w in plan_windows(film, shots, cfg)}
+    return [shot for shot in shots if shot.index not in with_clips]
+
+
+def short_shots_warning(film: FilmInfo, shots: list[Shot], cfg: ClipsConfig) -> str | None:
+    """What to change when at least half of a film's shots give no clip (e.g. real footage whose camera
+    motion the shot detector cuts often), else None."""
+    short = shots_without_clips(film, shots, cfg)
+    if not shots or 2 * len(short) < len(shots):
+        return None
+    needed = (clip_span_frames(film.fps, cfg) + 1 + 2 * cfg.margin_frames) / film.fps
+    return (f"{film.film_id}: {len(short)} of {len(shots)} detected shots are shorter than one clip "
+            f"({needed:.2f} s: pipeline.clips.frames at pipeline.clips.fps plus margin_frames at both ends) and "
+            f"give no clip: raise pipeline.shots.threshold (or min_scene_frames) for fewer cuts, or lower "
+            f"pipeline.clips.margin_frames")
+
+
 def cover_size(width: int, height: int, out_w: int, out_h: int) -> tuple[int, int]:
     """Smallest (w, h) with the source aspect that covers the output, for resize-then-crop."""
     scale = max(out_w / width, out_h / height)

@@ -21,7 +21,8 @@ from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reus
 from data_pipeline.ingest import film_ids, find_inputs, split_part
 from data_pipeline.lineage import INDEX_FILES, SOURCES, stale_reason
 from data_pipeline.preflight import check_run, early_problems
-from data_pipeline.process import plan_film, run_task
+from data_pipeline.clips import short_shots_warning
+from data_pipeline.process import film_from_plan, plan_film, run_task
 from data_pipeline.staging import Staging
 from data_pipeline.writer import REPORT
 
@@ -115,6 +116,9 @@ def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
         if plan is None:  # rejected
             continue
         plan = staging.relocate(film_id, plan, path)  # its tasks decode the film where it is now
+        warning = short_shots_warning(*film_from_plan(plan), cfg.clips)
+        if warning:
+            log.warning(warning)
         clean_stale_temps(staging.film_dir(film_id))
         staging.remove_tasks_from(film_id, len(plan["tasks"]))
         todo, only_captions = _task_jobs(staging, cfg, film_id, plan, captioner)

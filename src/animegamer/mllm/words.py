@@ -47,6 +47,13 @@ def word_tokenizer(texts: Iterable[str]):
                                    pad_token=unk, clean_up_tokenization_spaces=False)
 
 
+def training_word_tokenizer(cfg):
+    """The word tokenizer of ``cfg``'s data (a ``RunConfig``): its training split's instructions."""
+    from animegamer.data.split import held_out
+
+    return word_tokenizer(training_instructions(cfg.data.root, cfg.data.clips, held_out(cfg)))
+
+
 def training_instructions(data_root: str | Path, clips_dir: str, held_out) -> list[str]:
     """The instructions of the captioned clips of no held-out shot (``held_out``: a
     :class:`animegamer.data.split.HeldOut`)."""

@@ -15,7 +15,7 @@ from animegamer.checkpoints.export import load_export, recorded_start
 from animegamer.config.schema import RunConfig
 from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
-from animegamer.mllm.words import WORDS, training_instructions, word_tokenizer
+from animegamer.mllm.words import WORDS, training_word_tokenizer
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
 
@@ -46,9 +46,7 @@ def _tokenizer(cfg: RunConfig, exports: Sequence[str | Path]):
     saved = Path(exports[-1]) / TOKENIZER_DIR if exports else None
     if saved is not None and saved.is_dir():
         return load_tokenizer(str(saved))
-    from animegamer.data.split import held_out
-
-    return word_tokenizer(training_instructions(cfg.data.root, cfg.data.clips, held_out(cfg)))
+    return training_word_tokenizer(cfg)
 
 
 def game_tokenizer(cfg: RunConfig, exports: Sequence[str | Path] = ()):
