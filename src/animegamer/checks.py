@@ -51,7 +51,11 @@ def check_tokenizer(model, mllm_exports: Iterable[tuple[str, str]] = ()) -> list
     from animegamer.mllm.tokens import (  # transformers: loaded only where a tokenizer is checked
         ANIMEGAMER_TOKENS, NUM_ANIMEGAMER_TOKENS, TokenIds, add_animegamer_tokens, load_tokenizer)
 
+    from animegamer.mllm.words import WORDS
+
     m = model.mllm
+    if m.tokenizer == WORDS:
+        return []  # built from the data's training split when the phase runs (animegamer.mllm.words)
     folder = m.tokenizer or m.path
     key = "model.mllm.tokenizer" if m.tokenizer else "model.mllm.path"
     if folder and not Path(folder).is_dir():
