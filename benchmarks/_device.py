@@ -27,11 +27,14 @@ COMMIT_ENV, TREE_ENV = "BENCH_COMMIT", "BENCH_TREE"
 
 @contextlib.contextmanager
 def building(device: str, dtype: torch.dtype):
-    """Build weights directly on the device in the target dtype (a 7B model in float32 on CPU is slow)."""
+    """Build weights directly on the device in the target dtype (a 7B model in float32 on CPU is slow),
+    the framework's seeded random weights included (nothing rebuilds a benchmark's weights elsewhere)."""
+    from animegamer.utils.randomness import draw_on_caller_device
+
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), draw_on_caller_device():
             yield
     finally:
         torch.set_default_dtype(previous)

@@ -143,3 +143,16 @@ def test_random_frozen_weights_do_not_depend_on_the_device_the_caller_builds_on(
         differing = [name for name, value in state.items() if not torch.equal(ambient[part][name], value)]
         assert differing == [], (part, differing[:3])
         assert {value.device.type for value in ambient[part].values()} == {"cpu"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows the draw by failing to allocate on a missing GPU")
+def test_benchmarks_draw_their_random_weights_on_the_device_they_build_on(data_root, tmp_path):
+    """``draw_on_caller_device`` (benchmarks' ``building``) keeps a seeded build where the caller builds:
+    here "cuda:0" without a GPU, so the first draw fails to allocate."""
+    from animegamer.models.reconstruction import ReconstructionModel
+    from animegamer.utils.randomness import draw_on_caller_device
+
+    _, cfg = tiny_b_cfg(data_root, tmp_path, "seed=3")
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA"):
+        with torch.device("cuda:0"), draw_on_caller_device():
+            ReconstructionModel(cfg)
