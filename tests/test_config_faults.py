@@ -369,4 +369,4 @@ def test_renaming_the_phase_does_not_change_its_schema(data_root):
 
 def test_an_unknown_phase_name_lists_the_phases(data_root):
     text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "phase.name=d"))
-    assert text == "phase.name='d' is not one of ('a_warmup', 'a_joint', 'b', 'c')"
+    assert text == "phase.name='d' is not one of ('a_base', 'a_warmup', 'a_joint', 'b', 'c')"
