@@ -76,6 +76,11 @@ def test_reconstruction_has_psnr_beside_its_shuffled_baseline(evaluations):
     own, shuffled = reconstruction["psnr"], reconstruction["baselines"][SHUFFLED]["psnr"]
     assert own["available"] and 0.0 < own["value"] < PSNR_CAP_DB
     assert reconstruction["clips"] < 2 or (shuffled["available"] and 0.0 < shuffled["value"] < PSNR_CAP_DB)
+    # ACC-F of the reconstructions: each measured against its own clip's level
+    motion = reconstruction["motion"]
+    assert len(motion["levels"]) == len(motion["targets"]) == reconstruction["clips"]
+    assert reconstruction["acc_f"]["value"] == sum(a == b for a, b in zip(motion["levels"], motion["targets"])) / len(
+        motion["targets"])
     report = (evaluations.root / "trained" / "reconstruction" / "report.md").read_text()
     assert "PSNR (dB)" in report and reconstruction["baselines"][SHUFFLED]["label"] in report
 

@@ -219,16 +219,38 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
                                         e.sampling_steps)
             return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
-    def score(index: int, source: int) -> dict:
-        """Clip ``index`` decoded from clip ``source``'s representation, against the true clip ``index``."""
-        frames, key = decode(index, source), keys[index]
+    def scored(frames: np.ndarray, index: int) -> dict:
+        key = keys[index]
         return {**scorers.turn(frames, clips[key][0], "", ""), "psnr": clip_psnr(frames, clips[key])}
 
-    own = mean_scores([score(index, index) for index in range(count)])
+    def score(index: int, source: int) -> dict:
+        """Clip ``index`` decoded from clip ``source``'s representation, against the true clip ``index``."""
+        return scored(decode(index, source), index)
+
+    own_frames = [decode(index, index) for index in range(count)]
+    own = mean_scores([scored(frames, index) for index, frames in enumerate(own_frames)])
     shuffled = shuffled_reconstruction(cfg, count, score)
     setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,
                            sampling_steps=e.sampling_steps or cfg.model.diffusion.sampling_steps)
-    return {"clips": count, "export": e.reconstruction_export, "setup": setup, **own, "baselines": {SHUFFLED: shuffled}}
+    return {"clips": count, "export": e.reconstruction_export, "setup": setup, **own,
+            **reconstruction_motion(cfg, keys, own_frames), "baselines": {SHUFFLED: shuffled}}
+
+
+def reconstruction_motion(cfg: RunConfig, keys: list[str], frames: list[np.ndarray]) -> dict:
+    """ACC-F / MAE-F of the reconstructions (each decoded with its own clip's motion scope) against their
+    clips' levels: whether the decoder renders the asked speed, apart from what the game predicts."""
+    from animegamer.config.trained_data import clip_manifest
+    from animegamer.metrics.motion import motion_accuracy
+
+    if not keys:
+        return {"acc_f": unavailable("no held-out clip"), "mae_f": unavailable("no held-out clip")}
+    wanted = set(keys)
+    metas = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], lambda k: k in wanted,
+                                video=False)
+    levels = {meta["key"]: meta["motion"]["level"] for meta in (metas[i] for i in range(len(metas)))}
+    bins = json.loads(clip_manifest(cfg.data.root, cfg.data.clips).read_text())["motion_bins"]
+    motion = motion_accuracy(frames, [levels[key] for key in keys], bins, cfg.pipeline.motion)
+    return {"motion": motion, "acc_f": available(motion["acc_f"]), "mae_f": available(motion["mae_f"])}
 
 
 def mean_scores(rows: list[dict]) -> dict:
