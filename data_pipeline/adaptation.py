@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
-from animegamer.checkpoints.export import TRAINED_FILE
+from animegamer.checkpoints.export import TRAINED_FILE, recorded_start
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
-from animegamer.checkpoints.export import recorded_start
 from animegamer.mllm.collate import collate_sequences, make_example
 from animegamer.models.game_mllm import TokenizedMLLM, build_game_mllm, run_batch
 from animegamer.training.run_record import ALLOWED, flatten

@@ -59,21 +59,25 @@ def held_out_games(cfg: RunConfig) -> dict:
     return {"source": str(Path(cfg.data.root) / cfg.data.clips), "held_out": "shots", "games": games}
 
 
+def clip_metas(cfg: RunConfig, keys: set[str] | None = None) -> list[dict]:
+    """The json of every clip of the data's clip shards (only ``keys``' when given), in shard order."""
+    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"],
+                                None if keys is None else (lambda key: key in keys), video=False)
+    return [clips[i] for i in range(len(clips))]
+
+
 def training_states(cfg: RunConfig) -> list[dict]:
     """The states (ML and the MLLM's states) of every captioned clip of no held-out shot: what the
     majority-class baseline counts, so that it never sees the benchmark's answers."""
-    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
     split = held_out(cfg)
-    metas = (clips[i] for i in range(len(clips)))
-    return [{"ML": m["motion"]["level"], **m["states"]} for m in metas
+    return [{"ML": m["motion"]["level"], **m["states"]} for m in clip_metas(cfg)
             if not split.clip(m["key"]) and m["captioner"]["status"] == STATUS_OK]
 
 
 def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
     """The instructions of ``turns`` consecutive captioned clips of a film (the longest run first):
     a script for a demonstration game."""
-    clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], video=False)
-    runs = consecutive_runs((clips[i] for i in range(len(clips))), lambda m: m["captioner"]["status"] == STATUS_OK)
+    runs = consecutive_runs(clip_metas(cfg), lambda m: m["captioner"]["status"] == STATUS_OK)
     longest = max(runs, key=len) if runs else []
     return [m["instruction"] for m in longest[:turns]]
 
@@ -244,10 +248,7 @@ def reconstruction_motion(cfg: RunConfig, keys: list[str], frames: list[np.ndarr
 
     if not keys:
         return {"acc_f": unavailable("no held-out clip"), "mae_f": unavailable("no held-out clip")}
-    wanted = set(keys)
-    metas = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["json"], lambda k: k in wanted,
-                                video=False)
-    levels = {meta["key"]: meta["motion"]["level"] for meta in (metas[i] for i in range(len(metas)))}
+    levels = {meta["key"]: meta["motion"]["level"] for meta in clip_metas(cfg, set(keys))}
     bins = json.loads(clip_manifest(cfg.data.root, cfg.data.clips).read_text())["motion_bins"]
     motion = motion_accuracy(frames, [levels[key] for key in keys], bins, cfg.pipeline.motion)
     return {"motion": motion, "acc_f": available(motion["acc_f"]), "mae_f": available(motion["mae_f"])}

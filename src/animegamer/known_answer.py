@@ -364,7 +364,7 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers))  # the pipeline's workers
     lap("films")
     summary = run_recipe(recipe_of(layout, bench, extra))
-    trained = [*extra, *base_overrides(summary)]  # the renderers and ablations below over the same base
+    over_base = [*extra, *base_overrides(summary)]  # the renderers and ablations below over the same base
     # Read now: the next seed's recipe writes its own representations and adaptation shards here.
     representation = representation_prediction(layout.pipeline)
     lap("recipe")
@@ -391,14 +391,14 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     write_result(layout.out, result, started)
     if a2_renderer:
         a2 = evaluate_renderer(layout, bench, "a2_renderer", summary["phase b export"], summary["phase a2 export"],
-                               extra=trained)
+                               extra=over_base)
         result["rows"] += rows_of(A2_RENDERER, a2["metrics"])[:1]  # its state baselines are the trained game's
         lap("a2 renderer evaluation")
         write_result(layout.out, result, started)
     for name in names:
-        export = train_ablation(layout, bench, name, trained)
+        export = train_ablation(layout, bench, name, over_base)
         scored = evaluate_renderer(layout, bench, f"ablation_{name}", summary["phase b export"], export,
-                                   ABLATIONS[name].overrides, reconstruction=export, extra=trained)
+                                   ABLATIONS[name].overrides, reconstruction=export, extra=over_base)
         # The same state baselines again: left out.
         result["rows"] += [r for r in rows_of(f"ablation {name}", scored["metrics"]) if "baseline" not in r]
         lap(f"ablation {name}")
