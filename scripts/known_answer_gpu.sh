@@ -12,14 +12,7 @@
 set -u
 WORK=/tmp/known_answer
 BUDGET_S=${BUDGET_S:-540}  # the benchmark itself; the install and the copies come on top
-WHEELS=${WHEELS:-.device_wheels_ka}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$WHEELS"/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if ! python3 -c "import torch, diffusers, decord, webdataset, hydra, cv2, av, scenedetect, matplotlib; \
-print(torch.__version__, diffusers.__version__, cv2.__version__, av.__version__, torch.cuda.get_device_name(0))"; then
-  echo "missing packages: add their wheels to $WHEELS and run again"; exit 1
-fi
+source scripts/known_answer_env.sh
 export CUDA_VISIBLE_DEVICES=0
 # 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains. Without
 # ablations the benchmark took 474 s on one H200 (2026-12-01, the decoder base 112 s of it); each ablation

@@ -82,24 +82,25 @@ def test_derangement_has_no_fixed_point_and_is_fixed_by_its_seed():
 
 
 def test_shuffled_reconstruction_decodes_each_clip_from_another_clips_representation():
-    from animegamer.evaluation import RECONSTRUCTION_KEYS, shuffled_reconstruction
+    from animegamer.evaluation import RECONSTRUCTION_KEYS, mean_scores, shuffled_reconstruction
 
     calls = []
 
-    # A score that says 1 exactly when clip i is decoded from its own representation.
-    def score(index, source):
-        calls.append((index, source))
-        return {"clip_i": available(float(index == source)), "dreamsim": unavailable("no weights"),
-                "psnr": available(10.0 + index)}
+    # Scores that say 1 exactly when clip i is decoded from its own representation.
+    def score(order):
+        calls.append(list(order))
+        return mean_scores([{"clip_i": available(float(index == source)), "dreamsim": unavailable("no weights"),
+                             "psnr": available(10.0 + index)} for index, source in enumerate(order)])
 
     result = shuffled_reconstruction(SimpleNamespace(seed=3), 3, score)
-    assert calls == list(enumerate(derangement(3, 3))) and result["derangement"] == derangement(3, 3)
+    assert calls == [derangement(3, 3)] and result["derangement"] == derangement(3, 3)
     assert result["clip_i"]["value"] == 0.0
     assert result["psnr"]["value"] == pytest.approx(11.0)  # mean of 10, 11, 12
     assert result["dreamsim"] == unavailable("no weights")
     alone = shuffled_reconstruction(SimpleNamespace(seed=3), 1, score)
-    assert set(alone) == {"label", *RECONSTRUCTION_KEYS}
+    assert set(alone) == {"label", *RECONSTRUCTION_KEYS, "acc_f", "mae_f"}
     assert not alone["psnr"]["available"] and "at least 2" in alone["psnr"]["reason"]
+    assert not alone["acc_f"]["available"] and len(calls) == 1
 
 
 def test_report_shows_baselines_as_rows_beside_ours(tmp_path):

@@ -86,3 +86,25 @@ def test_representation_prediction_scores_against_the_mean_representation(tmp_pa
     shards(tmp_path / "adaptation", "pred_rep.npy", {k: (mean + v) / 2 for k, v in reps.items()})
     score = representation_prediction(tmp_path)
     assert score["clips"] == 6 and score["mse_ratio"] == pytest.approx(0.25)
+
+
+def test_stage_overrides_reach_their_stage_alone(tmp_path: Path) -> None:
+    """``--stage base:phase.batch_size=64`` changes the decoder base stage and nothing else; malformed
+    specs are all named in one error, before anything runs."""
+    from dataclasses import replace
+
+    from animegamer.errors import UserError
+    from animegamer.known_answer import SIZES, Layout, parse_stage_overrides, recipe_of
+
+    pairs = parse_stage_overrides(["base:phase.batch_size=64", "eval:model.diffusion.sampling_steps=50"])
+    assert pairs == [("base", "phase.batch_size=64"), ("eval", "model.diffusion.sampling_steps=50")]
+    recipe = recipe_of(Layout(tmp_path, 0), replace(SIZES["gpu"], stage_extra=tuple(pairs)))
+    assert recipe.decoder_base[-1] == "phase.batch_size=64"
+    assert recipe.evaluation[-1] == "model.diffusion.sampling_steps=50"
+    for other in (recipe.phase_a, recipe.phase_b, recipe.phase_c, recipe.extra):
+        assert not {"phase.batch_size=64", "model.diffusion.sampling_steps=50"} & set(other)
+    with pytest.raises(UserError) as error:
+        parse_stage_overrides(["a2:phase.lr=1", "base phase.lr=1", "b:phase.lr", "c:phase.lr=2"])
+    message = str(error.value)
+    assert "'a2:phase.lr=1'" in message and "'base phase.lr=1'" in message and "'b:phase.lr'" in message
+    assert "c:phase.lr=2" not in message

@@ -138,8 +138,34 @@ def test_a_trained_folder_is_reused_from_moved_data_and_retrained_for_other_clip
     assert toy_vae.ensure_trained(out, moved, TINY_VAE, 0, run)["held_out_psnr"] == 31.5
     assert trained == []
 
+    # The same films cut again elsewhere: the manifest names other paths, the clips are the same.
+    recut = tmp_path / "machine_c" / "pipeline"
+    (recut / "clips").mkdir(parents=True)
+    (recut / "clips" / MANIFEST).write_text(json.dumps({"counts": {"clips": 3}, "command": "cut again at machine_c"}))
+    assert toy_vae.ensure_trained(out, recut, TINY_VAE, 0, run)["held_out_psnr"] == 31.5
+    assert trained == []
+
     (moved / "clips" / MANIFEST).write_text('{"counts": {"clips": 4}}')
     toy_vae.ensure_trained(out, moved, TINY_VAE, 0, run)
     assert trained == [str(moved)]
     toy_vae.ensure_trained(out, first, TINY_VAE, 1, run)  # another random build of the encoder
     assert trained == [str(moved), str(first)]
+
+
+def test_clip_content_digest_ignores_where_the_clips_were_cut(tmp_path: Path) -> None:
+    from animegamer.config.trained_data import MANIFEST, clip_content_sha256
+
+    def digest(folder: str, **fields) -> str | None:
+        root = tmp_path / folder
+        (root / "clips").mkdir(parents=True)
+        manifest = {"kind": "clips", "counts": {"clips": 2}, "shards": [{"name": "shard-000000.tar", "sha256": "ab"}],
+                    "sources": [{"path": f"/{folder}/film.mp4", "sha256": "f1"}], "config": {"output": f"/{folder}"},
+                    **fields}
+        (root / "clips" / MANIFEST).write_text(json.dumps(manifest))
+        return clip_content_sha256(root, "clips")
+
+    base = digest("a")
+    assert base is not None and digest("b") == base
+    assert digest("c", shards=[{"name": "shard-000000.tar", "sha256": "cd"}]) != base  # other clip bytes
+    assert digest("d", sources=[{"path": "/a/film.mp4", "sha256": "f2"}]) != base  # another film
+    assert clip_content_sha256(tmp_path / "none", "clips") is None

@@ -72,6 +72,11 @@ ABLATIONS = {
 }
 
 
+# The stages an override can name (known_answer_<size>_<stage> experiments; "a" is a1 and a2 alike, and
+# the ablations' phase (a) stages; "eval" every evaluation).
+STAGE_NAMES = ("base", "a", "b", "c", "eval")
+
+
 @dataclass(frozen=True)
 class BenchmarkSize:
     """One size of the benchmark: the data set (``data_pipeline.known_answer.SIZES``), the stage
@@ -83,6 +88,11 @@ class BenchmarkSize:
     base: bool = False  # pre-train the decoder base (experiment known_answer_<name>_base); False: the preset's
     ablations: tuple[str, ...] = tuple(ABLATIONS)
     overrides: tuple[str, ...] = ()  # for every stage
+    # (stage, override) pairs for one stage each: STAGE_NAMES, e.g. ("base", "phase.batch_size=64")
+    stage_extra: tuple[tuple[str, str], ...] = ()
+
+    def for_stage(self, stage: str) -> list[str]:
+        return [override for name, override in self.stage_extra if name == stage]
 
 
 SIZES = {
@@ -137,7 +147,7 @@ def data_overrides(layout: Layout) -> list[str]:
 
 def stage_overrides(layout: Layout, size: BenchmarkSize, experiment: str) -> list[str]:
     return [f"experiment=known_answer_{size.name}_{experiment}", f"seed={layout.seed}",
-            f"output_dir='{layout.runs.resolve()}/${{phase.name}}'"]
+            f"output_dir='{layout.runs.resolve()}/${{phase.name}}'", *size.for_stage(experiment)]
 
 
 def vae_overrides(layout: Layout, size: BenchmarkSize) -> list[str]:
@@ -150,7 +160,8 @@ def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) ->
         pipeline=[f"experiment=known_answer_{size.name}"],
         phase_a=stage_overrides(layout, size, "a"), phase_b=stage_overrides(layout, size, "b"),
         phase_c=stage_overrides(layout, size, "c"),
-        evaluation=[f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", "evaluation.untrained_game=true"],
+        evaluation=[f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", "evaluation.untrained_game=true",
+                    *size.for_stage("eval")],
         extra=[*data_overrides(layout), *size.overrides, *extra], vae=size.vae,
         vae_out=str(layout.vae) if size.vae else "",
         decoder_base=stage_overrides(layout, size, "base") if size.base else None)
@@ -170,14 +181,14 @@ def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str,
         f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
         *vae_overrides(layout, size), *overrides, f"evaluation.mllm_export='{mllm}'",
         f"evaluation.renderer_export='{renderer}'", f"evaluation.reconstruction_export='{reconstruction}'",
-        *extra, f"evaluation.out='{layout.runs.resolve() / ('eval_' + name)}'"]))
+        *extra, *size.for_stage("eval"), f"evaluation.out='{layout.runs.resolve() / ('eval_' + name)}'"]))
 
 
 def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str]) -> str:
     """The ablation's phase (a) stages into ``runs/ablation_<name>/``; returns its a2 export."""
     ablation = ABLATIONS[name]
     common = [f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}", *data_overrides(layout),
-              *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra,
+              *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra, *size.for_stage("a"),
               f"output_dir='{layout.runs.resolve() / ('ablation_' + name)}/${{phase.name}}'"]
     start = train_stage([*common, "phase=a_warmup"])["export"] if ablation.warmup else ""
     return train_stage([*common, "phase=a_joint", f"phase.init_from='{start}'"])["export"]
@@ -328,11 +339,13 @@ def write_gallery(eval_out: Path, path: Path) -> bool:
 # --------------------------------------------------------------------------- all of it
 def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
                   ablations: Sequence[str] | None = None, films: int | None = None,
-                  vae: dict[str, Any] | None = None, a2_renderer: bool = True) -> dict[str, Any]:
-    """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``ablations``: which
-    Table 3 variants to train and score (default: the size's); ``films``: how many films (default: the
-    size's); ``vae``: VAE training settings replacing the size's (e.g. ``max_seconds``, ``device``);
-    ``a2_renderer``: also play the game with the a2 decoder as the renderer."""
+                  vae: dict[str, Any] | None = None, a2_renderer: bool = True,
+                  stage: Sequence[str] = ()) -> dict[str, Any]:
+    """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
+    every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
+    how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
+    ``max_seconds``, ``device``); ``a2_renderer``: also play the game with the a2 decoder as the renderer;
+    ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`)."""
     from dataclasses import replace
 
     from data_pipeline.known_answer import SIZES as DATA_SIZES
@@ -340,7 +353,7 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
-    bench = SIZES[size]
+    bench = replace(SIZES[size], stage_extra=(*SIZES[size].stage_extra, *parse_stage_overrides(stage)))
     if vae:
         if bench.vae is None:
             raise ValueError(f"size {size!r} trains no VAE: VAE settings {sorted(vae)} do not apply")
@@ -373,7 +386,8 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     data = measure(layout.out, drawn, float(eval_cfg.data.val_fraction))
     vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if bench.vae else {}
     result = {
-        "size": size, "seed": seed, "turns": main.get("games", {}).get("completed_turns"),
+        "size": size, "seed": seed, "overrides": list(extra), "stage_overrides": [f"{n}:{o}" for n, o in bench.stage_extra],
+        "turns": main.get("games", {}).get("completed_turns"),
         "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
         "rows": rows_of(TRAINED, main), "representation_prediction": representation,
         "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
@@ -407,6 +421,22 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     return result
 
 
+def parse_stage_overrides(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """``STAGE:OVERRIDE`` strings as (stage, override) pairs; every malformed one is named at once."""
+    from animegamer.errors import UserError
+
+    pairs, problems = [], []
+    for spec in specs:
+        name, sep, override = spec.partition(":")
+        if not sep or name not in STAGE_NAMES or "=" not in override:
+            problems.append(f"{spec!r}: expected STAGE:KEY=VALUE with STAGE one of {', '.join(STAGE_NAMES)}")
+        else:
+            pairs.append((name, override))
+    if problems:
+        raise UserError("bad --stage override(s): " + "; ".join(problems))
+    return pairs
+
+
 def write_result(out: Path, result: dict, started: float) -> None:
     """``known_answer.json`` (with the comparisons of the rows so far) and the table."""
     result["wall_seconds"]["total"] = time.perf_counter() - started
@@ -426,6 +456,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--vae-max-seconds", type=float, default=None, help="VAE training time limit (0: none)")
     parser.add_argument("--vae-steps", type=int, default=None, help="VAE training steps")
     parser.add_argument("--vae-device", default=None, help="VAE training device (default: the size's)")
+    parser.add_argument("--stage", action="append", default=[], metavar="STAGE:OVERRIDE",
+                        help=f"an override of one stage ({', '.join(STAGE_NAMES)}), e.g. base:phase.batch_size=64")
+    parser.add_argument("--no-a2-renderer", dest="a2_renderer", action="store_false",
+                        help="skip the game rendered by the a2 decoder")
     parser.add_argument("overrides", nargs="*", help="overrides for every stage, e.g. phase.max_steps=100")
     return parser.parse_intermixed_args(argv)
 
@@ -438,7 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging("INFO")
     vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
                                            ("device", args.vae_device)) if value is not None}
-    exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae)
+    exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae,
+                                      args.a2_renderer, args.stage)
     return 0
 
 

@@ -317,12 +317,13 @@ def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
 
 
 def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: ToyVAETraining) -> dict[str, Any]:
-    """What a trained folder was made from: the clips (their manifest's digest), sizes and settings. The
-    clips' folder is left out (the record keeps it for information): the digest already names the clips,
-    and a folder carried to another machine, or data moved, must still be reused."""
-    from animegamer.config.trained_data import clip_manifest_sha256
+    """What a trained folder was made from: the clips (a digest of their content), sizes and settings. The
+    clips' folder is left out (the record keeps it for information), and so are the paths the manifest
+    records: a folder carried to another machine, data moved, or the same films cut again in another
+    folder must still be reused."""
+    from animegamer.config.trained_data import clip_content_sha256
 
-    return {"clip_manifest_sha256": clip_manifest_sha256(data, CLIPS_DIR),
+    return {"clip_content_sha256": clip_content_sha256(data, CLIPS_DIR),
             "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg)}
 
 

@@ -37,6 +37,26 @@ def clip_manifest_sha256(root: str | Path, clips_dir: str) -> str | None:
     return sha256_file(manifest) if manifest.is_file() else None
 
 
+# What a clip manifest says about the clips themselves; its other fields (the command, the config, each
+# source film's path) name where they were cut.
+CLIP_CONTENT_KEYS = ("format_version", "kind", "counts", "motion_bins", "shards")
+
+
+def clip_content_sha256(root: str | Path, clips_dir: str) -> str | None:
+    """A digest of the clips alone, the same wherever they were cut: the manifest's shards (each with its
+    sha256: shards are byte-identical when their contents are), counts and motion bins, and each source
+    film's digest. The same films cut again in another folder give the same value; None without a manifest."""
+    import hashlib
+    import json
+
+    manifest = _read(clip_manifest(root, clips_dir))
+    if manifest is None:
+        return None
+    content = {key: manifest.get(key) for key in CLIP_CONTENT_KEYS}
+    content["sources"] = [source.get("sha256") for source in manifest.get("sources") or [] if isinstance(source, dict)]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
 def _read(path: Path) -> dict | None:
     """The JSON object at ``path``; None where there is no such file."""
     data = read_json_if_exists(path)

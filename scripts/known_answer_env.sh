@@ -1,0 +1,11 @@
+# Sourced by the known-answer device scripts (scripts/known_answer_gpu*.sh): installs the wheels the H200 host
+# lacks from WHEELS (default .device_wheels_ka, git-ignored; see scripts/known_answer_gpu.sh for the list
+# and how to download them) and checks that every package the benchmark imports is there.
+WHEELS=${WHEELS:-.device_wheels_ka}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "$WHEELS"/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if ! python3 -c "import torch, diffusers, decord, webdataset, hydra, cv2, av, scenedetect, matplotlib; \
+print(torch.__version__, diffusers.__version__, cv2.__version__, av.__version__, torch.cuda.get_device_name(0))"; then
+  echo "missing packages: add their wheels to $WHEELS and run again"; exit 1
+fi
