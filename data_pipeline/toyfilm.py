@@ -321,6 +321,7 @@ class ToyFilm:
     video_path: Path
     captions_path: Path
     truth_path: Path
+    pan_direction: int = 0  # 0: each moving shot's pan drawn left or right; +1 / -1: every one that way
 
     @property
     def duration(self) -> float:
@@ -349,6 +350,7 @@ class ToyFilm:
             "num_frames": self.num_frames,
             "duration": self.duration,
             "level_speeds_px_per_frame": list(level_speeds(self.width)),
+            "pan_direction": self.pan_direction,
             "video": self.video_path.name,
             "captions": self.captions_path.name,
             "cut_frames": list(self.cut_frames),
@@ -373,6 +375,7 @@ class ToyFilm:
             video_path=folder / data["video"],
             captions_path=folder / data["captions"],
             truth_path=truth_path,
+            pan_direction=int(data.get("pan_direction", 0)),  # truth files from before the option: drawn
         )
 
 
@@ -499,21 +502,23 @@ def _walk_margin(height: int) -> float:
 
 def _plan_shot(
     rng: np.random.Generator, start_frame: int, num_frames: int, level: int, scene: Palette,
-    cast: tuple[CastMember, ...], width: int, height: int,
+    cast: tuple[CastMember, ...], width: int, height: int, pan_direction: int = 0,
 ) -> _ShotPlan:
-    """Place one shot's horizon and characters and pick its pan and walking directions."""
+    """Place one shot's horizon and characters and pick its pan and walking directions (the pan's
+    ``pan_direction`` when not 0; it is drawn all the same, so the rest of the film does not change)."""
     setting, sky, ground = scene
     margin = _walk_margin(height)
     # Two characters start on opposite halves of the frame, so they meet while walking.
     halves = [(margin, width / 2), (width / 2, width - margin)]
     rng.shuffle(halves)
     speed = level_speeds(width)[level - 1]
+    drawn = int(rng.choice([-1, 1])) if speed > 0 else 0
     return _ShotPlan(
         start_frame=start_frame,
         num_frames=num_frames,
         level=level,
         speed=speed,
-        pan_direction=int(rng.choice([-1, 1])) if speed > 0 else 0,
+        pan_direction=(pan_direction if speed > 0 else 0) if pan_direction else drawn,
         setting=setting,
         sky_hsv=sky,
         ground_hsv=ground,
@@ -525,7 +530,7 @@ def _plan_shot(
     )
 
 
-def _plan_shots(seed: int, variant: int, width: int, height: int, fps: int) -> list[_ShotPlan]:
+def _plan_shots(seed: int, variant: int, width: int, height: int, fps: int, pan_direction: int = 0) -> list[_ShotPlan]:
     """Decide lengths, levels, scenes and cast of all shots, then lay out each shot."""
     rng = np.random.default_rng([seed, variant])
     hue_delta = int(rng.integers(-HUE_JITTER, HUE_JITTER + 1)) if variant else 0
@@ -544,7 +549,7 @@ def _plan_shots(seed: int, variant: int, width: int, height: int, fps: int) -> l
     for index, (scene, length, level) in enumerate(zip(scenes, lengths, levels)):
         n_chars = 2 if index in two_character else 1
         cast = tuple(film_cast[int(i)] for i in rng.choice(len(film_cast), n_chars, replace=False))
-        plans.append(_plan_shot(rng, start, length, level, scene, cast, width, height))
+        plans.append(_plan_shot(rng, start, length, level, scene, cast, width, height, pan_direction))
         start += length
     return plans
 
@@ -792,20 +797,24 @@ def make_toy_film(
     height: int = 272,
     fps: int = 24,
     variant: int = 0,
+    pan_direction: int = 0,
 ) -> ToyFilm:
     """Draw, encode and describe a toy film; deterministic in all arguments.
 
     ``seed`` varies shot lengths, level order, texture and positions; ``variant`` additionally
     brings another cast (the variant's group of three characters, see ``_cast_groups``), another
     scene selection/order and shifted palettes, for "new film" tests and the known-answer data set.
-    Width and height must be even (yuv420p).
+    ``pan_direction`` 0 draws each moving shot's pan left or right; +1 (the frame moves right over the
+    scene) or -1 fixes it for every shot, and nothing else changes. Width and height must be even (yuv420p).
     """
     if width % 2 or height % 2:
         raise ValueError(f"width and height must be even for yuv420p, got {width}x{height}")
+    if pan_direction not in (-1, 0, 1):
+        raise ValueError(f"pan_direction must be -1, 0 or 1, got {pan_direction}")
     started = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plans = _plan_shots(seed, variant, width, height, fps)
+    plans = _plan_shots(seed, variant, width, height, fps, pan_direction)
     film = ToyFilm(
         film_id=film_id,
         seed=seed,
@@ -818,6 +827,7 @@ def make_toy_film(
         video_path=out / f"{film_id}.mp4",
         captions_path=out / f"{film_id}.captions.jsonl",
         truth_path=out / f"{film_id}.truth.json",
+        pan_direction=pan_direction,
     )
     frames = (frame for plan in plans for frame in _render_shot(plan, width, height))
     written = _encode(frames, film.video_path, width, height, fps)

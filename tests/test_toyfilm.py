@@ -208,3 +208,21 @@ def test_cli_writes_the_three_files(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_odd_frame_size_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         make_toy_film(tmp_path, width=481)
+
+
+def test_a_fixed_pan_direction_changes_the_pans_and_nothing_else(tmp_path: Path) -> None:
+    """The known-answer films pan one way (data_pipeline/known_answer.PAN_DIRECTION): the same shots,
+    scenes, cast and positions as the drawn film, every moving shot panning +1, recorded in the truth."""
+    from dataclasses import replace
+
+    from data_pipeline.toyfilm import _plan_shots
+
+    drawn = _plan_shots(0, 0, 160, 96, 24)
+    fixed = _plan_shots(0, 0, 160, 96, 24, pan_direction=1)
+    assert {plan.pan_direction for plan in drawn if plan.speed > 0} == {-1, 1}  # drawn: both ways
+    assert [plan.pan_direction for plan in fixed] == [1 if plan.speed > 0 else 0 for plan in fixed]
+    assert [replace(p, pan_direction=0) for p in drawn] == [replace(p, pan_direction=0) for p in fixed]
+    film = make_toy_film(tmp_path, film_id="pan", width=160, height=96, pan_direction=1)
+    assert ToyFilm.load(film.truth_path).pan_direction == 1
+    with pytest.raises(ValueError, match="pan_direction"):
+        make_toy_film(tmp_path, film_id="bad", width=160, height=96, pan_direction=2)
