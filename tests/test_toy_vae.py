@@ -114,17 +114,37 @@ def test_training_learns_and_the_saved_folder_is_the_frozen_vae(tmp_path: Path) 
     assert int((rounded.int() - reconstruct(model.eval(), held_out.video).int()).abs().max()) <= 1
 
 
+def _write_clips(root: Path, video: bytes = b"mp4 bytes", bins: dict | None = None, source: str = "") -> Path:
+    """A one-clip shard set at ``root/clips`` as the pipeline writes it: the clip's metadata names its
+    source film's path (``source``, default one inside ``root``)."""
+    import io
+    import tarfile
+
+    from animegamer.config.trained_data import MANIFEST
+
+    (root / "clips").mkdir(parents=True, exist_ok=True)
+    members = {"f-000000.mp4": video,
+               "f-000000.json": json.dumps({"key": "f-000000", "source": source or f"{root}/f.mp4"}).encode()}
+    with tarfile.open(root / "clips" / "shard-000000.tar", "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    manifest = {"shards": [{"name": "shard-000000.tar"}], "motion_bins": bins or {"edges": [1.0]},
+                "config": {"output": str(root)}}
+    (root / "clips" / MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
 def test_a_trained_folder_is_reused_from_moved_data_and_retrained_for_other_clips(tmp_path: Path, monkeypatch) -> None:
-    """The clips are named by their manifest's digest, not their folder: a VAE folder carried to another
-    machine (the data at another path) is reused; other clips are trained on."""
+    """The clips are named by their content, not their folder: a VAE folder carried to another machine
+    (the data at another path), or beside the same films cut again elsewhere, is reused; other clips are
+    trained on."""
     import shutil
 
     import animegamer.toy_vae as toy_vae
-    from animegamer.config.trained_data import MANIFEST
 
-    first = tmp_path / "machine_a" / "pipeline"
-    (first / "clips").mkdir(parents=True)
-    (first / "clips" / MANIFEST).write_text('{"counts": {"clips": 3}}')
+    first = _write_clips(tmp_path / "machine_a" / "pipeline")
     run = ToyVAETraining(steps=1)
     trained = []
     monkeypatch.setattr(toy_vae, "train_and_save", lambda out, data, *a, **k: trained.append(str(data)) or {})
@@ -136,16 +156,11 @@ def test_a_trained_folder_is_reused_from_moved_data_and_retrained_for_other_clip
     moved = tmp_path / "machine_b" / "pipeline"
     shutil.copytree(first, moved)
     assert toy_vae.ensure_trained(out, moved, TINY_VAE, 0, run)["held_out_psnr"] == 31.5
-    assert trained == []
-
-    # The same films cut again elsewhere: the manifest names other paths, the clips are the same.
-    recut = tmp_path / "machine_c" / "pipeline"
-    (recut / "clips").mkdir(parents=True)
-    (recut / "clips" / MANIFEST).write_text(json.dumps({"counts": {"clips": 3}, "command": "cut again at machine_c"}))
+    recut = _write_clips(tmp_path / "machine_c" / "pipeline")  # each clip names machine_c's film
     assert toy_vae.ensure_trained(out, recut, TINY_VAE, 0, run)["held_out_psnr"] == 31.5
     assert trained == []
 
-    (moved / "clips" / MANIFEST).write_text('{"counts": {"clips": 4}}')
+    _write_clips(moved, video=b"other clips")
     toy_vae.ensure_trained(out, moved, TINY_VAE, 0, run)
     assert trained == [str(moved)]
     toy_vae.ensure_trained(out, first, TINY_VAE, 1, run)  # another random build of the encoder
@@ -153,19 +168,13 @@ def test_a_trained_folder_is_reused_from_moved_data_and_retrained_for_other_clip
 
 
 def test_clip_content_digest_ignores_where_the_clips_were_cut(tmp_path: Path) -> None:
-    from animegamer.config.trained_data import MANIFEST, clip_content_sha256
+    """Two cuts of the same film in two folders differ only in each clip's source path: same digest."""
+    from animegamer.config.trained_data import clip_content_sha256
 
-    def digest(folder: str, **fields) -> str | None:
-        root = tmp_path / folder
-        (root / "clips").mkdir(parents=True)
-        manifest = {"kind": "clips", "counts": {"clips": 2}, "shards": [{"name": "shard-000000.tar", "sha256": "ab"}],
-                    "sources": [{"path": f"/{folder}/film.mp4", "sha256": "f1"}], "config": {"output": f"/{folder}"},
-                    **fields}
-        (root / "clips" / MANIFEST).write_text(json.dumps(manifest))
-        return clip_content_sha256(root, "clips")
-
-    base = digest("a")
-    assert base is not None and digest("b") == base
-    assert digest("c", shards=[{"name": "shard-000000.tar", "sha256": "cd"}]) != base  # other clip bytes
-    assert digest("d", sources=[{"path": "/a/film.mp4", "sha256": "f2"}]) != base  # another film
+    base = clip_content_sha256(_write_clips(tmp_path / "a"), "clips")
+    assert base is not None and clip_content_sha256(_write_clips(tmp_path / "b"), "clips") == base
+    assert clip_content_sha256(_write_clips(tmp_path / "c", video=b"other bytes"), "clips") != base
+    assert clip_content_sha256(_write_clips(tmp_path / "d", bins={"edges": [2.0]}), "clips") != base
     assert clip_content_sha256(tmp_path / "none", "clips") is None
+    (tmp_path / "a" / "clips" / "shard-000000.tar").unlink()
+    assert clip_content_sha256(tmp_path / "a", "clips") is None  # a shard missing: nothing to name

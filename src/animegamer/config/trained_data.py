@@ -37,24 +37,36 @@ def clip_manifest_sha256(root: str | Path, clips_dir: str) -> str | None:
     return sha256_file(manifest) if manifest.is_file() else None
 
 
-# What a clip manifest says about the clips themselves; its other fields (the command, the config, each
-# source film's path) name where they were cut.
-CLIP_CONTENT_KEYS = ("format_version", "kind", "counts", "motion_bins", "shards")
+# The per-clip metadata field that names the source film's path: where the clips were cut, not what they are.
+CLIP_SOURCE_KEY = "source"
 
 
 def clip_content_sha256(root: str | Path, clips_dir: str) -> str | None:
-    """A digest of the clips alone, the same wherever they were cut: the manifest's shards (each with its
-    sha256: shards are byte-identical when their contents are), counts and motion bins, and each source
-    film's digest. The same films cut again in another folder give the same value; None without a manifest."""
+    """A digest of the clips alone, the same wherever they were cut: every shard member's name and bytes
+    in the manifest's order, each clip's metadata without its source film's path (shards are otherwise
+    byte-identical when their contents are), and the manifest's motion bins. The same films cut again in
+    another folder give the same value; None without a manifest or with a shard missing."""
     import hashlib
     import json
+    import tarfile
 
-    manifest = _read(clip_manifest(root, clips_dir))
+    folder = Path(root) / clips_dir
+    manifest = _read(folder / MANIFEST)
     if manifest is None:
         return None
-    content = {key: manifest.get(key) for key in CLIP_CONTENT_KEYS}
-    content["sources"] = [source.get("sha256") for source in manifest.get("sources") or [] if isinstance(source, dict)]
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(manifest.get("motion_bins"), sort_keys=True).encode())
+    for shard in manifest.get("shards") or []:
+        path = folder / str(shard.get("name"))
+        if not path.is_file():
+            return None
+        with tarfile.open(path) as tar:
+            for member in tar:
+                data = tar.extractfile(member).read() if member.isfile() else b""
+                if member.name.endswith(".json"):
+                    meta = {k: v for k, v in json.loads(data).items() if k != CLIP_SOURCE_KEY}
+                    data = json.dumps(meta, sort_keys=True).encode()
+                digest.update(member.name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
 
 
 def _read(path: Path) -> dict | None:
