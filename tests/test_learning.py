@@ -99,3 +99,14 @@ def test_the_benchmark_writes_its_table_curves_and_gallery(benchmark: dict) -> N
     # Every comparison is against a row of the same evaluation, with its margin.
     comparisons = benchmark["trained_vs_baselines"]["trained game: acc_s"]
     assert {"majority class (training split)", "copy the last turn's states"} <= set(comparisons)
+
+
+def test_the_decoder_base_reconstructs_beside_the_a2_decoder(benchmark: dict) -> None:
+    """The decoder base's own reconstruction is a row of the same kind as the a2 one (same clips, same
+    metrics), so the table says whether the base renders what the later stages are to control."""
+    from animegamer.known_answer import BASE_RENDERER, RECONSTRUCTION
+
+    label = f"{BASE_RENDERER}: {RECONSTRUCTION}"
+    base = _row(benchmark, label)
+    assert base["psnr"] is not None and base["acc_f"] is not None, base
+    assert label in benchmark["trained_vs_baselines"][f"{RECONSTRUCTION}: psnr"]

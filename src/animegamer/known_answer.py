@@ -46,6 +46,10 @@ VAE_DIR = "vae"
 STAGES = (A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C)  # the run folders whose loss histories are plotted
 TRAINED = "trained game"
 A2_RENDERER = "game rendered by the a2 decoder"
+# The decoder base with the throwaway encoder it trained with: does the base itself render the motion that
+# phases (a) and (c) are to control? (Its reconstruction row only: it has no motion scope to play a game with.)
+BASE_RENDERER = "decoder base (its own encoder, no motion scope)"
+BASE_RENDERER_OVERRIDES = ("model.decoder.motion_scope=false",)
 RECONSTRUCTION = "a2 reconstruction (own representation)"
 # Metrics where lower is better; every other metric is better higher.
 LOWER_IS_BETTER = frozenset({"mae_s", "mae_f", "dreamsim"})
@@ -340,12 +344,13 @@ def write_gallery(eval_out: Path, path: Path) -> bool:
 def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
                   ablations: Sequence[str] | None = None, films: int | None = None,
                   vae: dict[str, Any] | None = None, a2_renderer: bool = True,
-                  stage: Sequence[str] = ()) -> dict[str, Any]:
+                  stage: Sequence[str] = (), base_reconstruction: bool = True) -> dict[str, Any]:
     """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
     every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
     how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
     ``max_seconds``, ``device``); ``a2_renderer``: also play the game with the a2 decoder as the renderer;
-    ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`)."""
+    ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`);
+    ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one)."""
     from dataclasses import replace
 
     from data_pipeline.known_answer import SIZES as DATA_SIZES
@@ -409,6 +414,16 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
         result["rows"] += rows_of(A2_RENDERER, a2["metrics"])[:1]  # its state baselines are the trained game's
         lap("a2 renderer evaluation")
         write_result(layout.out, result, started)
+    if base_reconstruction and summary["decoder base export"]:
+        export = summary["decoder base export"]
+        # One game: only the reconstruction is kept (its game would ignore the motion levels asked for).
+        scored = evaluate_renderer(layout, bench, "decoder_base", summary["phase b export"], export,
+                                   (*BASE_RENDERER_OVERRIDES, "evaluation.games=1"), reconstruction=export,
+                                   extra=over_base)
+        result["rows"] += [r for r in rows_of(BASE_RENDERER, scored["metrics"])
+                           if RECONSTRUCTION in r["row"] and "baseline" not in r]
+        lap("decoder base reconstruction")
+        write_result(layout.out, result, started)
     for name in names:
         export = train_ablation(layout, bench, name, over_base)
         scored = evaluate_renderer(layout, bench, f"ablation_{name}", summary["phase b export"], export,
@@ -460,6 +475,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"an override of one stage ({', '.join(STAGE_NAMES)}), e.g. base:phase.batch_size=64")
     parser.add_argument("--no-a2-renderer", dest="a2_renderer", action="store_false",
                         help="skip the game rendered by the a2 decoder")
+    parser.add_argument("--no-base-reconstruction", dest="base_reconstruction", action="store_false",
+                        help="skip the decoder base's reconstruction of the held-out clips")
     parser.add_argument("overrides", nargs="*", help="overrides for every stage, e.g. phase.max_steps=100")
     return parser.parse_intermixed_args(argv)
 
@@ -473,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
                                            ("device", args.vae_device)) if value is not None}
     exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae,
-                                      args.a2_renderer, args.stage)
+                                      args.a2_renderer, args.stage, args.base_reconstruction)
     return 0
 
 

@@ -203,6 +203,7 @@ def run_recipe(recipe: Recipe) -> dict:
         "vae": recipe.vae_out or None,
         "vae held-out PSNR": vae_record["held_out_psnr"] if vae_record else None,
         "decoder base": base["folder"] if base else None,
+        "decoder base export": base["export"] if base else None,
         "decoder base train/loss": base["train_loss"] if base else None,
         "decoder base seconds": base["seconds"] if base else None,
         "clip shards": clips["output"],
