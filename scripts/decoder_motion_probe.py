@@ -1,86 +1,146 @@
 """Can a small decoder, trained for minutes with this framework's loss, schedule and sampler, render a
-translating texture at the speed its conditioning names? Synthetic latents on the CPU, no VAE or encoder:
+translating texture at the speed its conditioning names? Synthetic latents on the CPU, no VAE:
 
-    PYTHONPATH=src:. python scripts/decoder_motion_probe.py SNR_SHIFT TRAIN_STEPS GUIDANCE SAMPLING_STEPS
+    PYTHONPATH=src:. python scripts/decoder_motion_probe.py [--condition vector|caption] [--snr-shift 3]
+        [--steps 1500] [--guidance 1] [--sampling-steps 20]
 
 Each sample is a smooth random texture (4 x 8 x 12 latents, 5 latent frames) moving left at one of the
-known-answer levels' speeds in latent pixels per latent frame; its representation is a fixed random vector
-per level. A 4-layer `MotionScopeDecoder` (width 128) trains at batch 32 with `cogvideox_v_loss` (10 % of
-representations dropped for guidance), then `sample` draws 6 clips per level; the printed speed of each is
-the best shift between consecutive latent frames. Measured 2026-12-01 (docs/plans/known_answer.md): 1500
-steps (~4 min on 2 cores) render every level's speed, at guidance 1 and 6; guidance 6 doubles the latents'
-standard deviation.
+known-answer levels' speeds in latent pixels per latent frame. Its representation is either a fixed random
+vector per level (``vector``) or, as in the benchmark, a caption naming the speed ("Momo dashes rapidly in
+the forest", with a random name and place) read by the `small` preset's random frozen T5 and a trainable
+`ActionAwareEncoder` (``caption``; no image: its tokens are zeros). A 4-layer `MotionScopeDecoder` (width 128)
+trains at batch 32 with `cogvideox_v_loss` (10 % of representations dropped, for guidance), then `sample`
+draws 6 clips per level; the printed speed of each is the best shift between consecutive latent frames.
+Measured 2026-12-01 (docs/plans/known_answer.md).
 """
-import json, sys, time
+from __future__ import annotations
+
+import argparse
+import json
+import time
 from dataclasses import replace
-import torch, torch.nn.functional as F
+
+import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
+
 from animegamer.config.compose import compose_config
-from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.diffusion.loss import add_noise, cogvideox_v_loss, sample_timesteps
-from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.diffusion.sampler import sample
+from animegamer.diffusion.schedule import alphas_cumprod
+from animegamer.models.decoder import MotionScopeDecoder
+from animegamer.models.encoder import ActionAwareEncoder
+from animegamer.models.frozen_encoders import build_frozen_encoders
 
-torch.set_num_threads(2)
-SHIFT, STEPS, GUIDE, SAMPLING = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-SPEEDS = [0.0, 0.25, 0.8, 2.0, 4.5]  # latent px per latent frame, as the known-answer levels at 96 px wide
-T, C, H, W, N = 5, 4, 8, 12, 8
-cfg = OmegaConf.to_object(compose_config("train", ["model=tiny"])).model
-dec_cfg = replace(cfg.decoder, num_layers=4, num_attention_heads=2, attention_head_dim=64, in_channels=C, out_channels=C,
-                  sample_frames=(T - 1) * 4 + 1, sample_height=H, sample_width=W, motion_scope=False, time_embed_dim=64)
-diff = replace(cfg.diffusion, snr_shift_scale=SHIFT, sampling_steps=SAMPLING, guidance_scale=GUIDE)
-torch.manual_seed(0)
-model = MotionScopeDecoder(dec_cfg, 128, N)
-level_emb = torch.randn(len(SPEEDS), 128)
-ac = alphas_cumprod(diff)
+SPEEDS = (0.0, 0.25, 0.8, 2.0, 4.5)  # latent px per latent frame, as the known-answer levels at 96 px wide
+WORDS = ("stands quietly", "strolls slowly", "walks steadily", "runs quickly", "dashes rapidly")  # per level
+NAMES = ("Qiqi", "Pazu", "Momo", "Lulu", "Tobi", "Rin")
+PLACES = ("forest", "seaside", "kitchen", "snowfield", "city street", "meadow", "desert", "cave")
+T, C, H, W = 5, 4, 8, 12  # latent frames, channels, height, width
+WIDTH, BATCH, SAMPLES = 128, 32, 6
+SEARCH = torch.arange(-6.0, 6.01, 0.125)  # candidate shifts between frames, latent px
 
-def shift_w(x, s):  # x (..., W) translated by s px (content moves right for s > 0), linear interpolation
-    i = int(torch.floor(torch.tensor(s))); f = s - i
-    a = torch.roll(x, i, -1); b = torch.roll(x, i + 1, -1)
-    return a * (1 - f) + b * f
 
-def batch(n, g):
-    levels = torch.randint(0, len(SPEEDS), (n,), generator=g)
-    canvas = torch.randn(n, C, H, W * 4, generator=g)
-    canvas = F.avg_pool2d(F.pad(canvas, (1, 1, 1, 1), mode="circular"), 3, 1)  # smooth texture
+def shift_w(x: torch.Tensor, s: float) -> torch.Tensor:
+    """``x`` (..., W) moved right by ``s`` px (wrapping), linear interpolation between whole shifts."""
+    whole = int(torch.floor(torch.tensor(s)))
+    frac = s - whole
+    return torch.roll(x, whole, -1) * (1 - frac) + torch.roll(x, whole + 1, -1) * frac
+
+
+def clips(levels: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """(n, T, C, H, W): smooth textures moving left at each level's speed."""
+    canvas = torch.randn(len(levels), C, H, W * 4, generator=g)
+    canvas = F.avg_pool2d(F.pad(canvas, (1, 1, 1, 1), mode="circular"), 3, 1)
     canvas = canvas / canvas.std(dim=(1, 2, 3), keepdim=True)
-    frames = [torch.stack([shift_w(canvas[k], -SPEEDS[l] * t)[..., :W] for k, l in enumerate(levels.tolist())]) for t in range(T)]
-    x0 = torch.stack(frames, 1)  # (n, T, C, H, W)
-    rep = level_emb[levels][:, None, :].expand(n, N, 128).clone()
-    return x0, rep, levels
+    frames = [torch.stack([shift_w(canvas[k], -SPEEDS[lv] * t)[..., :W] for k, lv in enumerate(levels.tolist())])
+              for t in range(T)]
+    return torch.stack(frames, 1)
 
-def speed_of(x):  # mean translation per frame of (B, T, C, H, W): the best candidate shift between frames
-    cands = torch.arange(-6.0, 6.01, 0.125)
+
+def speed_of(x: torch.Tensor) -> list[float]:
+    """Per clip of (B, T, C, H, W): the mean best leftward shift between consecutive frames (compared where
+    both frames hold the same content)."""
     out = []
-    for b in range(x.shape[0]):
-        est = []
-        for t in range(T - 1):
-            errs = [((shift_w(x[b, t], -float(s))[..., :W - 6] - x[b, t + 1][..., :W - 6]) ** 2).mean() for s in cands]
-            est.append(float(cands[int(torch.stack(errs).argmin())]))
-        out.append(sum(est) / len(est))
+    for clip in x:
+        best = [float(SEARCH[int(torch.stack([((shift_w(clip[t], -float(s))[..., :W - 6] - clip[t + 1][..., :W - 6]) ** 2)
+                                               .mean() for s in SEARCH]).argmin())]) for t in range(T - 1)]
+        out.append(sum(best) / len(best))
     return out
 
-g = torch.Generator().manual_seed(1)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-t0 = time.time()
-for step in range(STEPS):
-    x0, rep, _ = batch(32, g)
-    drop = torch.rand(32, generator=g) < 0.1
-    rep = torch.where(drop[:, None, None], torch.zeros_like(rep), rep)
-    t = sample_timesteps(32, g, diff.num_train_timesteps)
-    noise = torch.randn(x0.shape, generator=g)
-    xt = add_noise(x0, noise, t, ac)
-    loss = cogvideox_v_loss(model(xt, t, rep), x0, xt, t, ac)
-    opt.zero_grad(); loss.backward(); opt.step()
-    if step % 250 == 0: print(step, round(loss.item(), 4), round(time.time() - t0), flush=True)
-model.eval()
-res = {}
-with torch.no_grad():
-    for l, v in enumerate(SPEEDS):
-        rep = level_emb[l][None, None].expand(6, N, 128).clone()
-        lat = sample(model, (6, T, C, H, W), rep, torch.zeros(1, N, 128), None, diff, torch.Generator().manual_seed(l))
-        truth, _, _ = batch(6, torch.Generator().manual_seed(100 + l))
-        truth = torch.stack([shift_w(truth[0, 0], -v * t)[..., :W] for t in range(T)])[None]
-        res[v] = {"generated": round(sum(speed_of(lat)) / 6, 2), "truth_measured": speed_of(truth)[0], "std": round(float(lat.std()), 2)}
-print(json.dumps({"shift": SHIFT, "steps": STEPS, "guidance": GUIDE, "sampling": SAMPLING, "loss": round(loss.item(), 4),
-                  "seconds": round(time.time() - t0), "speeds": res}), flush=True)
+
+class Conditioning(torch.nn.Module):
+    """Levels -> representations (n, N, WIDTH): a fixed vector per level, or captions through T5 + encoder."""
+
+    def __init__(self, kind: str, model_cfg) -> None:
+        super().__init__()
+        self.kind = kind
+        if kind == "vector":
+            self.register_buffer("table", torch.randn(len(SPEEDS), WIDTH))
+            self.tokens = 8
+            return
+        t5 = build_frozen_encoders(model_cfg.encoders, which=("t5",)).t5
+        captions = [[f"{n} {w} in the {p}" for n in NAMES for p in PLACES] for w in WORDS]
+        with torch.no_grad():  # (levels, captions, Lt, text_dim)
+            self.register_buffer("text", torch.stack([t5.encode(c) for c in captions]))
+        self.encoder = ActionAwareEncoder(replace(model_cfg.encoder, width=WIDTH))
+        self.image = torch.zeros(1, model_cfg.encoder.image_tokens, model_cfg.encoder.image_dim)
+        self.tokens = self.encoder.num_tokens
+
+    def forward(self, levels: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        if self.kind == "vector":
+            return self.table[levels][:, None, :].expand(len(levels), self.tokens, WIDTH).clone()
+        which = torch.randint(0, self.text.shape[1], (len(levels),), generator=g)
+        return self.encoder(self.text[levels, which], self.image.expand(len(levels), -1, -1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--condition", choices=("vector", "caption"), default="vector")
+    parser.add_argument("--snr-shift", type=float, default=3.0)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--guidance", type=float, default=1.0)
+    parser.add_argument("--sampling-steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    model_cfg = OmegaConf.to_object(compose_config("train", ["model=small"])).model
+    diff = replace(model_cfg.diffusion, snr_shift_scale=args.snr_shift, sampling_steps=args.sampling_steps,
+                   guidance_scale=args.guidance)
+    torch.manual_seed(0)
+    cond = Conditioning(args.condition, model_cfg)
+    decoder = MotionScopeDecoder(replace(model_cfg.decoder, num_layers=4, num_attention_heads=2, attention_head_dim=64,
+                                         in_channels=C, out_channels=C, sample_frames=(T - 1) * 4 + 1, sample_height=H,
+                                         sample_width=W, motion_scope=False, time_embed_dim=64, path=""),
+                                 WIDTH, cond.tokens)
+    ac = alphas_cumprod(diff)
+    g = torch.Generator().manual_seed(1)
+    opt = torch.optim.AdamW([*decoder.parameters(), *cond.parameters()], lr=1e-3)
+    started = time.time()
+    for step in range(args.steps):
+        levels = torch.randint(0, len(SPEEDS), (BATCH,), generator=g)
+        x0, rep = clips(levels, g), cond(levels, g)
+        rep = torch.where((torch.rand(BATCH, generator=g) < 0.1)[:, None, None], torch.zeros_like(rep), rep)
+        t = sample_timesteps(BATCH, g, diff.num_train_timesteps)
+        x_t = add_noise(x0, torch.randn(x0.shape, generator=g), t, ac)
+        loss = cogvideox_v_loss(decoder(x_t, t, rep), x0, x_t, t, ac)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 250 == 0:
+            print(f"step {step} loss {loss.item():.4f} {time.time() - started:.0f} s", flush=True)
+    decoder.eval()
+    result = {}
+    with torch.no_grad():
+        for level, speed in enumerate(SPEEDS):
+            levels = torch.full((SAMPLES,), level)
+            latents = sample(decoder, (SAMPLES, T, C, H, W), cond(levels, torch.Generator().manual_seed(level)),
+                             torch.zeros(1, cond.tokens, WIDTH), None, diff, torch.Generator().manual_seed(level))
+            result[speed] = {"generated": round(sum(speed_of(latents)) / SAMPLES, 2),
+                             "truth": speed_of(clips(levels[:1], torch.Generator().manual_seed(level)))[0],
+                             "std": round(float(latents.std()), 2)}
+    print(json.dumps({**vars(args), "final_loss": round(loss.item(), 4), "seconds": round(time.time() - started),
+                      "speeds": result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
