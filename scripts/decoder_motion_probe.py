@@ -94,29 +94,13 @@ class Conditioning(torch.nn.Module):
         return self.encoder(self.text[levels, which], self.image.expand(len(levels), -1, -1))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--condition", choices=("vector", "caption"), default="vector")
-    parser.add_argument("--snr-shift", type=float, default=3.0)
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--guidance", type=float, default=1.0)
-    parser.add_argument("--sampling-steps", type=int, default=20)
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    model_cfg = OmegaConf.to_object(compose_config("train", ["model=small"])).model
-    diff = replace(model_cfg.diffusion, snr_shift_scale=args.snr_shift, sampling_steps=args.sampling_steps,
-                   guidance_scale=args.guidance)
-    torch.manual_seed(0)
-    cond = Conditioning(args.condition, model_cfg)
-    decoder = MotionScopeDecoder(replace(model_cfg.decoder, num_layers=4, num_attention_heads=2, attention_head_dim=64,
-                                         in_channels=C, out_channels=C, sample_frames=(T - 1) * 4 + 1, sample_height=H,
-                                         sample_width=W, motion_scope=False, time_embed_dim=64, path=""),
-                                 WIDTH, cond.tokens)
+def train(decoder: MotionScopeDecoder, cond: Conditioning, steps: int, diff, g: torch.Generator) -> float:
+    """``steps`` steps of AdamW on what requires grad in both; returns the last loss."""
     ac = alphas_cumprod(diff)
-    g = torch.Generator().manual_seed(1)
-    opt = torch.optim.AdamW([*decoder.parameters(), *cond.parameters()], lr=1e-3)
+    params = [p for p in (*decoder.parameters(), *cond.parameters()) if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3)
     started = time.time()
-    for step in range(args.steps):
+    for step in range(steps):
         levels = torch.randint(0, len(SPEEDS), (BATCH,), generator=g)
         x0, rep = clips(levels, g), cond(levels, g)
         rep = torch.where((torch.rand(BATCH, generator=g) < 0.1)[:, None, None], torch.zeros_like(rep), rep)
@@ -128,18 +112,58 @@ def main() -> None:
         opt.step()
         if step % 250 == 0:
             print(f"step {step} loss {loss.item():.4f} {time.time() - started:.0f} s", flush=True)
-    decoder.eval()
+    return round(loss.item(), 4)
+
+
+@torch.no_grad()
+def speeds(decoder: MotionScopeDecoder, cond: Conditioning, diff) -> dict:
+    """Per level: the mean generated speed of ``SAMPLES`` clips, the truth's measured speed, the latents' std."""
     result = {}
-    with torch.no_grad():
-        for level, speed in enumerate(SPEEDS):
-            levels = torch.full((SAMPLES,), level)
-            latents = sample(decoder, (SAMPLES, T, C, H, W), cond(levels, torch.Generator().manual_seed(level)),
-                             torch.zeros(1, cond.tokens, WIDTH), None, diff, torch.Generator().manual_seed(level))
-            result[speed] = {"generated": round(sum(speed_of(latents)) / SAMPLES, 2),
-                             "truth": speed_of(clips(levels[:1], torch.Generator().manual_seed(level)))[0],
-                             "std": round(float(latents.std()), 2)}
-    print(json.dumps({**vars(args), "final_loss": round(loss.item(), 4), "seconds": round(time.time() - started),
-                      "speeds": result}), flush=True)
+    for level, speed in enumerate(SPEEDS):
+        levels = torch.full((SAMPLES,), level)
+        latents = sample(decoder, (SAMPLES, T, C, H, W), cond(levels, torch.Generator().manual_seed(level)),
+                         torch.zeros(1, cond.tokens, WIDTH), None, diff, torch.Generator().manual_seed(level))
+        result[speed] = {"generated": round(sum(speed_of(latents)) / SAMPLES, 2),
+                         "truth": speed_of(clips(levels[:1], torch.Generator().manual_seed(level)))[0],
+                         "std": round(float(latents.std()), 2)}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--condition", choices=("vector", "caption"), default="vector")
+    parser.add_argument("--snr-shift", type=float, default=3.0)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--guidance", type=float, default=1.0)
+    parser.add_argument("--sampling-steps", type=int, default=20)
+    parser.add_argument("--transfer-steps", type=int, default=0,
+                        help="then, as phase (a1) over the decoder base: freeze the decoder, add LoRA, train a "
+                             "fresh conditioning (encoder) with it for this many steps, and measure again")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    model_cfg = OmegaConf.to_object(compose_config("train", ["model=small"])).model
+    diff = replace(model_cfg.diffusion, snr_shift_scale=args.snr_shift, sampling_steps=args.sampling_steps,
+                   guidance_scale=args.guidance)
+    torch.manual_seed(0)
+    cond = Conditioning(args.condition, model_cfg)
+    decoder = MotionScopeDecoder(replace(model_cfg.decoder, num_layers=4, num_attention_heads=2, attention_head_dim=64,
+                                         in_channels=C, out_channels=C, sample_frames=(T - 1) * 4 + 1, sample_height=H,
+                                         sample_width=W, motion_scope=False, time_embed_dim=64, path=""),
+                                 WIDTH, cond.tokens)
+    g = torch.Generator().manual_seed(1)
+    started = time.time()
+    report = {**vars(args), "final_loss": train(decoder, cond, args.steps, diff, g)}
+    report["speeds"] = speeds(decoder.eval(), cond, diff)
+    if args.transfer_steps:
+        decoder.add_lora()
+        lora = set(decoder.lora_parameters())
+        for name, param in decoder.named_parameters():
+            param.requires_grad_(name in lora)
+        fresh = Conditioning(args.condition, model_cfg)  # a new random encoder (or level vectors)
+        report["transfer_loss"] = train(decoder.train(), fresh, args.transfer_steps, diff, g)
+        report["transfer_speeds"] = speeds(decoder.eval(), fresh, diff)
+    report["seconds"] = round(time.time() - started)
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":
