@@ -84,6 +84,10 @@ def test_reconstruction_has_psnr_beside_its_shuffled_baseline(evaluations):
         motion["targets"])
     report = (evaluations.root / "trained" / "reconstruction" / "report.md").read_text()
     assert "PSNR (dB)" in report and reconstruction["baselines"][SHUFFLED]["label"] in report
+    # The same motion on the latents: a speed per reconstructed clip and per true clip.
+    latent = reconstruction["latent_motion"]
+    assert len(latent["generated"]) == len(latent["truth"]) == reconstruction["clips"]
+    assert all(speed >= 0.0 for speed in latent["generated"] + latent["truth"])
 
 
 def test_reconstruction_baselines_score_motion_on_the_same_clips(evaluations):

@@ -22,6 +22,7 @@ from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
 from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
 from animegamer.metrics.common import available, mean_metric, unavailable
+from animegamer.metrics.latent_motion import latent_motion
 from animegamer.metrics.psnr import clip_psnr
 from data_pipeline.captioners.base import STATUS_OK
 
@@ -220,14 +221,17 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     def pixels(latents: torch.Tensor) -> np.ndarray:
         return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
-    def decode(index: int, source: int) -> np.ndarray:
-        """Clip ``index`` (its latent shape, motion scope and noise) decoded from clip ``source``'s
-        representation: the same noise either way, so only the conditioning differs."""
+    def reconstructed(index: int, source: int) -> torch.Tensor:
+        """Latents (1, T', C, H, W) of clip ``index`` (its latent shape, motion scope and noise) sampled from
+        clip ``source``'s representation: the same noise either way, so only the conditioning differs."""
         own, other = items[index], items[source]
         clips = ClipBatch(own["latents"][None], other["text"][None], other["image"][None], own["flow"][None])
         with torch.no_grad():
-            return pixels(model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0),
-                                            param.dtype, e.sampling_steps))
+            return model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
+                                     e.sampling_steps)
+
+    def decode(index: int, source: int) -> np.ndarray:
+        return pixels(reconstructed(index, source))
 
     def scored(frames: list[np.ndarray]) -> dict:
         """Clip i's frames against the true clip i: the mean scores and ACC-F / MAE-F."""
@@ -235,7 +239,11 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
                 for i, f in enumerate(frames)]
         return {**mean_scores(rows), **reconstruction_motion(cfg, keys, frames)}
 
-    own = scored([decode(index, index) for index in range(count)])
+    own_latents = [reconstructed(index, index) for index in range(count)]
+    own = scored([pixels(latents) for latents in own_latents])
+    # The same motion measured on the latents, against the clips' own: no VAE decoder, no flow estimator.
+    own["latent_motion"] = latent_motion([x[0].float().cpu() for x in own_latents],
+                                         [items[i]["latents"].float() for i in range(count)])
     shuffled = shuffled_reconstruction(cfg, count, lambda order: scored([decode(i, j) for i, j in enumerate(order)]))
     with torch.no_grad():  # the clips' own latents through the VAE: what any renderer can give back at best
         ceiling = {"label": VAE_ROUND_TRIP_LABEL, **scored([pixels(items[i]["latents"][None]) for i in range(count)])}
