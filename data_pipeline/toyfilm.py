@@ -518,7 +518,7 @@ def _plan_shot(
         num_frames=num_frames,
         level=level,
         speed=speed,
-        pan_direction=(pan_direction if speed > 0 else 0) if pan_direction else drawn,
+        pan_direction=(pan_direction or drawn) if speed > 0 else 0,
         setting=setting,
         sky_hsv=sky,
         ground_hsv=ground,

@@ -28,6 +28,7 @@ from animegamer.config.compose import compose_config
 from animegamer.diffusion.loss import add_noise, cogvideox_v_loss, sample_timesteps
 from animegamer.diffusion.sampler import sample
 from animegamer.diffusion.schedule import alphas_cumprod
+from animegamer.metrics.latent_motion import shifted
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.frozen_encoders import build_frozen_encoders
@@ -41,19 +42,12 @@ WIDTH, BATCH, SAMPLES = 128, 32, 6
 SEARCH = torch.arange(-6.0, 6.01, 0.125)  # candidate shifts between frames, latent px
 
 
-def shift_w(x: torch.Tensor, s: float) -> torch.Tensor:
-    """``x`` (..., W) moved right by ``s`` px (wrapping), linear interpolation between whole shifts."""
-    whole = int(torch.floor(torch.tensor(s)))
-    frac = s - whole
-    return torch.roll(x, whole, -1) * (1 - frac) + torch.roll(x, whole + 1, -1) * frac
-
-
 def clips(levels: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """(n, T, C, H, W): smooth textures moving left at each level's speed."""
     canvas = torch.randn(len(levels), C, H, W * 4, generator=g)
     canvas = F.avg_pool2d(F.pad(canvas, (1, 1, 1, 1), mode="circular"), 3, 1)
     canvas = canvas / canvas.std(dim=(1, 2, 3), keepdim=True)
-    frames = [torch.stack([shift_w(canvas[k], -SPEEDS[lv] * t)[..., :W] for k, lv in enumerate(levels.tolist())])
+    frames = [torch.stack([shifted(canvas[k], -SPEEDS[lv] * t)[..., :W] for k, lv in enumerate(levels.tolist())])
               for t in range(T)]
     return torch.stack(frames, 1)
 
@@ -63,7 +57,7 @@ def speed_of(x: torch.Tensor) -> list[float]:
     both frames hold the same content)."""
     out = []
     for clip in x:
-        best = [float(SEARCH[int(torch.stack([((shift_w(clip[t], -float(s))[..., :W - 6] - clip[t + 1][..., :W - 6]) ** 2)
+        best = [float(SEARCH[int(torch.stack([((shifted(clip[t], -float(s))[..., :W - 6] - clip[t + 1][..., :W - 6]) ** 2)
                                                .mean() for s in SEARCH]).argmin())]) for t in range(T - 1)]
         out.append(sum(best) / len(best))
     return out

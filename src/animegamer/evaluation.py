@@ -230,9 +230,6 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
             return model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
                                      e.sampling_steps)
 
-    def decode(index: int, source: int) -> np.ndarray:
-        return pixels(reconstructed(index, source))
-
     def scored(frames: list[np.ndarray]) -> dict:
         """Clip i's frames against the true clip i: the mean scores and ACC-F / MAE-F."""
         rows = [{**scorers.turn(f, clips[keys[i]][0], "", ""), "psnr": clip_psnr(f, clips[keys[i]])}
@@ -244,7 +241,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     # The same motion measured on the latents, against the clips' own: no VAE decoder, no flow estimator.
     own["latent_motion"] = latent_motion([x[0].float().cpu() for x in own_latents],
                                          [items[i]["latents"].float() for i in range(count)])
-    shuffled = shuffled_reconstruction(cfg, count, lambda order: scored([decode(i, j) for i, j in enumerate(order)]))
+    shuffled = shuffled_reconstruction(cfg, count, lambda order: scored([pixels(reconstructed(i, j)) for i, j in enumerate(order)]))
     with torch.no_grad():  # the clips' own latents through the VAE: what any renderer can give back at best
         ceiling = {"label": VAE_ROUND_TRIP_LABEL, **scored([pixels(items[i]["latents"][None]) for i in range(count)])}
     setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,

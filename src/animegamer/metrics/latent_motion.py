@@ -9,6 +9,8 @@ skipped when there are more.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 MAX_SHIFT = 6.0  # latent px per latent frame searched either way (the fastest known-answer pan: ~4.6)
@@ -17,16 +19,21 @@ SHIFT_STEP = 0.125
 
 def shifted(frame: torch.Tensor, shift: float) -> torch.Tensor:
     """``frame`` (..., W) moved right by ``shift`` px (wrapping), linear between whole-pixel shifts."""
-    whole = int(torch.floor(torch.tensor(shift)))
+    whole = math.floor(shift)
     frac = shift - whole
     return torch.roll(frame, whole, -1) * (1 - frac) + torch.roll(frame, whole + 1, -1) * frac
+
+
+def _margin(max_shift: float) -> int:
+    """Columns at each side that a wrapped shift of up to ``max_shift`` px fills: left out of comparisons."""
+    return math.ceil(max_shift)
 
 
 def frame_shift(first: torch.Tensor, second: torch.Tensor, max_shift: float = MAX_SHIFT,
                 step: float = SHIFT_STEP) -> float:
     """The horizontal shift (latent px, + to the right) that best maps ``first`` (C, H, W) onto ``second``;
     compared away from the ``ceil(max_shift)`` columns at each side that a wrapped shift would fill."""
-    margin = int(torch.ceil(torch.tensor(max_shift)))
+    margin = _margin(max_shift)
     width = first.shape[-1]
     if width <= 2 * margin:
         raise ValueError(f"latent width {width} leaves no columns to compare at a search of +-{max_shift} px")
@@ -51,7 +58,7 @@ def latent_motion(generated: list[torch.Tensor], truth: list[torch.Tensor]) -> d
     ratio of their means (1: the generated clips move as far as the true ones; 0: still). Latents too
     narrow or too short to measure give no speeds and the reason."""
     narrow = [tuple(x.shape) for x in (*generated, *truth) if x.ndim != 4 or x.shape[0] < 2
-              or x.shape[-1] <= 2 * int(torch.ceil(torch.tensor(MAX_SHIFT)))]
+              or x.shape[-1] <= 2 * _margin(MAX_SHIFT)]
     if narrow:
         return {"generated": [], "truth": [], "ratio": None,
                 "reason": f"latents of shape {narrow[0]} (T', C, H, W) are too short or narrow to measure"}
