@@ -24,7 +24,10 @@ b. Two GPUs: ``train.py`` phase (b) under ZeRO-2 (the lead's re-measured configu
    restarted; the time of every step before the kill and after the restart, on the same steps.
 c. Phase (a2) weak scaling 1 -> 2 GPUs (``scripts/multinode_rehearsal.py --weak-phases a_joint``).
 
-Results: ``$OUT/phase_b_gap.json`` (parts a and b, written after each), part (c)'s own file.
+Results: ``$OUT/phase_b_gap.json`` (parts a and b, written after each; part (a)'s two sides also as each
+ends, ``a_trainpy`` and ``a_loop_record``), part (c)'s own file. On one GPU part (a)'s sides run in turn and
+take over 7 min: there (2026-12-01) ``train.py``'s side exited 1 after 260 s and the call ended before the
+record, and its log tail, were saved.
 """
 from __future__ import annotations
 
@@ -299,12 +302,19 @@ def part_a(args) -> dict:
     """train.py on one GPU and the loop on the other, at the same time."""
     from concurrent.futures import ThreadPoolExecutor
 
+    def kept(key: str, run, gpu: int | None) -> dict:
+        # Saved the moment it ends: on one GPU the two sides run in turn and can outlast a device call
+        # (2026-12-01: train.py failed after 260 s, and the reason was lost with the unsaved record).
+        found = run(args, gpu)
+        save_part(args, key, found)
+        return found
+
     parallel = not args.tiny and len(strategies.visible_gpus()) > 1
     with ThreadPoolExecutor(2) as pool:
-        trainpy = pool.submit(trainpy_one_gpu, args, 1 if parallel else None)
+        trainpy = pool.submit(kept, "a_trainpy", trainpy_one_gpu, 1 if parallel else None)
         if not parallel:
             trainpy.result()  # one device: in turn
-        loop = pool.submit(loop_subprocess, args, 0 if parallel else None)
+        loop = pool.submit(kept, "a_loop_record", loop_subprocess, 0 if parallel else None)
         return {"parallel": parallel, "trainpy": trainpy.result(), "loop": loop.result()}
 
 

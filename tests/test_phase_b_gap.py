@@ -2,6 +2,7 @@
 steps both attempts ran, and the LoRA dropout switch of its loop."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -80,3 +81,22 @@ def test_trace_digest_sums_kernels_per_step_by_name_and_family(tmp_path):
     assert digest["kernel_families_ms_per_step"]["dropout"] == 0.1
     assert digest["kernel_families_ms_per_step"]["optimizer"] == 0.05
     assert digest["median_gpu_busy_ms"] == 0.45
+
+
+def test_part_a_saves_each_side_when_it_ends(tmp_path, monkeypatch):
+    """On one GPU the sides run in turn: train.py's record (with its error) is on disk before the loop
+    starts, so a call that ends during the loop keeps it."""
+    from argparse import Namespace
+
+    args = Namespace(tiny=True, out=tmp_path)
+    monkeypatch.setattr(phase_b_gap, "trainpy_one_gpu", lambda a, gpu: {"error": "exit 1; log tail: boom"})
+
+    def loop_cut_short(a, gpu):
+        saved = json.loads((tmp_path / phase_b_gap.RESULTS).read_text())
+        assert saved["a_trainpy"] == {"error": "exit 1; log tail: boom"}
+        raise KeyboardInterrupt  # the device call ends here
+
+    monkeypatch.setattr(phase_b_gap, "loop_subprocess", loop_cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        phase_b_gap.part_a(args)
+    assert json.loads((tmp_path / phase_b_gap.RESULTS).read_text())["a_trainpy"]["error"].startswith("exit 1")
