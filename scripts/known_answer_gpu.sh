@@ -1,12 +1,12 @@
 #!/bin/bash
-# The known-answer learning benchmark on one GPU of the lent H200 machine, in one call:
+# The known-answer learning benchmark on one GPU of the lent H200 machine, in two calls (see below):
 #   bash scripts/known_answer_gpu.sh [overrides for every stage, e.g. phase.max_steps=800]
 # carrying WHEELS (default .device_wheels_ka, git-ignored): the wheels the device lacks, for Python 3.12
 # (diffusers, hydra-core, omegaconf, antlr4-python3-runtime, webdataset, braceexpand, decord, peft,
 # importlib-metadata, av, scenedetect, platformdirs; `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 -d .device_wheels_ka NAME==VERSION`, 55 MB). Writes to $OUT (at most 8 files): known_answer.json,
 # known_answer.md, curves.png, gallery.png, the VAE's training.json, the evaluation's metrics.json and
-# report.md, and the log. Stage lengths: configs/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps)
+# report.md, and the log (of this call: known_answer.json is written once the benchmark finishes). Stage lengths: configs/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps)
 # and the VAE's max_seconds (animegamer/known_answer.py, SIZES["gpu"]); docs/plans/known_answer.md
 # has the expected time of each.
 set -u
@@ -14,14 +14,17 @@ WORK=/tmp/known_answer
 BUDGET_S=${BUDGET_S:-560}  # the benchmark itself; the install and the copies come on top
 source scripts/known_answer_env.sh
 export CUDA_VISIBLE_DEVICES=0
-# 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains. With the
-# no-motion-scope ablation the benchmark took 536 s on one H200 (2026-12-01: VAE 100 s, decoder base 107 s,
-# the ablation's a1/a2 and game 87 s), inside one 600-s device call; the no-warm-up ablation would not fit
-# beside it (ABLATIONS="no_motion_scope no_warmup" where a call may run longer).
+# 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains.
+# The whole benchmark takes ~14.5 min on one H200 (2026-12-01: films, clips and the VAE ~2 min, decoder base
+# 331 s, a1/a2 77 s, b 41 s, c 15 s, evaluations 148 s, the no-motion-scope ablation 126 s): more than one
+# 600-s device call. Call this script again at once, on the still-warm machine: the first call's stop at
+# BUDGET_S saves a checkpoint (training/faults.py), and the second resumes every stage where it stopped
+# (the VAE and finished stages are reused, the cut one resumes from its step). A machine handed back loses
+# /tmp and starts over. The no-warm-up ablation adds ~2 min (ABLATIONS="no_motion_scope no_warmup").
 ABLATIONS=${ABLATIONS-no_motion_scope}
 timeout "$BUDGET_S" python3 -m animegamer.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \
   --ablations $ABLATIONS > /tmp/known_answer.log 2>&1
-echo "benchmark rc=$? (124: stopped at BUDGET_S=$BUDGET_S; known_answer.json holds the parts finished)"
+echo "benchmark rc=$? (124: stopped at BUDGET_S=$BUDGET_S with a checkpoint; call again on the warm machine to resume)"
 tail -c 15000000 /tmp/known_answer.log > "$OUT/known_answer.log"  # the size limit of a returned file
 grep -E "held-out PSNR|done at step|decoder base|evaluation:|known-answer|Error|error" /tmp/known_answer.log | cut -c1-300 | tail -25
 for f in known_answer.json known_answer.md curves.png gallery.png; do
