@@ -127,6 +127,8 @@ def compose(args):
         overrides.append("model.encoders.vae.cudnn_benchmark=true")
     if args.mllm_compile:
         overrides.append("model.mllm.compile=true")
+    if getattr(args, "cache", None) is not None:  # the step cache (game_turn.py --cache): samples change
+        overrides += ["model.diffusion.cache=first_block", f"model.diffusion.cache_threshold={args.cache}"]
     if args.tiny:
         overrides += ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]
     cfg = OmegaConf.to_object(compose_config("train", overrides))
@@ -470,6 +472,9 @@ def main() -> None:
                         help="framework side: model.mllm.compile (each Mistral layer compiled: prefill and decode)")
     parser.add_argument("--vae-cudnn-benchmark", action="store_true",
                         help="framework side: model.encoders.vae.cudnn_benchmark (cuDNN picks the VAE's conv algorithms)")
+    parser.add_argument("--cache", type=float, default=None, metavar="THRESHOLD",
+                        help="framework side: model.diffusion.cache=first_block at this threshold "
+                             "(benchmarks/step_cache.py measures what it changes)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.compile_mode != "default" and not args.compile:

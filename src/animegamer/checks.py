@@ -26,6 +26,7 @@ from animegamer.data.layout import MANIFEST
 from animegamer.data.storage import check_remote_settings, data_source
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
+from animegamer.diffusion.step_cache import check_sampling_cache
 from animegamer.game import check_batch_games
 from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.encoder import check_encoder_config, representation_tokens
@@ -208,6 +209,7 @@ def check_kernels(model) -> list[str]:
         for backend in backends:
             problems += choice(f"{key}.attention_backends[]", str(backend), ATTENTION_BACKENDS)
     problems += check_decoder_compile(dec, training=True) + check_decoder_fp8(dec) + check_cfg_parallel(dec)
+    problems += check_sampling_cache(model.diffusion, dec)
     if m.attention_backends and m.attention != SDPA:
         problems.append(f"model.mllm.attention_backends={list(m.attention_backends)} orders SDPA's kernels, "
                         f"but model.mllm.attention={m.attention!r}: use {SDPA} or leave it empty")
@@ -327,7 +329,7 @@ def validate_eval_run(cfg) -> None:
     problems += check_judge(e.judge)
     problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
     problems += check_decoder_compile(cfg.model.decoder, training=False) + check_decoder_fp8(cfg.model.decoder)
-    problems += check_cfg_parallel(cfg.model.decoder)
+    problems += check_cfg_parallel(cfg.model.decoder) + check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
     problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
     problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
     for key in ("mllm_export", "renderer_export", "reconstruction_export"):

@@ -187,15 +187,18 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     """
     from animegamer.config.validate import ConfigError
     from animegamer.diffusion.cfg_parallel import cfg_devices, replicate
+    from animegamer.diffusion.step_cache import caching, check_sampling_cache
     from animegamer.models.decoder import check_decoder_compile
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.models.reconstruction import build_reconstruction
 
     problems = check_decoder_compile(cfg.model.decoder, training=False)
+    problems += check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
     if problems:
         raise ConfigError(problems)
     device = torch.device(device or default_device())
-    branch_devices = cfg_devices(cfg.model.decoder.cfg_parallel, device)  # refused here, before any build
+    # refused here, before any build; with the step cache one GPU runs both branches (diffusion/step_cache.py)
+    branch_devices = None if caching(cfg.model.diffusion) else cfg_devices(cfg.model.decoder.cfg_parallel, device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     level_flow = check_level_flow(level_flow)

@@ -161,6 +161,10 @@ class DiffusionConfig:
     sampling_steps: int = 50
     guidance_scale: float = 6.0
     guidance_exponent: float = 5.0  # dynamic CFG
+    # Sampling only, off by default: "first_block" skips the decoder's later blocks at steps whose first
+    # block changed less than cache_threshold (diffusion/step_cache.py); the samples change.
+    cache: str = "none"
+    cache_threshold: float = 0.05
 
 
 @dataclass

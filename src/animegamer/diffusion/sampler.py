@@ -32,6 +32,7 @@ import torch
 
 from animegamer.config.schema import DiffusionConfig
 from animegamer.diffusion.schedule import make_sampler_scheduler
+from animegamer.diffusion.step_cache import sampling_cache
 
 logger = logging.getLogger(__name__)
 
@@ -205,13 +206,14 @@ def sample(
 
     predict = as_velocity_predictor(denoise_fn)
     old_x0: Optional[torch.Tensor] = None  # the previous step's x0 prediction, for the 2nd-order update
-    for i, t in enumerate(timesteps):
-        # A decoder compiled with CUDA graphs (model.decoder.compile_mode) reuses its output buffers: each
-        # step's call starts a new replay, the previous step's outputs being no longer read.
-        if predict.uses_cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        v = predict(latents, t, cond, uncond, flow, guidances[i], dtype)
-        t_back = timesteps[i - 1] if i > 0 else None  # the timestep old_x0 was predicted at
-        latents, old_x0 = scheduler.step(v, old_x0, t, t_back, latents, generator=generator, return_dict=False)
-        logger.debug("step %d/%d t=%d guidance=%.3f", i + 1, len(timesteps), t, guidances[i])
+    with sampling_cache(denoise_fn, cfg.cache, cfg.cache_threshold):
+        for i, t in enumerate(timesteps):
+            # A decoder compiled with CUDA graphs (model.decoder.compile_mode) reuses its output buffers: each
+            # step's call starts a new replay, the previous step's outputs being no longer read.
+            if predict.uses_cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            v = predict(latents, t, cond, uncond, flow, guidances[i], dtype)
+            t_back = timesteps[i - 1] if i > 0 else None  # the timestep old_x0 was predicted at
+            latents, old_x0 = scheduler.step(v, old_x0, t, t_back, latents, generator=generator, return_dict=False)
+            logger.debug("step %d/%d t=%d guidance=%.3f", i + 1, len(timesteps), t, guidances[i])
     return latents
