@@ -157,6 +157,7 @@ def test_state_log_is_consistent(played):
 def test_motion_level_picks_the_flow(played):
     steps = played.record["sampling"]["steps"]
     assert steps == 4
+    assert (played.record["sampling"]["cache"], played.record["sampling"]["cache_threshold"]) == ("none", 0.05)
     assert len(played.flows) == steps * len(SCRIPT)
     for i, (turn, script) in enumerate(zip(played.record["turns"], SCRIPT)):
         assert turn["motion_level"] == script["ML"] and turn["flow"] == LEVEL_FLOW[script["ML"]]
