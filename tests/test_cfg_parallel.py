@@ -68,16 +68,8 @@ def test_without_guidance_only_the_first_device_runs():
 
 
 @pytest.fixture(scope="module")
-def tiny_decoder():
-    from animegamer.models.decoder import MotionScopeDecoder
-
-    cfg = tiny_cfg()
-    torch.manual_seed(0)
-    decoder = MotionScopeDecoder(cfg.model.decoder, cfg.model.encoder.width,
-                                 rep_tokens=representation_tokens(cfg.model.encoder))
-    for p in decoder.parameters():  # the motion-scope embedder starts at zero: make the flow matter
-        torch.nn.init.normal_(p, std=0.3)
-    return cfg, decoder.eval().requires_grad_(False)
+def tiny_decoder(random_tiny_decoder):
+    return random_tiny_decoder
 
 
 def test_two_devices_equal_one_batch_with_the_tiny_decoder(tiny_decoder):

@@ -25,16 +25,8 @@ def tiny_cfg(*overrides: str):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from animegamer.models.decoder import MotionScopeDecoder
-
-    cfg = tiny_cfg()
-    torch.manual_seed(0)
-    decoder = MotionScopeDecoder(cfg.model.decoder, cfg.model.encoder.width,
-                                 rep_tokens=representation_tokens(cfg.model.encoder))
-    for p in decoder.parameters():  # random, not the zero-initialised embedders: every block matters
-        torch.nn.init.normal_(p, std=0.3)
-    decoder = decoder.eval().requires_grad_(False)
+def tiny(random_tiny_decoder):
+    cfg, decoder = random_tiny_decoder
     n, d = representation_tokens(cfg.model.encoder), cfg.model.encoder.width
     g = torch.Generator().manual_seed(1)
     inputs = dict(shape=(1, 2, cfg.model.decoder.in_channels, 8, 12), cond=torch.randn(1, n, d, generator=g),
