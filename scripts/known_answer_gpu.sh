@@ -31,7 +31,13 @@ for f in known_answer.json known_answer.md curves.png gallery.png; do
   cp "$WORK/$f" "$OUT/" 2>/dev/null
 done
 cp "$WORK/vae/training.json" "$OUT/vae_training.json" 2>/dev/null
-cp "$WORK/seed_0/eval/metrics.json" "$OUT/eval_metrics.json" 2>/dev/null
-cp "$WORK/seed_0/eval/report.md" "$OUT/eval_report.md" 2>/dev/null
+seed=0 prev=""
+for arg in "$@"; do  # --seed N trains into seed_N/
+  [ "$prev" = "--seed" ] && seed=$arg
+  case $arg in --seed=*) seed=${arg#--seed=} ;; esac
+  prev=$arg
+done
+cp "$WORK/seed_$seed/eval/metrics.json" "$OUT/eval_metrics.json" 2>/dev/null
+cp "$WORK/seed_$seed/eval/report.md" "$OUT/eval_report.md" 2>/dev/null
 cat "$WORK/known_answer.md" 2>/dev/null
 ls -la "$OUT"
