@@ -38,7 +38,7 @@ def check_sampling_cache(diffusion, decoder) -> list[str]:
     problems = choice("model.diffusion.cache", str(diffusion.cache), SAMPLING_CACHES)
     if not diffusion.cache_threshold >= 0:
         problems.append(f"model.diffusion.cache_threshold={diffusion.cache_threshold} must be >= 0")
-    if diffusion.cache != CACHE_NONE and str(decoder.cfg_parallel) == CFG_PARALLEL_ON:
+    if str(diffusion.cache) == CACHE_FIRST_BLOCK and str(decoder.cfg_parallel) == CFG_PARALLEL_ON:
         problems.append(f"model.diffusion.cache={diffusion.cache} with {KEY}=on: the two GPUs' guidance branches "
                         f"would each decide alone which steps to skip; use {KEY}=auto (one GPU with the cache) "
                         f"or model.diffusion.cache=none")
