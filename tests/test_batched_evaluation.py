@@ -98,6 +98,40 @@ def test_batched_games_equal_games_played_alone(played):
     assert rep_diff <= REP_TOLERANCE and frame_diff <= FRAME_TOLERANCE, (rep_diff, frame_diff)
 
 
+def test_with_the_step_cache_batched_games_still_equal_games_played_alone(models, played, tmp_path):
+    """The step cache decides per batch which steps to skip, so batched play samples each game's turn
+    alone (the decoder never sees two games at once): the same clips as alone (with the cache), and not
+    the uncached clips (it did skip)."""
+    from dataclasses import replace
+
+    diffusion = replace(models.cfg.model.diffusion, cache="first_block", cache_threshold=1e9)
+    cached = replace(models, cfg=replace(models.cfg, model=replace(models.cfg.model, diffusion=diffusion)))
+    scripts = SCRIPTS[:3]
+    alone = []
+    for number, script in enumerate(scripts):
+        results: list = []
+        record = play_game(cached, script, tmp_path / "alone" / str(number), seed=7, window_turns=3,
+                           on_turn=results.append)
+        alone.append(SimpleNamespace(record=record, results=results))
+    batch_sizes: list[int] = []
+    hook = models.renderer.decoder.register_forward_pre_hook(lambda m, args: batch_sizes.append(args[0].shape[0]))
+    try:
+        batched = play_games(cached, scripts, [tmp_path / "batched" / str(n) for n in range(len(scripts))], seed=7,
+                             batch_games=3, window_turns=3)
+    finally:
+        hook.remove()
+    assert set(batch_sizes) == {2}  # one game's two guidance branches per call, never several games
+    frame_diff, from_uncached = 0, 0
+    for one, game, uncached in zip(alone, batched, played.alone):
+        assert without_timings(game.record) == without_timings(one.record)
+        assert one.record["sampling"]["cache"] == "first_block"
+        for a, b, u in zip(one.results, game.results, uncached.results, strict=True):
+            frame_diff = max(frame_diff, int(np.abs(a.frames.astype(int) - b.frames.astype(int)).max()))
+            from_uncached = max(from_uncached, int(np.abs(b.frames.astype(int) - u.frames.astype(int)).max()))
+    assert frame_diff <= FRAME_TOLERANCE, frame_diff
+    assert from_uncached > FRAME_TOLERANCE, from_uncached
+
+
 def test_unequal_games_leave_the_batch_and_the_next_game_joins(played):
     """Turn by turn, the decoder's batch (CFG doubles it) holds the games still playing, at most 3:
     games 0-2 start; game 1 (one turn) leaves and game 3 takes its slot in the next turn; games 0 and 3

@@ -450,9 +450,14 @@ def render_latents(models: GameModels, diffusion, latent_shape: Sequence[int], p
     """Decoder latents (B, T, C, H, W) of the planned turns, sampled in one batch (CFG doubles it).
 
     Each turn draws its noise from its own CPU generator seeded by (seed, turn): row b gets exactly
-    the draws it would get sampled alone, on every device."""
+    the draws it would get sampled alone, on every device. With the step cache (``model.diffusion.cache``)
+    a batch would decide together which steps to skip, so each turn is sampled alone instead: a game's
+    clips never depend on which games share its batch."""
     from animegamer.diffusion.sampler import sample
+    from animegamer.diffusion.step_cache import caching
 
+    if caching(diffusion) and len(plans) > 1:
+        return torch.cat([render_latents(models, diffusion, latent_shape, [plan], uncond) for plan in plans])
     device, dtype = models.device, models.dtype
     generators = [torch.Generator(device="cpu").manual_seed(plan.seed) for plan in plans]
     shape = (len(plans), *latent_shape[1:])

@@ -8,8 +8,9 @@ that step's residual of the remaining blocks is added instead. Off by default: t
 amount ``benchmarks/game_turn.py --cache`` measures against the uncached samples from the same noise.
 
 What it does not keep:
-- a batch decides together (one mean over every sample and both guidance branches), so a game played in
-  a batch of several (``evaluate.py``'s batched games) no longer equals the same game played alone;
+- a batch decides together (one mean over every sample and both guidance branches): the game samples
+  each turn of a batch of games (``evaluate.py``'s ``evaluation.batch_games``) alone, so a game still
+  equals the same game played alone, and batching no longer speeds up sampling;
 - the two-GPU guidance branches (``model.decoder.cfg_parallel``) would decide apart, each on its own
   branch, so the validation pass refuses the pair.
 
