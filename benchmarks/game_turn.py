@@ -215,7 +215,7 @@ class PredictOrFixed:
 
 def build_framework(args, cfg):
     """The framework's ``GameModels`` at ``cfg``'s sizes, random weights, on ``args.device`` in ``args.dtype``."""
-    from animegamer.game import GameModels, merge_for_play
+    from animegamer.game_models import GameModels, merge_for_play
     from animegamer.models.frozen_encoders import FrozenVAE
     from animegamer.models.reconstruction import ReconstructionModel
     from animegamer.phases.phase_b import PhaseB

@@ -15,17 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.game import (
-    CHARACTER_STATES,
-    INITIAL_STATE,
-    Game,
-    GameModels,
-    load_game_models,
-    main,
-    play_game,
-    read_level_flow,
-    update_states,
-)
+from animegamer.game import CHARACTER_STATES, INITIAL_STATE, Game, main, play_game, update_states
+from animegamer.game_models import GameModels, load_game_models, read_level_flow
 from animegamer.mllm.predict import Prediction
 from animegamer.mllm.sequence import parse_states
 from animegamer.models.encoder import representation_tokens

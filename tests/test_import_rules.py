@@ -33,7 +33,7 @@ class Rule:
 
 RULES = (
     Rule("models, data, mllm, metrics, the game, evaluation and the pipeline import no phase",
-         (PACKAGE / "models", PACKAGE / "data", PACKAGE / "mllm", PACKAGE / "metrics", PACKAGE / "game.py",
+         (PACKAGE / "models", PACKAGE / "data", PACKAGE / "mllm", PACKAGE / "metrics", PACKAGE / "game.py", PACKAGE / "game_models.py",
           PACKAGE / "evaluation.py", PIPELINE),
          (PHASES,)),
     Rule("models import no phase, data or pipeline", (PACKAGE / "models",), (PHASES, DATA, PIPELINE_PACKAGE)),

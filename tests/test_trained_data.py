@@ -47,7 +47,8 @@ def test_evaluation_refuses_exports_trained_at_another_clip_size(quickstart, toy
 
 
 def test_game_renders_at_the_size_its_renderer_was_trained_at(quickstart, tmp_path):
-    from animegamer.game import load_game_models, play_game, read_level_flow
+    from animegamer.game import play_game
+    from animegamer.game_models import load_game_models, read_level_flow
 
     root, summary = quickstart
     assert trained_clip_size(summary["phase c export"]) == QUICKSTART_CLIPS

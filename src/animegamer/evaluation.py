@@ -298,7 +298,7 @@ def untrained_baseline(cfg: RunConfig, models, benchmark: dict, out: Path, score
     init_from, no trained weights) and the trained renderer, scored by the same code as the game."""
     from dataclasses import replace
 
-    from animegamer.game import load_game_mllm
+    from animegamer.game_models import load_game_mllm
 
     seed, init = recorded_start(cfg.evaluation.mllm_export)
     start = replace(models.cfg, seed=cfg.seed if seed is None else int(seed))
@@ -334,7 +334,7 @@ def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: di
 def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
     from animegamer.config.trained_data import clip_manifest
-    from animegamer.game import load_game_models, read_level_flow
+    from animegamer.game_models import load_game_models, read_level_flow
     from animegamer.metrics.judge import judge_report_games
     from animegamer.metrics.report import write_report
 

@@ -95,7 +95,8 @@ def play_story(composed, out: Path) -> Path:
 
     from animegamer.config.trained_data import clip_manifest
     from animegamer.evaluation import story_instructions
-    from animegamer.game import INDEX_FILE, load_game_models, play_game, read_level_flow
+    from animegamer.game import INDEX_FILE, play_game
+    from animegamer.game_models import load_game_models, read_level_flow
 
     cfg = OmegaConf.to_object(composed)
     e = cfg.evaluation
