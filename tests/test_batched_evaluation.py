@@ -46,10 +46,10 @@ def models():
     return GameModels(mllm, renderer, vae, LEVEL_FLOW, cfg)
 
 
-def sequential(models, root: Path) -> list[SimpleNamespace]:
+def sequential(models, root: Path, scripts=SCRIPTS) -> list[SimpleNamespace]:
     """Today's path: one game after another through play_game."""
     games = []
-    for number, script in enumerate(SCRIPTS):
+    for number, script in enumerate(scripts):
         results = []
         try:
             record = play_game(models, script, root / str(number), seed=7, window_turns=3, on_turn=results.append)
@@ -61,17 +61,23 @@ def sequential(models, root: Path) -> list[SimpleNamespace]:
     return games
 
 
+def batched_play(models, root: Path, scripts=SCRIPTS) -> tuple[list, list[int]]:
+    """The games played 3 at a time, and the batch of every decoder call."""
+    batch_sizes: list[int] = []
+    hook = models.renderer.decoder.register_forward_pre_hook(lambda m, args: batch_sizes.append(args[0].shape[0]))
+    try:
+        batched = play_games(models, scripts, [root / "batched" / str(n) for n in range(len(scripts))], seed=7,
+                             batch_games=3, window_turns=3)
+    finally:
+        hook.remove()
+    return batched, batch_sizes
+
+
 @pytest.fixture(scope="module")
 def played(models, tmp_path_factory):
     root = tmp_path_factory.mktemp("played")
     alone = sequential(models, root / "alone")
-    batch_sizes: list[int] = []
-    hook = models.renderer.decoder.register_forward_pre_hook(lambda m, args: batch_sizes.append(args[0].shape[0]))
-    try:
-        batched = play_games(models, SCRIPTS, [root / "batched" / str(n) for n in range(len(SCRIPTS))], seed=7,
-                             batch_games=3, window_turns=3)
-    finally:
-        hook.remove()
+    batched, batch_sizes = batched_play(models, root)
     return SimpleNamespace(alone=alone, batched=batched, root=root, batch_sizes=batch_sizes)
 
 
@@ -107,20 +113,8 @@ def test_with_the_step_cache_batched_games_still_equal_games_played_alone(models
 
     diffusion = replace(models.cfg.model.diffusion, cache="first_block", cache_threshold=1e9)
     cached = replace(models, cfg=replace(models.cfg, model=replace(models.cfg.model, diffusion=diffusion)))
-    scripts = SCRIPTS[:3]
-    alone = []
-    for number, script in enumerate(scripts):
-        results: list = []
-        record = play_game(cached, script, tmp_path / "alone" / str(number), seed=7, window_turns=3,
-                           on_turn=results.append)
-        alone.append(SimpleNamespace(record=record, results=results))
-    batch_sizes: list[int] = []
-    hook = models.renderer.decoder.register_forward_pre_hook(lambda m, args: batch_sizes.append(args[0].shape[0]))
-    try:
-        batched = play_games(cached, scripts, [tmp_path / "batched" / str(n) for n in range(len(scripts))], seed=7,
-                             batch_games=3, window_turns=3)
-    finally:
-        hook.remove()
+    alone = sequential(cached, tmp_path / "alone", SCRIPTS[:3])
+    batched, batch_sizes = batched_play(cached, tmp_path, SCRIPTS[:3])
     assert set(batch_sizes) == {2}  # one game's two guidance branches per call, never several games
     frame_diff, from_uncached = 0, 0
     for one, game, uncached in zip(alone, batched, played.alone):
