@@ -5,7 +5,7 @@
 residual (output minus input) moved less than ``model.diffusion.cache_threshold`` since the last step that
 ran every block (mean absolute change over the mean absolute residual), the other blocks are skipped and
 that step's residual of the remaining blocks is added instead. Off by default: the samples change, by an
-amount ``benchmarks/game_turn.py --cache`` measures against the uncached samples from the same noise.
+amount ``benchmarks/step_cache.py`` measures against the uncached samples from the same noise.
 
 What it does not keep:
 - a batch decides together (one mean over every sample and both guidance branches): the game samples
