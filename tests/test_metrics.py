@@ -323,6 +323,25 @@ def test_reconstruction_report_counts_clips_and_names_the_models(tmp_path):
                     "parameters), float32 on cpu (Example CPU, 2 cores), torch 2.13.0, 4 sampling steps per clip; "
                     "2 clips.")
     assert "- Paper: the full-size AnimeGamer" in report and "| Metric | Ours (`tiny`) |" in report
+    cached = {**metrics, "setup": {**SETUP, "sampling_cache": "first_block (threshold 0.05)"}}
+    write_report(tmp_path / "cached", cached, [], PAPER_TABLE3_RECONSTRUCTION, title="Reconstruction")
+    assert ("4 sampling steps per clip with the step cache first_block (threshold 0.05); 2 clips."
+            in (tmp_path / "cached" / "report.md").read_text())
+
+
+def test_the_setup_names_the_step_cache_only_when_it_is_on():
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+
+    from animegamer.config.compose import compose_config
+    from animegamer.evaluation import sampling_setup
+
+    cfg = OmegaConf.to_object(compose_config("evaluate", ["model=tiny", "evaluation.sampling_steps=4"]))
+    assert sampling_setup(cfg) == {"sampling_steps": 4}
+    diffusion = replace(cfg.model.diffusion, cache="first_block", cache_threshold=0.1)
+    cached = replace(cfg, model=replace(cfg.model, diffusion=diffusion))
+    assert sampling_setup(cached) == {"sampling_steps": 4, "sampling_cache": "first_block (threshold 0.1)"}
 
 
 def test_gallery_says_each_unavailable_reason_once_and_shows_the_truth_beside_each_clip(tmp_path):

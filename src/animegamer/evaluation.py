@@ -245,7 +245,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     with torch.no_grad():  # the clips' own latents through the VAE: what any renderer can give back at best
         ceiling = {"label": VAE_ROUND_TRIP_LABEL, **scored([pixels(items[i]["latents"][None]) for i in range(count)])}
     setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,
-                           sampling_steps=e.sampling_steps or cfg.model.diffusion.sampling_steps)
+                           **sampling_setup(cfg))
     return {"clips": count, "export": e.reconstruction_export, "setup": setup, **own,
             "baselines": {SHUFFLED: shuffled, VAE_ROUND_TRIP: ceiling}}
 
@@ -317,8 +317,18 @@ def game_setup(cfg: RunConfig, models) -> dict:
     from animegamer.metrics.setup import describe_setup
 
     parts = {"MLLM": models.mllm.model, "renderer (encoder + decoder)": models.renderer, "VAE": models.vae}
-    return describe_setup(cfg.model.name, parts, models.device, models.dtype,
-                          sampling_steps=cfg.evaluation.sampling_steps or cfg.model.diffusion.sampling_steps)
+    return describe_setup(cfg.model.name, parts, models.device, models.dtype, **sampling_setup(cfg))
+
+
+def sampling_setup(cfg: RunConfig) -> dict:
+    """How the evaluation samples: steps, and the step cache when one is on (it changes the clips)."""
+    from animegamer.diffusion.step_cache import caching
+
+    d = cfg.model.diffusion
+    found = {"sampling_steps": cfg.evaluation.sampling_steps or d.sampling_steps}
+    if caching(d):
+        found["sampling_cache"] = f"{d.cache} (threshold {d.cache_threshold:g})"
+    return found
 
 
 def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: dict | None = None) -> dict:

@@ -254,6 +254,7 @@ def _setup_lines(setup: Mapping | None, counts: str) -> list[str]:
     if setup:
         sizes = ", ".join(f"{label} {format_count(int(n))}" for label, n in setup["parameters"].items())
         steps = f", {setup['sampling_steps']} sampling steps per clip" if setup.get("sampling_steps") else ""
+        steps += f" with the step cache {setup['sampling_cache']}" if setup.get("sampling_cache") else ""
         cpu = f"; CPU {setup['cpu']}" if setup.get("cpu") and setup["cpu"] != setup["hardware"] else ""
         ours = (f"- Ours: model preset `{setup['model']}` ({sizes} parameters), {setup['dtype']} on "
                 f"{setup['device']} ({setup['hardware']}{cpu}), torch {setup['torch']}{steps}; {counts}.")
