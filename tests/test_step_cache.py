@@ -93,14 +93,13 @@ def test_the_game_refuses_the_two_gpu_pair_before_building():
                          LEVEL_FLOW, device="cpu")
 
 
-def test_the_gpu_benchmark_rehearsed_on_cpu(tmp_path):
+def test_the_gpu_benchmark_rehearsed_on_cpu(tmp_path, monkeypatch):
     """benchmarks/step_cache.py --tiny: the uncached row, a cache that skips nothing and one that skips
     every step after the first, measured against the uncached sample."""
     import json
-    import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import step_cache
 
     assert step_cache.main(["--tiny", "--steps", str(STEPS), "--thresholds", "0", "1e9", "--out", str(tmp_path)]) == 0
