@@ -15,13 +15,13 @@ BUDGET_S=${BUDGET_S:-560}  # the benchmark itself; the install and the copies co
 source scripts/known_answer_env.sh
 export CUDA_VISIBLE_DEVICES=0
 # 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains.
-# The whole benchmark takes ~14.5 min on one H200 (2026-12-01: films, clips and the VAE ~2 min, decoder base
-# 331 s, a1/a2 77 s, b 41 s, c 15 s, evaluations 148 s, the no-motion-scope ablation 126 s): more than one
-# 600-s device call. Call this script again at once, on the still-warm machine: the first call's stop at
+# The whole benchmark takes ~17 min on one H200 (2026-12-01, both ablations: films, clips and the VAE ~2 min,
+# decoder base ~340 s, a1/a2 ~80 s, b 32 s, c 16 s, evaluations 139 s, the ablations 128 s and 101 s): more
+# than one 600-s device call. Call this script again at once, on the still-warm machine: the first call's stop at
 # BUDGET_S saves a checkpoint (training/faults.py), and the second resumes every stage where it stopped
 # (the VAE and finished stages are reused, the cut one resumes from its step). A machine handed back loses
-# /tmp and starts over. The no-warm-up ablation adds ~2 min (ABLATIONS="no_motion_scope no_warmup").
-ABLATIONS=${ABLATIONS-no_motion_scope}
+# /tmp and starts over. ABLATIONS="" (or one name) saves ~2 min per ablation left out.
+ABLATIONS=${ABLATIONS-no_motion_scope no_warmup}
 timeout "$BUDGET_S" python3 -m animegamer.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \
   --ablations $ABLATIONS > /tmp/known_answer.log 2>&1
 echo "benchmark rc=$? (124: stopped at BUDGET_S=$BUDGET_S with a checkpoint; call again on the warm machine to resume)"

@@ -42,11 +42,14 @@ def test_rows_and_margins_keep_games_and_reconstructions_apart(tmp_path: Path) -
     # Unavailable metrics are None; timings and per-turn lists are not metrics of the table.
     assert rows[0]["metrics"] == {"acc_s": 0.75, "mae_s": 0.5, "acc_f": 0.6, "clip_i": None}
     rows += [r for r in rows_of("ablation no_motion_scope", EVALUATION) if "baseline" not in r]
-    margins = comparisons(rows)
+    margins = comparisons(rows, {TRAINED: 6, RECONSTRUCTION: 4})
     # Higher is better for ACC-S, lower for MAE-S: both margins positive when the trained game is better.
     assert margins["trained game: acc_s"]["majority"]["margin"] == pytest.approx(0.25)
     assert margins["trained game: mae_s"]["untrained game"]["margin"] == pytest.approx(1.5)
     assert margins["trained game: acc_f"]["untrained game"]["margin"] == pytest.approx(0.4)
+    # A share over 6 turns: the margin's standard error, sqrt(0.6 * 0.4 / 6 + 0.2 * 0.8 / 6).
+    assert margins["trained game: acc_f"]["untrained game"]["noise"] == pytest.approx((0.4 / 6) ** 0.5)
+    assert "noise" not in margins["trained game: acc_s"]["majority"]  # not a share of independent items
     assert margins[f"{RECONSTRUCTION}: psnr"][f"{RECONSTRUCTION}, shuffled"]["margin"] == pytest.approx(3.5)
     # The ablation's own reconstruction is a reconstruction row; its game is a game row.
     assert f"ablation no_motion_scope: {RECONSTRUCTION}" in margins[f"{RECONSTRUCTION}: psnr"]
@@ -56,6 +59,8 @@ def test_rows_and_margins_keep_games_and_reconstructions_apart(tmp_path: Path) -
     table = (tmp_path / "t.md").read_text()
     assert "| row | acc_f | acc_s | mae_s | psnr |" in table  # clip_i had no value anywhere: no column
     assert "| trained game | 0.600 | 0.750 | 0.500 |  |" in table
+    # The widest standard error of a difference: sqrt(2 * 0.25 / 6) = 0.29, sqrt(2 * 0.25 / 4) = 0.35.
+    assert "0.29 between two rows over 6 game turns; 0.35 between two rows over 4 reconstructed clips" in table
 
 
 def test_loss_curves_average_micro_batches_per_step(tmp_path: Path) -> None:

@@ -56,7 +56,9 @@ pytestmark = pytest.mark.slow
 def benchmark(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from animegamer.known_answer import run_benchmark
 
-    return run_benchmark(tmp_path_factory.mktemp("known_answer"), "ci", seed=SEED, ablations=(), a2_renderer=False)
+    # The step cache at threshold 0 computes every step: its game must be the uncached one, clip for clip.
+    return run_benchmark(tmp_path_factory.mktemp("known_answer"), "ci", seed=SEED, ablations=(), a2_renderer=False,
+                         step_cache=0.0)
 
 
 def _row(result: dict, name: str) -> dict:
@@ -110,3 +112,16 @@ def test_the_decoder_base_reconstructs_beside_the_a2_decoder(benchmark: dict) ->
     base = _row(benchmark, label)
     assert base["psnr"] is not None and base["acc_f"] is not None, base
     assert label in benchmark["trained_vs_baselines"][f"{RECONSTRUCTION}: psnr"]
+
+
+def test_the_step_cache_row_compares_its_clips_with_the_uncached_game(benchmark: dict) -> None:
+    """At threshold 0 the cached game renders exactly the uncached one: every turn's clip equal (PSNR at
+    its cap), the same metrics, and a time per turn of each."""
+    from animegamer.known_answer import STEP_CACHE, TRAINED
+    from animegamer.metrics.psnr import PSNR_CAP_DB
+
+    record = benchmark["step_cache"]
+    against = record["against_uncached"]
+    assert against["turns"] == benchmark["turns"] and against["psnr_min"] == PSNR_CAP_DB, against
+    assert _row(benchmark, STEP_CACHE.format(threshold=0.0)) == _row(benchmark, TRAINED)
+    assert record["turn_speedup"] > 0 and record["seconds_per_stage"]["cached"]["sample"] > 0, record

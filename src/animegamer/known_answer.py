@@ -13,7 +13,10 @@ baselines are scored in the same evaluation code:
   conditioning?; ``reconstruction.baselines``);
 * the game rendered by the phase (a2) decoder instead of the phase (c) one (does adaptation help?);
 * the Table 3 ablations without the motion-scope input and without the warm-up: each a2 stage trained
-  as its own model and scored as the renderer of the same game and on reconstruction.
+  as its own model and scored as the renderer of the same game and on reconstruction;
+* with ``--step-cache THRESHOLD``, the trained game sampled with the step cache
+  (``model.diffusion.cache=first_block``): its row, its time per turn against the uncached game's, and
+  each turn's clip against the uncached one's (PSNR: what the cache changes on a trained decoder).
 
 ``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
 row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +54,13 @@ A2_RENDERER = "game rendered by the a2 decoder"
 # phases (a) and (c) are to control? (Its reconstruction row only: it has no motion scope to play a game with.)
 BASE_RENDERER = "decoder base (its own encoder, no motion scope)"
 BASE_RENDERER_OVERRIDES = ("model.decoder.motion_scope=false",)
+STEP_CACHE = "trained game, step cache (first block, threshold {threshold:g})"
 RECONSTRUCTION = "a2 reconstruction (own representation)"
 # Metrics where lower is better; every other metric is better higher.
 LOWER_IS_BETTER = frozenset({"mae_s", "mae_f", "dreamsim"})
+# Each is the share of items (game turns, reconstructed clips) whose speed level came out right: a
+# binomial proportion over few items, so two rows are told apart only against its sampling noise.
+PER_ITEM_SHARES = frozenset({"acc_f"})
 CURVE_SMOOTHING = 10  # steps in the moving average drawn over each stage's per-step loss
 GALLERY_TURNS = 3
 GALLERY_FRAMES = 5  # frames per clip in the gallery strip, evenly spaced
@@ -198,6 +206,41 @@ def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequen
     return train_stage([*common, "phase=a_joint", f"phase.init_from='{start}'"])["export"]
 
 
+def game_clips(eval_out: Path, games: list[dict]) -> dict[str, Path]:
+    """Each played turn's clip, by ``<game id>/<turn index>`` (paths in a report are relative to its folder)."""
+    return {f"{g['id']}/{i}": eval_out / t["video"] for g in games for i, t in enumerate(g["turns"])}
+
+
+def clips_deviation(ours: dict[str, Path], reference: dict[str, Path]) -> dict[str, Any]:
+    """PSNR of each turn's clip against the same turn's clip of another evaluation of the same game:
+    the same MLLM and seed, so the clips differ only by how they were sampled."""
+    from animegamer.data.shards import decode_video
+    from animegamer.metrics.psnr import psnr
+
+    shared = sorted(set(ours) & set(reference))
+    values = [psnr(decode_video(ours[k].read_bytes()), decode_video(reference[k].read_bytes())) for k in shared]
+    return {"turns": len(shared), "psnr_per_turn": values,
+            "psnr_mean": sum(values) / len(values) if values else None, "psnr_min": min(values, default=None)}
+
+
+def score_step_cache(layout: Layout, size: BenchmarkSize, summary: dict, eval_out: Path, threshold: float,
+                     extra: Sequence[str]) -> tuple[dict, dict]:
+    """The trained game played again with the step cache: its table row, and how much faster and how
+    different its turns are than the uncached game's (``eval_out``)."""
+    cached = evaluate_renderer(layout, size, f"step_cache_{threshold:g}", summary["phase b export"],
+                               summary["phase c export"], ("model.diffusion.cache=first_block",
+                                                           f"model.diffusion.cache_threshold={threshold}"), extra=extra)
+    reports = {"cached": json.loads((Path(cached["out"]) / METRICS_FILE).read_text()),
+               "uncached": json.loads((eval_out / METRICS_FILE).read_text())}
+    speed = {name: report["metrics"]["seconds_per_stage"] for name, report in reports.items()}
+    record = {"threshold": threshold, "seconds_per_stage": speed,
+              "turn_speedup": speed["uncached"]["total"] / speed["cached"]["total"],
+              "sample_speedup": speed["uncached"]["sample"] / speed["cached"]["sample"],
+              "against_uncached": clips_deviation(game_clips(Path(cached["out"]), reports["cached"]["games"]),
+                                                  game_clips(eval_out, reports["uncached"]["games"]))}
+    return rows_of(STEP_CACHE.format(threshold=threshold), cached["metrics"])[0], record
+
+
 # --------------------------------------------------------------------------- representation prediction
 def representation_prediction(pipeline_root: Path) -> dict[str, float]:
     """How well phase (b) predicts each clip's phase (a2) representation, from the shards the recipe
@@ -252,12 +295,21 @@ def rows_of(name: str, metrics: dict) -> list[dict]:
     return rows
 
 
-def comparisons(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+def share_noise(p: float, q: float, n_p: int, n_q: int) -> float:
+    """The standard error of the difference of two shares over ``n_p`` and ``n_q`` items, taken as
+    independent samples (the rows score the same items, so this errs on the wide side)."""
+    return math.sqrt(p * (1 - p) / n_p + q * (1 - q) / n_q)
+
+
+def comparisons(rows: list[dict], items: dict[str, int] | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Per metric of the trained game (and of its reconstruction), every other row's value and how much
-    better the trained one is (positive: trained better; lower-is-better metrics are negated)."""
+    better the trained one is (positive: trained better; lower-is-better metrics are negated). With
+    ``items`` (``{TRAINED: game turns, RECONSTRUCTION: clips}``) a share's comparison also carries
+    ``noise``: the standard error of the margin (:func:`share_noise`)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for reference in (TRAINED, RECONSTRUCTION):
         mine = next((r["metrics"] for r in rows if r["row"] == reference), {})
+        count = (items or {}).get(reference)
         for key, value in mine.items():
             if value is None:
                 continue
@@ -268,8 +320,10 @@ def comparisons(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
                 # A game's clips are compared with games', a reconstruction's with reconstructions'.
                 same_kind = (RECONSTRUCTION in row["row"]) == (reference == RECONSTRUCTION)
                 if row["row"] != reference and other is not None and same_kind:
-                    out[f"{reference}: {key}"][row["row"]] = {"value": other, "trained": value,
-                                                              "margin": sign * (value - other)}
+                    entry = {"value": other, "trained": value, "margin": sign * (value - other)}
+                    if key in PER_ITEM_SHARES and count:
+                        entry["noise"] = share_noise(value, other, count, count)
+                    out[f"{reference}: {key}"][row["row"]] = entry
     return out
 
 
@@ -282,6 +336,13 @@ def write_table(path: Path, rows: list[dict], about: dict) -> None:
     lines += [f"| {r['row']} | " + " | ".join(fmt(r["metrics"].get(k)) for k in keys) + " |" for r in rows]
     lines += ["", "Lower is better for " + ", ".join(sorted(LOWER_IS_BETTER & set(keys))) + "; higher for the rest. "
               "An empty cell: the metric does not apply to the row (or had no weights)."]
+    counts = [(n, what) for n, what in ((about.get("turns"), "game turns"),
+                                        (about.get("reconstruction_clips"), "reconstructed clips")) if n]
+    if PER_ITEM_SHARES & set(keys) and counts:
+        noise = "; ".join(f"{share_noise(0.5, 0.5, n, n):.2f} between two rows over {n} {what}" for n, what in counts)
+        lines += [f"Sampling noise of {', '.join(sorted(PER_ITEM_SHARES & set(keys)))} (a share of few items; "
+                  f"the standard error of a difference, at its widest): {noise}. A gap under about twice that "
+                  "does not tell two rows apart (`noise` in known_answer.json: each comparison's own)."]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -344,13 +405,15 @@ def write_gallery(eval_out: Path, path: Path) -> bool:
 def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
                   ablations: Sequence[str] | None = None, films: int | None = None,
                   vae: dict[str, Any] | None = None, a2_renderer: bool = True,
-                  stage: Sequence[str] = (), base_reconstruction: bool = True) -> dict[str, Any]:
+                  stage: Sequence[str] = (), base_reconstruction: bool = True,
+                  step_cache: float | None = None) -> dict[str, Any]:
     """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
     every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
     how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
     ``max_seconds``, ``device``); ``a2_renderer``: also play the game with the a2 decoder as the renderer;
     ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`);
-    ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one)."""
+    ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
+    ``step_cache``: also play the trained game with the step cache at this threshold (:func:`score_step_cache`)."""
     from dataclasses import replace
 
     from data_pipeline.known_answer import SIZES as DATA_SIZES
@@ -414,6 +477,11 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
         result["rows"] += rows_of(A2_RENDERER, a2["metrics"])[:1]  # its state baselines are the trained game's
         lap("a2 renderer evaluation")
         write_result(layout.out, result, started)
+    if step_cache is not None:
+        row, result["step_cache"] = score_step_cache(layout, bench, summary, eval_out, step_cache, over_base)
+        result["rows"].append(row)
+        lap("step cache evaluation")
+        write_result(layout.out, result, started)
     if base_reconstruction and summary["decoder base export"]:
         export = summary["decoder base export"]
         # One game: only the reconstruction is kept (its game would ignore the motion levels asked for).
@@ -455,7 +523,8 @@ def parse_stage_overrides(specs: Sequence[str]) -> list[tuple[str, str]]:
 def write_result(out: Path, result: dict, started: float) -> None:
     """``known_answer.json`` (with the comparisons of the rows so far) and the table."""
     result["wall_seconds"]["total"] = time.perf_counter() - started
-    result["trained_vs_baselines"] = comparisons(result["rows"])
+    result["trained_vs_baselines"] = comparisons(
+        result["rows"], {TRAINED: result.get("turns") or 0, RECONSTRUCTION: result.get("reconstruction_clips") or 0})
     (out / RESULT_FILE).write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     write_table(out / TABLE_FILE, result["rows"], result)
 
@@ -477,6 +546,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="skip the game rendered by the a2 decoder")
     parser.add_argument("--no-base-reconstruction", dest="base_reconstruction", action="store_false",
                         help="skip the decoder base's reconstruction of the held-out clips")
+    parser.add_argument("--step-cache", type=float, default=None, metavar="THRESHOLD",
+                        help="also play the trained game with the step cache at this threshold (e.g. 0.05)")
     parser.add_argument("overrides", nargs="*", help="overrides for every stage, e.g. phase.max_steps=100")
     return parser.parse_intermixed_args(argv)
 
@@ -490,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
                                            ("device", args.vae_device)) if value is not None}
     exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae,
-                                      args.a2_renderer, args.stage, args.base_reconstruction)
+                                      args.a2_renderer, args.stage, args.base_reconstruction, args.step_cache)
     return 0
 
 
