@@ -113,3 +113,13 @@ def test_stage_overrides_reach_their_stage_alone(tmp_path: Path) -> None:
     message = str(error.value)
     assert "'a2:phase.lr=1'" in message and "'base phase.lr=1'" in message and "'b:phase.lr'" in message
     assert "c:phase.lr=2" not in message
+
+
+def test_a_step_cache_the_evaluation_would_refuse_stops_before_anything_trains(tmp_path: Path) -> None:
+    """The cached game plays last, after every stage: a bad threshold must fail at the start, not then."""
+    from animegamer.errors import UserError
+    from animegamer.known_answer import run_benchmark
+
+    with pytest.raises(UserError, match="cache_threshold=-1.0 must be >= 0"):
+        run_benchmark(tmp_path / "out", "ci", step_cache=-1.0)
+    assert not (tmp_path / "out").exists()

@@ -223,13 +223,29 @@ def clips_deviation(ours: dict[str, Path], reference: dict[str, Path]) -> dict[s
             "psnr_mean": sum(values) / len(values) if values else None, "psnr_min": min(values, default=None)}
 
 
+def step_cache_overrides(threshold: float) -> tuple[str, str]:
+    return "model.diffusion.cache=first_block", f"model.diffusion.cache_threshold={threshold}"
+
+
+def check_step_cache(eval_overrides: Sequence[str], threshold: float | None) -> None:
+    """Refuse a step cache the evaluation could not run before any stage trains (it plays last)."""
+    from animegamer.diffusion.step_cache import check_sampling_cache
+    from animegamer.errors import UserError
+
+    if threshold is None:
+        return
+    cfg = evaluation_config([*eval_overrides, *step_cache_overrides(threshold)])
+    problems = check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
+    if problems:
+        raise UserError("--step-cache: " + "; ".join(problems))
+
+
 def score_step_cache(layout: Layout, size: BenchmarkSize, summary: dict, eval_out: Path, threshold: float,
                      extra: Sequence[str]) -> tuple[dict, dict]:
     """The trained game played again with the step cache: its table row, and how much faster and how
     different its turns are than the uncached game's (``eval_out``)."""
     cached = evaluate_renderer(layout, size, f"step_cache_{threshold:g}", summary["phase b export"],
-                               summary["phase c export"], ("model.diffusion.cache=first_block",
-                                                           f"model.diffusion.cache_threshold={threshold}"), extra=extra)
+                               summary["phase c export"], step_cache_overrides(threshold), extra=extra)
     reports = {"cached": json.loads((Path(cached["out"]) / METRICS_FILE).read_text()),
                "uncached": json.loads((eval_out / METRICS_FILE).read_text())}
     speed = {name: report["metrics"]["seconds_per_stage"] for name, report in reports.items()}
@@ -441,7 +457,9 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
         seconds[name] = time.perf_counter() - mark
         mark = time.perf_counter()
 
-    eval_cfg = evaluation_config([f"experiment=known_answer_{size}_eval", *data_overrides(layout), *extra])
+    eval_overrides = [f"experiment=known_answer_{size}_eval", *data_overrides(layout), *extra]
+    eval_cfg = evaluation_config(eval_overrides)
+    check_step_cache(eval_overrides, step_cache)
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers))  # the pipeline's workers
     lap("films")
     summary = run_recipe(recipe_of(layout, bench, extra))
