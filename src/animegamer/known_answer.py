@@ -33,7 +33,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from animegamer.metrics.report import METRICS_FILE
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
@@ -418,22 +418,13 @@ def write_gallery(eval_out: Path, path: Path) -> bool:
 
 
 # --------------------------------------------------------------------------- all of it
-def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
-                  ablations: Sequence[str] | None = None, films: int | None = None,
-                  vae: dict[str, Any] | None = None, a2_renderer: bool = True,
-                  stage: Sequence[str] = (), base_reconstruction: bool = True,
-                  step_cache: float | None = None) -> dict[str, Any]:
-    """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
-    every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
-    how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
-    ``max_seconds``, ``device``); ``a2_renderer``: also play the game with the a2 decoder as the renderer;
-    ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`);
-    ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
-    ``step_cache``: also play the trained game with the step cache at this threshold (:func:`score_step_cache`)."""
+def resolve_size(size: str, vae: dict[str, Any] | None, films: int | None, ablations: Sequence[str] | None,
+                 stage: Sequence[str]) -> tuple[BenchmarkSize, Any, tuple[str, ...]]:
+    """The size's settings with the caller's changes, its data size, and the ablations to run; checked
+    before anything is drawn or trained."""
     from dataclasses import replace
 
     from data_pipeline.known_answer import SIZES as DATA_SIZES
-    from data_pipeline.known_answer import make_films, measure
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
@@ -448,6 +439,78 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     unknown = sorted(set(names) - set(ABLATIONS))
     if unknown:
         raise ValueError(f"unknown ablation(s) {unknown}; choose from {sorted(ABLATIONS)}")
+    return bench, data_size, names
+
+
+def recipe_result(layout: Layout, bench: BenchmarkSize, summary: dict, data: dict, extra: Sequence[str],
+                  representation: dict, seconds: dict[str, float]) -> dict[str, Any]:
+    """``known_answer.json`` once the recipe and its evaluation are done: the trained game's rows and
+    baselines, what the stages and the data measured, the curves and the gallery."""
+    eval_out = Path(summary["evaluation report"]).parent
+    main = json.loads((eval_out / METRICS_FILE).read_text())["metrics"]
+    vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if bench.vae else {}
+    curves, gallery = layout.out / CURVES_FILE, layout.out / GALLERY_FILE
+    return {
+        "size": bench.name, "seed": layout.seed, "overrides": list(extra),
+        "stage_overrides": [f"{n}:{o}" for n, o in bench.stage_extra],
+        "turns": main.get("games", {}).get("completed_turns"),
+        "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
+        "rows": rows_of(TRAINED, main), "representation_prediction": representation,
+        "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
+        "decoder_base": {"folder": summary["decoder base"], "train_loss": summary["decoder base train/loss"],
+                         "seconds": summary["decoder base seconds"]},
+        "data": {k: data[k] for k in ("films", "clips", "split", "sessions", "rules")},
+        "motion_agreement": data["motion"]["agreement"],
+        "files": {"curves": str(curves) if plot_curves(loss_histories(layout.runs), curves) else None,
+                  "gallery": str(gallery) if write_gallery(eval_out, gallery) else None,
+                  "evaluation": summary["evaluation report"]},
+        "wall_seconds": seconds,
+    }
+
+
+def comparison_parts(layout: Layout, bench: BenchmarkSize, summary: dict, extra: Sequence[str],
+                     a2_renderer: bool, step_cache: float | None, base_reconstruction: bool,
+                     ablations: Sequence[str]) -> Iterator[tuple[str, list[dict], dict]]:
+    """The rows scored beside the trained game, one part at a time (its name, its rows, what it adds to
+    the result), so each is written as soon as it is done."""
+    game = summary["phase b export"]
+    if a2_renderer:
+        a2 = evaluate_renderer(layout, bench, "a2_renderer", game, summary["phase a2 export"], extra=extra)
+        yield "a2 renderer evaluation", rows_of(A2_RENDERER, a2["metrics"])[:1], {}  # its baselines: the game's
+    if step_cache is not None:
+        eval_out = Path(summary["evaluation report"]).parent
+        row, record = score_step_cache(layout, bench, summary, eval_out, step_cache, extra)
+        yield "step cache evaluation", [row], {"step_cache": record}
+    if base_reconstruction and summary["decoder base export"]:
+        export = summary["decoder base export"]
+        # One game: only the reconstruction is kept (its game would ignore the motion levels asked for).
+        scored = evaluate_renderer(layout, bench, "decoder_base", game, export,
+                                   (*BASE_RENDERER_OVERRIDES, "evaluation.games=1"), reconstruction=export, extra=extra)
+        yield "decoder base reconstruction", [r for r in rows_of(BASE_RENDERER, scored["metrics"])
+                                              if RECONSTRUCTION in r["row"] and "baseline" not in r], {}
+    for name in ablations:
+        export = train_ablation(layout, bench, name, extra)
+        scored = evaluate_renderer(layout, bench, f"ablation_{name}", game, export, ABLATIONS[name].overrides,
+                                   reconstruction=export, extra=extra)
+        # The same state baselines again: left out.
+        yield f"ablation {name}", [r for r in rows_of(f"ablation {name}", scored["metrics"]) if "baseline" not in r], {}
+
+
+def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
+                  ablations: Sequence[str] | None = None, films: int | None = None,
+                  vae: dict[str, Any] | None = None, a2_renderer: bool = True,
+                  stage: Sequence[str] = (), base_reconstruction: bool = True,
+                  step_cache: float | None = None) -> dict[str, Any]:
+    """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
+    every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
+    how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
+    ``max_seconds``, ``device``); ``a2_renderer``: also play the game with the a2 decoder as the renderer;
+    ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`);
+    ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
+    ``step_cache``: also play the trained game with the step cache at this threshold (:func:`score_step_cache`)."""
+    from data_pipeline.known_answer import make_films, measure
+
+    bench, data_size, names = resolve_size(size, vae, films, ablations, stage)
     layout = Layout(Path(out), seed)
     seconds: dict[str, float] = {}
     mark = started = time.perf_counter()
@@ -463,60 +526,19 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers))  # the pipeline's workers
     lap("films")
     summary = run_recipe(recipe_of(layout, bench, extra))
-    over_base = [*extra, *base_overrides(summary)]  # the renderers and ablations below over the same base
     # Read now: the next seed's recipe writes its own representations and adaptation shards here.
     representation = representation_prediction(layout.pipeline)
     lap("recipe")
-    eval_out = Path(summary["evaluation report"]).parent
-    main = json.loads((eval_out / METRICS_FILE).read_text())["metrics"]
     data = measure(layout.out, drawn, float(eval_cfg.data.val_fraction))
-    vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if bench.vae else {}
-    result = {
-        "size": size, "seed": seed, "overrides": list(extra), "stage_overrides": [f"{n}:{o}" for n, o in bench.stage_extra],
-        "turns": main.get("games", {}).get("completed_turns"),
-        "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
-        "rows": rows_of(TRAINED, main), "representation_prediction": representation,
-        "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
-        "decoder_base": {"folder": summary["decoder base"], "train_loss": summary["decoder base train/loss"],
-                         "seconds": summary["decoder base seconds"]},
-        "data": {k: data[k] for k in ("films", "clips", "split", "sessions", "rules")},
-        "motion_agreement": data["motion"]["agreement"],
-        "files": {"curves": str(layout.out / CURVES_FILE) if plot_curves(loss_histories(layout.runs),
-                                                                           layout.out / CURVES_FILE) else None,
-                  "gallery": str(layout.out / GALLERY_FILE) if write_gallery(eval_out, layout.out / GALLERY_FILE)
-                  else None, "evaluation": summary["evaluation report"]},
-        "wall_seconds": seconds,
-    }
+    result = recipe_result(layout, bench, summary, data, extra, representation, seconds)
     # Written after each part, so a run stopped by a time limit leaves what it measured so far.
     write_result(layout.out, result, started)
-    if a2_renderer:
-        a2 = evaluate_renderer(layout, bench, "a2_renderer", summary["phase b export"], summary["phase a2 export"],
-                               extra=over_base)
-        result["rows"] += rows_of(A2_RENDERER, a2["metrics"])[:1]  # its state baselines are the trained game's
-        lap("a2 renderer evaluation")
-        write_result(layout.out, result, started)
-    if step_cache is not None:
-        row, result["step_cache"] = score_step_cache(layout, bench, summary, eval_out, step_cache, over_base)
-        result["rows"].append(row)
-        lap("step cache evaluation")
-        write_result(layout.out, result, started)
-    if base_reconstruction and summary["decoder base export"]:
-        export = summary["decoder base export"]
-        # One game: only the reconstruction is kept (its game would ignore the motion levels asked for).
-        scored = evaluate_renderer(layout, bench, "decoder_base", summary["phase b export"], export,
-                                   (*BASE_RENDERER_OVERRIDES, "evaluation.games=1"), reconstruction=export,
-                                   extra=over_base)
-        result["rows"] += [r for r in rows_of(BASE_RENDERER, scored["metrics"])
-                           if RECONSTRUCTION in r["row"] and "baseline" not in r]
-        lap("decoder base reconstruction")
-        write_result(layout.out, result, started)
-    for name in names:
-        export = train_ablation(layout, bench, name, over_base)
-        scored = evaluate_renderer(layout, bench, f"ablation_{name}", summary["phase b export"], export,
-                                   ABLATIONS[name].overrides, reconstruction=export, extra=over_base)
-        # The same state baselines again: left out.
-        result["rows"] += [r for r in rows_of(f"ablation {name}", scored["metrics"]) if "baseline" not in r]
-        lap(f"ablation {name}")
+    over_base = [*extra, *base_overrides(summary)]  # the renderers and ablations below over the same base
+    for name, rows, record in comparison_parts(layout, bench, summary, over_base, a2_renderer, step_cache,
+                                               base_reconstruction, names):
+        result["rows"] += rows
+        result.update(record)
+        lap(name)
         write_result(layout.out, result, started)
     log.info("known-answer benchmark -> %s (%.0f s)", layout.out / RESULT_FILE, seconds["total"])
     return result
