@@ -27,6 +27,8 @@ from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
 
+from animegamer.checkpoints.export import EXPORT_FILE
+from animegamer.training.callbacks import EXPORT_DIR, TRAIN_SECONDS
 from animegamer.training.checkpoint_integrity import RECORD_SUFFIX
 from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_partials, resume_checkpoint
 from animegamer.training.faults import LOSS_HISTORY, PREEMPTED_EXIT_CODE
@@ -237,10 +239,14 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     history = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("LossHistory"))["ranks"][0]
     assert len(history) == step * accumulate  # whole optimizer steps only
     assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == step * accumulate
+    # How long the first launch trained travels in the checkpoint; the resumed export adds to it.
+    trained = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("ExportCallback"))[TRAIN_SECONDS]
+    assert trained > 0
 
     log = driver.run(output, overrides)
     assert f"resuming from {saved}" in log
     _assert_same_result(output, references("a_joint" if accumulate == 1 else "a_joint_acc2"))
+    assert json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())[TRAIN_SECONDS] > trained
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

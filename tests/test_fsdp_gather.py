@@ -94,7 +94,9 @@ def test_an_fsdp_export_is_written_from_the_checkpoints_state(tmp_path, monkeypa
     callback = ExportCallback(tmp_path / "export", lambda module, folder, meta, **kw: written.append((meta, kw)), {})
     callback.on_save_checkpoint(trainer, None, {"state_dict": {"model.a": 1}})
     callback.on_train_end(trainer, None)  # no checkpoint at hand: the strategy gathers
-    assert written == [({"step": 7}, {"state": {"a": 1}}), ({"step": 7}, {"state": {"b": 2}})]
+    # Never started (no on_train_start): it has trained for no time.
+    meta = {"step": 7, "train_seconds": 0.0}
+    assert written == [(meta, {"state": {"a": 1}}), (meta, {"state": {"b": 2}})]
 
 
 def test_a_partial_state_is_refused_not_exported():

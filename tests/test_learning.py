@@ -125,3 +125,11 @@ def test_the_step_cache_row_compares_its_clips_with_the_uncached_game(benchmark:
     assert against["turns"] == benchmark["turns"] and against["psnr_min"] == PSNR_CAP_DB, against
     assert _row(benchmark, STEP_CACHE.format(threshold=0.0)) == _row(benchmark, TRAINED)
     assert record["turn_speedup"] > 0 and record["seconds_per_stage"]["cached"]["sample"] > 0, record
+
+
+def test_each_stage_records_how_long_it_trained(benchmark: dict) -> None:
+    """From each export (every launch of its run counted), so a benchmark resumed in a second call still
+    reports the stages the first call trained."""
+    seconds = benchmark["train_seconds"]
+    assert set(seconds) == {"a_base", "a_warmup", "a_joint", "b", "c"} and all(s > 0 for s in seconds.values()), seconds
+    assert benchmark["decoder_base"]["seconds"] == seconds["a_base"]

@@ -37,7 +37,7 @@ from typing import Any, Iterator, Sequence
 
 from animegamer.metrics.report import METRICS_FILE
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
-from animegamer.recipe import Recipe, evaluation_config, run_recipe, step_losses, train_stage
+from animegamer.recipe import Recipe, evaluation_config, run_recipe, step_losses, train_stage, trained_seconds
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ A2_RENDERER = "game rendered by the a2 decoder"
 # phases (a) and (c) are to control? (Its reconstruction row only: it has no motion scope to play a game with.)
 BASE_RENDERER = "decoder base (its own encoder, no motion scope)"
 BASE_RENDERER_OVERRIDES = ("model.decoder.motion_scope=false",)
+# The recipe summary's export of each trained stage.
+STAGE_EXPORTS = {A_BASE: "decoder base export", A_WARMUP: "phase a start", A_JOINT: "phase a2 export",
+                 PHASE_B: "phase b export", PHASE_C: "phase c export"}
 STEP_CACHE = "trained game, step cache (first block, threshold {threshold:g})"
 RECONSTRUCTION = "a2 reconstruction (own representation)"
 # Metrics where lower is better; every other metric is better higher.
@@ -459,6 +462,9 @@ def recipe_result(layout: Layout, bench: BenchmarkSize, summary: dict, data: dic
         "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
         "decoder_base": {"folder": summary["decoder base"], "train_loss": summary["decoder base train/loss"],
                          "seconds": summary["decoder base seconds"]},
+        # Each stage's training time over all its launches (a benchmark resumed in a second call included).
+        "train_seconds": {stage: trained_seconds(summary[key]) for stage, key in STAGE_EXPORTS.items()
+                          if summary.get(key)},
         "data": {k: data[k] for k in ("films", "clips", "split", "sessions", "rules")},
         "motion_agreement": data["motion"]["agreement"],
         "files": {"curves": str(curves) if plot_curves(loss_histories(layout.runs), curves) else None,

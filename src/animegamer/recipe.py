@@ -22,7 +22,6 @@ gives noise. Phase (a1) still starts from a fresh encoder; the base stage's is d
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,6 +140,17 @@ def step_losses(run_folder: str | Path) -> list[tuple[int, float]]:
     return sorted((step, sum(v) / len(v)) for step, v in by_step.items())
 
 
+def trained_seconds(export: str | Path) -> float | None:
+    """How long the run of ``export`` trained, over all its launches (None: an export from before that
+    was recorded)."""
+    import json
+
+    from animegamer.checkpoints.export import EXPORT_FILE
+    from animegamer.training.callbacks import TRAIN_SECONDS
+
+    return json.loads((Path(export) / EXPORT_FILE).read_text()).get(TRAIN_SECONDS)
+
+
 def train_base_stage(overrides: list[str], extra: list[str]) -> dict:
     """The decoder base (phase a_base), trained or, when its run finished already, reused; returns its
     run (``export``) and the diffusers folder later stages load (``folder``), its final training loss
@@ -152,11 +162,10 @@ def train_base_stage(overrides: list[str], extra: list[str]) -> dict:
     if path:
         raise ValueError(f"Recipe.decoder_base is set but model.decoder.path is too ({path!r}): the base stage "
                          f"pre-trains a random build of the preset's sizes; leave the path empty")
-    started = time.perf_counter()
     run = train_stage(stage)
     losses = [loss for _, loss in step_losses(Path(run["export"]).parent)[-FINAL_LOSS_STEPS:]]
     return {"export": run["export"], "folder": str((Path(run["export"]) / BASE_FOLDER).resolve()),
-            "train_loss": sum(losses) / len(losses), "seconds": time.perf_counter() - started}
+            "train_loss": sum(losses) / len(losses), "seconds": trained_seconds(run["export"])}
 
 
 def run_recipe(recipe: Recipe) -> dict:

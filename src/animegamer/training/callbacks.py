@@ -3,6 +3,7 @@ progress bar, the optimizer settings of a run resumed with changes and the run r
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import lightning as L
@@ -16,6 +17,7 @@ from animegamer.utils.randomness import step_generator
 log = logging.getLogger(__name__)
 
 EXPORT_DIR = "export"
+TRAIN_SECONDS = "train_seconds"  # export.json: wall seconds of training so far, resumed runs' included
 TRAIN_BAR = "steps"  # the training bar's description
 
 
@@ -51,13 +53,31 @@ class ExportCallback(L.Callback):
     """Writes ``export/`` (what the phase trained, loadable alone) whenever a checkpoint is saved.
 
     Under FSDP the export is written from the state the strategy gathered for the checkpoint (only
-    the kept tensors, unit by unit; ``fsdp_gather``), not from the sharded module."""
+    the kept tensors, unit by unit; ``fsdp_gather``), not from the sharded module.
+
+    The export records how long the run has trained (``train_seconds``, from the start of fitting to
+    the save): the callback's state travels in the checkpoint, so a resumed run adds to the time its
+    earlier launches trained (the time between launches does not count)."""
 
     def __init__(self, folder: Path, export_fn, meta: dict) -> None:
         self.folder, self.export_fn, self.meta = Path(folder), export_fn, meta
+        self.earlier_seconds = 0.0  # trained by the launches before this one (from the checkpoint)
+        self.started: float | None = None
+
+    def trained_seconds(self) -> float:
+        return self.earlier_seconds + (time.perf_counter() - self.started if self.started is not None else 0.0)
+
+    def state_dict(self) -> dict:
+        return {TRAIN_SECONDS: self.trained_seconds()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.earlier_seconds = float(state_dict.get(TRAIN_SECONDS, 0.0))
+
+    def on_train_start(self, trainer, module) -> None:
+        self.started = time.perf_counter()
 
     def _export(self, trainer: L.Trainer, module: L.LightningModule, gathered: dict | None = None) -> None:
-        meta = {**self.meta, "step": trainer.global_step}
+        meta = {**self.meta, "step": trainer.global_step, TRAIN_SECONDS: round(self.trained_seconds(), 3)}
         if is_fsdp_strategy(trainer.strategy):
             if trainer.strategy._state_dict_type != "full":  # make_strategy asks for full state dicts
                 raise ValueError("exports under FSDP need state_dict_type='full' (whole tensors)")
