@@ -123,3 +123,23 @@ def test_a_step_cache_the_evaluation_would_refuse_stops_before_anything_trains(t
     with pytest.raises(UserError, match="cache_threshold=-1.0 must be >= 0"):
         run_benchmark(tmp_path / "out", "ci", step_cache=-1.0)
     assert not (tmp_path / "out").exists()
+
+
+def test_rows_over_the_same_items_are_compared_item_by_item() -> None:
+    """Two renderers of the same 4 turns: the trained one right on turns 0-2, the other on turns 0-1 and 3.
+    The margin's paired standard error comes from the per-turn differences (0, 0, 1, -1), not from the two
+    shares alone."""
+    def evaluation(levels):
+        return {"acc_f": _metric(sum(a == b for a, b in zip(levels, TARGETS)) / 4),
+                "motion": {"levels": levels, "targets": TARGETS}}
+
+    TARGETS = [1, 2, 3, 4]
+    rows = rows_of(TRAINED, evaluation([1, 2, 3, 5])) + rows_of("other renderer", evaluation([1, 2, 2, 4]))
+    assert rows[0]["items"]["acc_f"]["hits"] == [1, 1, 1, 0]
+    entry = comparisons(rows, {TRAINED: 4, RECONSTRUCTION: 0})["trained game: acc_f"]["other renderer"]
+    assert entry["margin"] == 0 and entry["noise_kind"] == "paired"
+    assert entry["noise"] == pytest.approx((2 / 3 / 4) ** 0.5)  # sample variance of (0, 0, 1, -1) is 2/3
+    # Other items (other targets): only the independent bound applies.
+    rows[-1]["items"]["acc_f"]["targets"] = [4, 3, 2, 1]
+    entry = comparisons(rows, {TRAINED: 4, RECONSTRUCTION: 0})["trained game: acc_f"]["other renderer"]
+    assert entry["noise_kind"] == "independent" and entry["noise"] == pytest.approx((2 * 0.75 * 0.25 / 4) ** 0.5)

@@ -298,51 +298,82 @@ def metric_values(metrics: dict) -> dict[str, float | None]:
     return values
 
 
+def item_hits(metrics: dict) -> dict[str, dict[str, list[int]]]:
+    """Per share metric, each item's outcome (1: its speed level came out right) beside the targets that
+    identify the items, so two rows over the same items can be compared item by item."""
+    motion = metrics.get("motion")
+    if not isinstance(motion, dict) or "levels" not in motion or "targets" not in motion:
+        return {}
+    return {"acc_f": {"targets": list(motion["targets"]),
+                      "hits": [int(level == target) for level, target in zip(motion["levels"], motion["targets"])]}}
+
+
+def row(label: str, metrics: dict, baseline: str | None = None) -> dict:
+    found = {"row": label, **({"baseline": baseline} if baseline else {}), "metrics": metric_values(metrics)}
+    hits = item_hits(metrics)
+    return {**found, "items": hits} if hits else found
+
+
 def rows_of(name: str, metrics: dict) -> list[dict]:
     """The rows one evaluation gives: its game (labelled ``name``), each of its baselines, and its
     reconstruction with the reconstruction's baselines."""
-    rows = [{"row": name, "metrics": metric_values(metrics)}]
+    rows = [row(name, metrics)]
     for key, baseline in (metrics.get("baselines") or {}).items():
-        rows.append({"row": baseline.get("label", key), "baseline": key, "metrics": metric_values(baseline)})
+        rows.append(row(baseline.get("label", key), baseline, key))
     reconstruction = metrics.get("reconstruction")
     if reconstruction:
         label = RECONSTRUCTION if name == TRAINED else f"{name}: {RECONSTRUCTION}"
-        rows.append({"row": label, "metrics": metric_values(reconstruction)})
+        rows.append(row(label, reconstruction))
         for key, baseline in (reconstruction.get("baselines") or {}).items():
-            rows.append({"row": f"{label}, {baseline.get('label', key)}", "baseline": key,
-                         "metrics": metric_values(baseline)})
+            rows.append(row(f"{label}, {baseline.get('label', key)}", baseline, key))
     return rows
 
 
 def share_noise(p: float, q: float, n_p: int, n_q: int) -> float:
     """The standard error of the difference of two shares over ``n_p`` and ``n_q`` items, taken as
-    independent samples (the rows score the same items, so this errs on the wide side)."""
+    independent samples: the bound when the rows' outcomes item by item are not at hand (rows over the
+    same items are correlated, either way: :func:`paired_noise` measures them)."""
     return math.sqrt(p * (1 - p) / n_p + q * (1 - q) / n_q)
+
+
+def paired_noise(mine: dict, other: dict) -> float | None:
+    """The standard error of the mean of per-item differences between two rows scored on the same items
+    (the same targets in the same order), or None when they were not: how much the margin would move over
+    other items drawn alike. Items where both rows agree add nothing to it."""
+    if not mine or not other or mine["targets"] != other["targets"] or len(mine["hits"]) < 2:
+        return None
+    diffs = [a - b for a, b in zip(mine["hits"], other["hits"])]
+    mean = sum(diffs) / len(diffs)
+    return math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
 
 
 def comparisons(rows: list[dict], items: dict[str, int] | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Per metric of the trained game (and of its reconstruction), every other row's value and how much
     better the trained one is (positive: trained better; lower-is-better metrics are negated). With
     ``items`` (``{TRAINED: game turns, RECONSTRUCTION: clips}``) a share's comparison also carries
-    ``noise``: the standard error of the margin (:func:`share_noise`)."""
+    ``noise``, the standard error of the margin: item by item where both rows have their items' outcomes
+    (:func:`paired_noise`, ``noise_kind`` "paired"), else the independent bound (:func:`share_noise`)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for reference in (TRAINED, RECONSTRUCTION):
-        mine = next((r["metrics"] for r in rows if r["row"] == reference), {})
+        mine_row = next((r for r in rows if r["row"] == reference), {"metrics": {}})
         count = (items or {}).get(reference)
-        for key, value in mine.items():
+        for key, value in mine_row["metrics"].items():
             if value is None:
                 continue
             sign = -1.0 if key in LOWER_IS_BETTER else 1.0
             out.setdefault(f"{reference}: {key}", {})
-            for row in rows:
-                other = row["metrics"].get(key)
+            for other_row in rows:
+                other = other_row["metrics"].get(key)
                 # A game's clips are compared with games', a reconstruction's with reconstructions'.
-                same_kind = (RECONSTRUCTION in row["row"]) == (reference == RECONSTRUCTION)
-                if row["row"] != reference and other is not None and same_kind:
-                    entry = {"value": other, "trained": value, "margin": sign * (value - other)}
-                    if key in PER_ITEM_SHARES and count:
-                        entry["noise"] = share_noise(value, other, count, count)
-                    out[f"{reference}: {key}"][row["row"]] = entry
+                same_kind = (RECONSTRUCTION in other_row["row"]) == (reference == RECONSTRUCTION)
+                if other_row["row"] == reference or other is None or not same_kind:
+                    continue
+                entry = {"value": other, "trained": value, "margin": sign * (value - other)}
+                if key in PER_ITEM_SHARES and count:
+                    paired = paired_noise(mine_row.get("items", {}).get(key), other_row.get("items", {}).get(key))
+                    entry.update({"noise": paired, "noise_kind": "paired"} if paired is not None else
+                                 {"noise": share_noise(value, other, count, count), "noise_kind": "independent"})
+                out[f"{reference}: {key}"][other_row["row"]] = entry
     return out
 
 
@@ -361,7 +392,9 @@ def write_table(path: Path, rows: list[dict], about: dict) -> None:
         noise = "; ".join(f"{share_noise(0.5, 0.5, n, n):.2f} between two rows over {n} {what}" for n, what in counts)
         lines += [f"Sampling noise of {', '.join(sorted(PER_ITEM_SHARES & set(keys)))} (a share of few items; "
                   f"the standard error of a difference, at its widest): {noise}. A gap under about twice that "
-                  "does not tell two rows apart (`noise` in known_answer.json: each comparison's own)."]
+                  "does not tell two rows apart. `noise` in known_answer.json is each comparison's own, item by "
+                  "item where both rows scored the same items (`noise_kind` paired); neither counts the "
+                  "randomness of training again, which other seeds measure."]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
