@@ -19,7 +19,7 @@ export CUDA_VISIBLE_DEVICES=0
 # decoder base ~340 s, a1/a2 ~80 s, b 32 s, c 16 s, evaluations 139 s, the ablations 128 s and 101 s): more
 # than one 600-s device call. Call this script again at once, on the still-warm machine: the first call's stop at
 # BUDGET_S saves a checkpoint (training/faults.py), and the second resumes every stage where it stopped
-# (the VAE and finished stages are reused, the cut one resumes from its step). A machine handed back loses
+# (the VAE, finished stages and finished evaluations are reused, the cut stage resumes from its step). A machine handed back loses
 # /tmp and starts over. ABLATIONS="" (or one name) saves ~2 min per ablation left out.
 ABLATIONS=${ABLATIONS-no_motion_scope no_warmup}
 timeout "$BUDGET_S" python3 -m animegamer.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \

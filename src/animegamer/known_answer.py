@@ -22,7 +22,8 @@ baselines are scored in the same evaluation code:
 row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
 ``OUT/curves.png`` the training stages' losses; ``OUT/gallery.png`` generated clips under their
 ground truth. The films, pipeline output and VAE are shared by every seed; each seed trains into
-``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages).
+``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages, and
+evaluations with the same config, exports and clips: :mod:`animegamer.evaluation_reuse`).
 """
 from __future__ import annotations
 
@@ -189,10 +190,11 @@ def base_overrides(summary: dict) -> list[str]:
 
 def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str, renderer: str,
                       overrides: Sequence[str] = (), reconstruction: str = "", extra: Sequence[str] = ()) -> dict:
-    """The benchmark's games played by the trained MLLM with another renderer, into ``runs/eval_<name>``."""
-    from animegamer.evaluation import run as run_evaluation
+    """The benchmark's games played by the trained MLLM with another renderer, into ``runs/eval_<name>``
+    (read back when it already ran with the same config and exports: a resumed benchmark replays none)."""
+    from animegamer.evaluation_reuse import evaluate_or_reuse
 
-    return run_evaluation(evaluation_config([
+    return evaluate_or_reuse(evaluation_config([
         f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
         *vae_overrides(layout, size), *overrides, f"evaluation.mllm_export='{mllm}'",
         f"evaluation.renderer_export='{renderer}'", f"evaluation.reconstruction_export='{reconstruction}'",

@@ -200,14 +200,14 @@ def run_recipe(recipe: Recipe) -> dict:
     adapted = train(recipe.phase_c, f"phase.init_from={joint['export']}")
     report, story = None, None
     if recipe.evaluation:
-        from animegamer.evaluation import run as run_evaluation
+        from animegamer.evaluation_reuse import evaluate_or_reuse
 
         root = Path(adapted["export"]).parent.parent
         evaluation = evaluation_config([
             *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
             f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
             *extra, f"evaluation.out={root / 'eval'}"])
-        report = run_evaluation(evaluation)
+        report = evaluate_or_reuse(evaluation)
         story = play_story(evaluation, root / "game")
     summary = {
         "vae": recipe.vae_out or None,
