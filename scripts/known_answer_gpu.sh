@@ -17,7 +17,8 @@ export CUDA_VISIBLE_DEVICES=0
 # 16 pipeline workers: the films are drawn and cut on the host's cores while one GPU trains.
 # The whole benchmark takes ~17 min on one H200 (2026-12-01, both ablations: films, clips and the VAE ~2 min,
 # decoder base ~340 s, a1/a2 ~80 s, b 32 s, c 16 s, evaluations 139 s, the ablations 128 s and 101 s): more
-# than one 600-s device call. Call this script again at once, on the still-warm machine: the first call's stop at
+# than one 600-s device call, and with every held-out game (evaluation.games=40 since run 8) ~2.5 min
+# more: a short third call may be needed. Call this script again at once, on the still-warm machine: the first call's stop at
 # BUDGET_S saves a checkpoint (training/faults.py), and the second resumes every stage where it stopped
 # (the VAE, finished stages and finished evaluations are reused, the cut stage resumes from its step). A machine handed back loses
 # /tmp and starts over. ABLATIONS="" (or one name) saves ~2 min per ablation left out.
