@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from animegamer.known_answer import (
+from animegamer.known_answer import representation_prediction
+from animegamer.known_answer_report import (
     RECONSTRUCTION,
     TRAINED,
     comparisons,
     loss_histories,
     plot_curves,
-    representation_prediction,
     rows_of,
     write_table,
 )
