@@ -64,6 +64,7 @@ from omegaconf import OmegaConf
 
 from _device import building, compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
 from animegamer.config.compose import compose_config
+from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
@@ -463,7 +464,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (vocab 32284)")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
-    parser.add_argument("--attention", nargs="+", default=None, choices=["cudnn", "flash", "efficient", "math"],
+    parser.add_argument("--attention", nargs="+", default=None, choices=ATTENTION_BACKENDS,
                         help="framework side: SDPA kernels in order of preference (default: the config's)")
     parser.add_argument("--compile", action="store_true", help="framework side: torch.compile the decoder")
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,

@@ -80,6 +80,7 @@ if str(ROOT / "src") not in sys.path:  # a bare checkout (the GPU machine) has n
 import torch  # noqa: E402
 
 from _device import compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
+from animegamer.models.attention_kernels import ATTENTION_BACKENDS  # noqa: E402
 
 PAPER_LATENT_FRAMES = 5  # (17 - 1) // 4 + 1
 VAE_TEMPORAL = 4
@@ -703,6 +704,8 @@ def main(argv=None) -> int:
                     help="exact variant names to run, extras included (default: the main variants)")
     ap.add_argument("--extras", action="store_true", help="also the config-only options (SDPA backends, TF32)")
     ap.add_argument("--profile", action="store_true", help=f"profile one step (no GC) of {', '.join(PROFILED)}")
+    ap.add_argument("--decoder-attention", nargs="+", default=None, choices=ATTENTION_BACKENDS,
+                    help="framework side: model.decoder.attention_backends (e.g. fa4); default: the config's")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "outputs" / "benchmarks")))
     args = ap.parse_args(argv)
 
@@ -711,7 +714,8 @@ def main(argv=None) -> int:
     steps = args.steps if args.steps is not None else (2 if args.tiny else 10)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = run_config(args.tiny)
+    cfg = run_config(args.tiny, [f"model.decoder.attention_backends=[{','.join(args.decoder_attention)}]"]
+                     if args.decoder_attention else [])
     shapes = shapes_of(cfg)
     import diffusers
     import lightning
@@ -721,6 +725,7 @@ def main(argv=None) -> int:
            "lightning": lightning.__version__, "python": platform.python_version(), "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
            "cfg_model": cfg.model.name, "trainer_precision_in_config": cfg.trainer.precision,
+           "framework_attention_backends": list(cfg.model.decoder.attention_backends),
            "warmup": warmup, "steps": steps, "shapes": shapes.__dict__ | {"seq": shapes.seq}}
     print(json.dumps(env), flush=True)
     peak = peaks(device)

@@ -309,13 +309,17 @@ def part_a(args) -> dict:
         save_part(args, key, found)
         return found
 
-    parallel = not args.tiny and len(strategies.visible_gpus()) > 1
+    parallel = not args.tiny and len(strategies.visible_gpus()) > 1 and len(args.a_sides) == 2
+    found = {"parallel": parallel}
     with ThreadPoolExecutor(2) as pool:
-        trainpy = pool.submit(kept, "a_trainpy", trainpy_one_gpu, 1 if parallel else None)
-        if not parallel:
-            trainpy.result()  # one device: in turn
-        loop = pool.submit(kept, "a_loop_record", loop_subprocess, 0 if parallel else None)
-        return {"parallel": parallel, "trainpy": trainpy.result(), "loop": loop.result()}
+        runs = {}
+        if "trainpy" in args.a_sides:
+            runs["trainpy"] = pool.submit(kept, "a_trainpy", trainpy_one_gpu, 1 if parallel else None)
+            if not parallel:
+                runs["trainpy"].result()  # one device: in turn
+        if "loop" in args.a_sides:
+            runs["loop"] = pool.submit(kept, "a_loop_record", loop_subprocess, 0 if parallel else None)
+        return found | {side: run.result() for side, run in runs.items()}
 
 
 def loop_subprocess(args, gpu: int | None) -> dict:
@@ -409,6 +413,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--a-steps", type=int, default=30, help="train.py steps of part (a)")
+    parser.add_argument("--a-sides", nargs="+", default=["trainpy", "loop"], choices=["trainpy", "loop"],
+                        help="part (a)'s sides to run (both by default)")
     parser.add_argument("--loop-steps", type=int, default=8, help="timed steps of the loop on the fixed batch")
     parser.add_argument("--loop-batches", type=int, default=8, help="train.py batches the loop runs (twice)")
     parser.add_argument("--profile-steps", type=int, default=3)
@@ -457,7 +463,8 @@ def summary(part: str, found: dict) -> dict:
                 for name, row in found.get("loop", {}).get("runs", {}).items()}
         trainpy = found.get("trainpy", {})
         wanted = ("median_step_s_unprofiled", "median_mfu_unprofiled_at_780", "error")
-        return {"trainpy": {k: trainpy.get(k) for k in wanted}, "loop": loop, "loop_error": found["loop"].get("error")}
+        return {"trainpy": {k: trainpy.get(k) for k in wanted}, "loop": loop,
+                "loop_error": found.get("loop", {}).get("error")}
     if part == "b":
         same = found.get("same_steps", {})
         return {k: same.get(k) for k in ("median_before_s", "median_after_s", "after_later_median_s",

@@ -72,6 +72,26 @@ def test_phase_a_benchmark_framework_and_plain(tmp_path):
     assert all("error" not in r and r["median_s"] > 0 for r in rows), rows
 
 
+def test_phase_a_benchmark_passes_the_decoder_attention_to_the_framework(tmp_path):
+    _run("benchmarks/phase_a.py", "--tiny", "--gc", "0", "--only", "framework-true", "--decoder-attention", "math",
+         "--out", str(tmp_path))
+    report = json.loads((tmp_path / "phase_a_benchmark.json").read_text())
+    assert report["env"]["framework_attention_backends"] == ["math"]
+
+
+def test_attention_kernel_benchmark_scores_against_float32(tmp_path):
+    """On CPU only SDPA's math kernel runs; its bf16 deviation from float32 is bf16-sized, and the
+    backward's gradients are compared too (the same output gradient for every kernel)."""
+    _run("benchmarks/attention_kernels.py", "--tiny", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "attention_kernels.json").read_text())
+    shape = result["shape"]
+    assert shape["seq"] > shape["head_dim"] > 0 and shape["heads"] > 0
+    math = result["kernels"]["math"]
+    assert 1e-4 < math["sample"]["output_rel_l2"] < 1e-2  # bf16 rounding, not zero, not garbage
+    assert all(1e-4 < math["train"][f"d{n}_rel_l2"] < 1e-2 for n in "qkv")
+    assert math["sample"]["median_ms"] > 0 and math["train"]["median_ms"] > 0
+
+
 def test_memory_sweep_reports_no_peak_on_cpu(tmp_path):
     out = tmp_path / "m.json"
     _run("benchmarks/memory.py", "--tiny", "--phases", "b", "--strategies", "ddp", "--max-batch", "2", "--samples", "8",

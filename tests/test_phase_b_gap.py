@@ -88,7 +88,7 @@ def test_part_a_saves_each_side_when_it_ends(tmp_path, monkeypatch):
     starts, so a call that ends during the loop keeps it."""
     from argparse import Namespace
 
-    args = Namespace(tiny=True, out=tmp_path)
+    args = Namespace(tiny=True, out=tmp_path, a_sides=["trainpy", "loop"])
     monkeypatch.setattr(phase_b_gap, "trainpy_one_gpu", lambda a, gpu: {"error": "exit 1; log tail: boom"})
 
     def loop_cut_short(a, gpu):

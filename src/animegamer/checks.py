@@ -24,7 +24,7 @@ from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encod
                                         local_folder, positive)
 from animegamer.data.layout import MANIFEST
 from animegamer.data.storage import check_remote_settings, data_source
-from animegamer.models.attention_kernels import ATTENTION_BACKENDS
+from animegamer.models.attention_kernels import ATTENTION_BACKENDS, FA4, check_attention_backends
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
 from animegamer.diffusion.step_cache import check_sampling_cache
 from animegamer.game import check_batch_games
@@ -205,11 +205,28 @@ def check_kernels(model) -> list[str]:
                        ("model.mllm", m.gradient_checkpointing_every)):
         if every < 1:
             problems.append(f"{key}.gradient_checkpointing_every={every} must be >= 1")
-    for key, backends in (("model.decoder", dec.attention_backends), ("model.mllm", m.attention_backends)):
-        for backend in backends:
-            problems += choice(f"{key}.attention_backends[]", str(backend), ATTENTION_BACKENDS)
+    problems += check_attention(model)
     problems += check_decoder_compile(dec, training=True) + check_decoder_fp8(dec) + check_cfg_parallel(dec)
     problems += check_sampling_cache(model.diffusion, dec)
+    return problems
+
+
+def check_attention(model) -> list[str]:
+    """Both models' SDPA kernel preferences: known names, ``fa4`` runnable here, and the one process-wide
+    flash kernel: FlashAttention-4 for both or for neither."""
+    dec, m = model.decoder, model.mllm
+    problems = []
+    lists = {"model.decoder.attention_backends": list(dec.attention_backends),
+             "model.mllm.attention_backends": list(m.attention_backends)}
+    for key, backends in lists.items():
+        for backend in backends:
+            problems += choice(f"{key}[]", str(backend), ATTENTION_BACKENDS)
+        problems += check_attention_backends(key, backends)
+    fa4 = [key for key, backends in lists.items() if FA4 in backends]
+    flash = [key for key, backends in lists.items() if "flash" in backends]
+    if fa4 and flash and fa4 != flash:
+        problems.append(f"{fa4[0]} names fa4 and {flash[0]} names flash: fa4 replaces the flash kernel for the "
+                        f"whole process, so name fa4 in both or flash in neither")
     if m.attention_backends and m.attention != SDPA:
         problems.append(f"model.mllm.attention_backends={list(m.attention_backends)} orders SDPA's kernels, "
                         f"but model.mllm.attention={m.attention!r}: use {SDPA} or leave it empty")
@@ -327,7 +344,7 @@ def validate_eval_run(cfg) -> None:
         problems.append("evaluation.games and evaluation.turns must be > 0")
     problems += check_batch_games("evaluation.batch_games", e.batch_games)
     problems += check_judge(e.judge)
-    problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",))
+    problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",)) + check_attention(cfg.model)
     problems += check_decoder_compile(cfg.model.decoder, training=False) + check_decoder_fp8(cfg.model.decoder)
     problems += check_cfg_parallel(cfg.model.decoder) + check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
     problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])

@@ -131,9 +131,11 @@ class DecoderConfig:
     # With gradient_checkpointing: recompute every k-th block only (1 = every block, the most memory saved).
     gradient_checkpointing_every: int = 1
     # SDPA kernels on CUDA, in order of preference (unsupported ones are skipped for a shape):
-    # cudnn | flash | efficient | math. cuDNN's fused attention is the fastest on Hopper for the
-    # decoder's 64-wide heads and ~7k tokens (benchmarks/README.md); PyTorch's default order varies by
-    # version and GPU (flash first on older releases), so the order is fixed here.
+    # cudnn | flash | efficient | math | fa4. cuDNN's fused attention is the fastest built-in kernel on
+    # Hopper for the decoder's 64-wide heads and ~7k tokens; fa4 (FlashAttention-4 in SDPA's flash slot,
+    # pip install '.[fa4]', Hopper or Blackwell, process-wide: models/attention_kernels.py) is faster
+    # still (benchmarks/README.md, "Attention kernels"). PyTorch's default order varies by version and
+    # GPU (flash first on older releases), so the order is fixed here.
     attention_backends: List[str] = field(default_factory=lambda: ["cudnn", "flash", "efficient", "math"])
     compile: bool = False  # torch.compile the transformer (first call compiles; fixed shapes)
     # torch.compile's mode with compile=true: default | max-autotune-no-cudagraphs (searches GEMM and
