@@ -126,6 +126,8 @@ def compose(args):
         overrides.append(f"model.decoder.compile_mode={args.compile_mode}")
     if args.vae_cudnn_benchmark:
         overrides.append("model.encoders.vae.cudnn_benchmark=true")
+    if getattr(args, "vae_compile", False):  # the first decode compiles for about 100 s: give a warm-up turn
+        overrides.append("model.encoders.vae.compile=true")
     if args.mllm_compile:
         overrides.append("model.mllm.compile=true")
     if getattr(args, "cache", None) is not None:  # the step cache (game_turn.py --cache): samples change
@@ -473,6 +475,8 @@ def main() -> None:
                         help="framework side: model.mllm.compile (each Mistral layer compiled: prefill and decode)")
     parser.add_argument("--vae-cudnn-benchmark", action="store_true",
                         help="framework side: model.encoders.vae.cudnn_benchmark (cuDNN picks the VAE's conv algorithms)")
+    parser.add_argument("--vae-compile", action="store_true",
+                        help="framework side: model.encoders.vae.compile (the first decode compiles, ~100 s)")
     parser.add_argument("--cache", type=float, default=None, metavar="THRESHOLD",
                         help="framework side: model.diffusion.cache=first_block at this threshold "
                              "(benchmarks/step_cache.py measures what it changes)")
@@ -515,7 +519,8 @@ def main() -> None:
         name = side
         compiled = "compile" if args.compile_mode == "default" else f"compile={args.compile_mode}"
         options = [flag for flag, on in ((compiled, args.compile), ("mllm-compile", args.mllm_compile),
-                                         ("vae-cudnn-benchmark", args.vae_cudnn_benchmark)) if on]
+                                         ("vae-cudnn-benchmark", args.vae_cudnn_benchmark),
+                                         ("vae-compile", args.vae_compile)) if on]
         if side == "framework" and (args.attention or options):  # a variant: its own row
             name += f"[{'+'.join([*(args.attention or ['config']), *options])}]"
         record = results["runs"][name] = {}

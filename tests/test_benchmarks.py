@@ -148,9 +148,10 @@ def test_game_turn_switches_reach_the_config(monkeypatch):
 
     for on in (False, True):
         cfg = compose(Namespace(tokenizer=None, attention=None, tiny=True, compile=on, mllm_compile=on,
-                                vae_cudnn_benchmark=on, compile_mode="reduce-overhead" if on else "default",
+                                vae_cudnn_benchmark=on, vae_compile=on, compile_mode="reduce-overhead" if on else "default",
                                 cache=0.1 if on else None))
-        assert (cfg.model.decoder.compile, cfg.model.mllm.compile, cfg.model.encoders.vae.cudnn_benchmark) == (on,) * 3
+        assert (cfg.model.decoder.compile, cfg.model.mllm.compile, cfg.model.encoders.vae.cudnn_benchmark,
+                cfg.model.encoders.vae.compile) == (on,) * 4
         assert cfg.model.decoder.compile_mode == ("reduce-overhead" if on else "default")
         assert (cfg.model.diffusion.cache, cfg.model.diffusion.cache_threshold) == (
             ("first_block", 0.1) if on else ("none", 0.05))
