@@ -110,12 +110,15 @@ def test_one_flash_kernel_per_process(monkeypatch, fake_fa4):
                                       "model.decoder.attention_backends=[cudnn,fa4]")) == []
 
 
-def test_the_evaluation_pass_checks_attention_too():
-    import inspect
+def test_the_evaluation_pass_checks_attention_too(tmp_path):
+    from animegamer.checks import validate_eval_run
+    from animegamer.config.validate import ConfigError
 
-    from animegamer import checks
-
-    assert "check_attention(cfg.model)" in inspect.getsource(checks.validate_eval_run)
+    cfg = compose_config("evaluate", ["model=tiny", f"data.root={tmp_path}", "model.decoder.attention_backends=[fa4,flash]"])
+    with pytest.raises(ConfigError) as caught:
+        validate_eval_run(cfg)
+    assert "model.decoder.attention_backends=['fa4', 'flash'] names both flash and fa4: fa4 replaces the flash kernel " \
+           "for the whole process, so keep one of them" in caught.value.problems
 
 
 def test_activation_refuses_where_fa4_cannot_run(monkeypatch):

@@ -224,9 +224,10 @@ def check_attention(model) -> list[str]:
         problems += check_attention_backends(key, backends)
     fa4 = [key for key, backends in lists.items() if FA4 in backends]
     flash = [key for key, backends in lists.items() if "flash" in backends]
-    if fa4 and flash and fa4 != flash:
-        problems.append(f"{fa4[0]} names fa4 and {flash[0]} names flash: fa4 replaces the flash kernel for the "
-                        f"whole process, so name fa4 in both or flash in neither")
+    crossed = [(a, b) for a in fa4 for b in flash if a != b]  # one list naming both is reported above
+    if crossed:
+        problems.append(f"{crossed[0][0]} names fa4 and {crossed[0][1]} names flash: fa4 replaces the flash kernel "
+                        f"for the whole process, so name fa4 in both or flash in neither")
     if m.attention_backends and m.attention != SDPA:
         problems.append(f"model.mllm.attention_backends={list(m.attention_backends)} orders SDPA's kernels, "
                         f"but model.mllm.attention={m.attention!r}: use {SDPA} or leave it empty")
