@@ -13,25 +13,17 @@ import types
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from animegamer.checks import check_attention
 from animegamer.config.compose import compose_config
 from animegamer.models import attention_kernels as kernels
+from fake_gpu_helpers import fake_gpu, tiny_cfg
 
 TORCH_HAS_ADAPTER = importlib.util.find_spec(kernels.TORCH_FA4_ADAPTER) is not None
 
 
 def tiny_model(*overrides: str):
-    return OmegaConf.to_object(compose_config("train", ["experiment=paper_a_joint", "model.decoder.path=''",
-                                                        "phase.init_from=''", "logger=none", "model=tiny",
-                                                        *overrides])).model
-
-
-def fake_gpu(monkeypatch, capability: tuple[int, int], name: str = "test GPU") -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    return tiny_cfg(*overrides).model
 
 
 @pytest.fixture

@@ -11,12 +11,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
-from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError
 from animegamer.models import fp8
+from fake_gpu_helpers import fake_gpu, tiny_cfg
 
 torchao = pytest.importorskip("torchao")
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
@@ -24,19 +23,6 @@ from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 LAYERS = 2  # model=tiny's decoder.num_layers
 PER_BLOCK = len(fp8.BLOCK_TARGETS)
 LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0")
-
-
-def tiny_cfg(*overrides: str):
-    """Phase (a2) at the tiny preset's sizes, random weights (as benchmarks/phase_a.py --tiny)."""
-    return OmegaConf.to_object(compose_config("train", ["experiment=paper_a_joint", "model.decoder.path=''",
-                                                        "phase.init_from=''", "logger=none", "model=tiny",
-                                                        *overrides]))
-
-
-def fake_gpu(monkeypatch, capability: tuple[int, int], name: str = "test GPU") -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
 
 
 # --------------------------------------------------------------------------- refusals
