@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -27,6 +28,7 @@ FA4_SHIM = "animegamer.models.fa4_shim"
 TORCH_FA4_ADAPTER = "torch.nn.attention._fa4"
 FA4_EXTRA = "fa4"  # setup.cfg's optional extra that installs it
 FA4_CAPABILITY_MAJORS = (9, 10)  # Hopper, Blackwell: the architectures FA4 has kernels for
+FA4_NOISE = r"Argument aux_data .* cannot be converted to a JitArgument"
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,9 @@ def activate_fa4() -> None:
     problem = fa4_problem()
     if problem:
         raise RuntimeError(f"attention backend {FA4}: FlashAttention-4 {problem}")
+    # the CuTe DSL warns once per compiled kernel that an argument it is not meant to convert is not
+    # convertible (flash-attn-4 4.0.0b36, seen on an H200): noise, not a problem of the run
+    warnings.filterwarnings("ignore", message=FA4_NOISE)
     adapter = importlib.import_module(TORCH_FA4_ADAPTER)
     attention.register_flash_attention_impl(
         FA4_IMPL, register_fn=functools.partial(adapter.register_flash_attention_fa4, module_path=FA4_SHIM))
