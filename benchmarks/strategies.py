@@ -173,14 +173,23 @@ def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = N
 
 
 def perf(out: Path) -> dict:
-    """Medians of the throughput rows after the first (warm-up) one."""
-    rows = [r for path in sorted((out / "logs").glob("metrics*.csv")) for r in csv.DictReader(open(path))
-            if r.get("perf/step_s")]
+    """Medians of the throughput rows after the first (warm-up) one; every save's seconds and GiB
+    (``ckpt/save_*``) and every launch's seconds to its first step (``perf/startup_s``, fresh or resumed)."""
+    every = [r for path in sorted((out / "logs").glob("metrics*.csv")) for r in csv.DictReader(open(path))]
+    rows = [r for r in every if r.get("perf/step_s")]
     found = {}
     for key in ("perf/samples_per_s", "perf/tokens_per_s", "perf/mfu", "perf/step_s", "perf/peak_mem_gib"):
         values = [float(r[key]) for r in rows[1:] if r.get(key)] or [float(r[key]) for r in rows if r.get(key)]
         if values:
             found[key.removeprefix("perf/")] = round(statistics.median(values), 4)
+    saves = [(int(r["step"]), round(float(r["ckpt/save_s"]), 2), round(float(r["ckpt/save_gib"]), 3))
+             for r in every if r.get("ckpt/save_s")]
+    if saves:
+        found["saves"] = saves  # (step, seconds, GiB)
+    starts = [(bool(float(r["perf/resumed"])), round(float(r["perf/startup_s"]), 1)) for r in every
+              if r.get("perf/startup_s")]
+    if starts:
+        found["startups"] = starts  # (resumed, seconds to the first step), one per launch
     return found
 
 

@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import signal
-import statistics
 import sys
 import time
 from argparse import Namespace
@@ -114,16 +113,25 @@ def _equal(reference: dict, other: dict) -> int:
     return sum(reference.get(s) == v for s, v in other.items())
 
 
+def weak_plan(phases: tuple, chosen: tuple, counts: list[int]) -> list[tuple[str, list[tuple[str, int]]]]:
+    """The runs in order, as (phase, [(strategy, GPUs), ...] run at once): per phase the 1-GPU runs of
+    every strategy side by side, then the first strategy at each larger count; the other strategies'
+    larger counts after every phase's first, so a short budget still measures every phase under one
+    strategy."""
+    larger = [g for g in counts if g > 1]
+    plan = []
+    for phase in phases:
+        plan.append((phase, [(strategy, 1) for strategy in chosen]))
+        plan += [(phase, [(chosen[0], g)]) for g in larger]
+    plan += [(phase, [(strategy, g)]) for strategy in chosen[1:] for g in larger for phase in phases]
+    return plan
+
+
 def weak_scaling(args, data: dict[str, Path], results: dict, deadline: float) -> None:
     table = results.setdefault("weak_scaling", {})
     chosen = TINY_STRATEGIES if args.tiny else tuple(args.weak_strategies)
-    # Per phase the 1-GPU runs side by side (one per GPU; in turn on CPU), then the first strategy on 2
-    # GPUs; the other strategies' 2-GPU runs after every phase's first, so a short budget still measures
-    # every phase under one strategy.
     phases = tuple(args.weak_phases)
-    batches = [(phase, [(strategy, 1) for strategy in chosen]) for phase in phases]
-    batches = [item for phase, ones in batches for item in ((phase, ones), (phase, [(chosen[0], 2)]))]
-    batches += [(phase, [(strategy, 2)]) for strategy in chosen[1:] for phase in phases]
+    batches = weak_plan(phases, chosen, args.weak_gpus)
     estimate = {phase: args.estimate for phase in phases}
     for phase, batch in batches:
         if time.monotonic() + estimate[phase] > deadline:
@@ -138,7 +146,7 @@ def weak_scaling(args, data: dict[str, Path], results: dict, deadline: float) ->
                                               gpu=(batch.index(job) if parallel > 1 else None)), batch))
         estimate[phase] = max(estimate[phase], time.monotonic() - started)
         for strategy in chosen:
-            efficiency(table, phase, strategy)
+            efficiency(table, phase, strategy, args.weak_gpus)
         save(args, results)
 
 
@@ -149,11 +157,12 @@ def one_run(args, data: Path, phase: str, strategy: str, gpus: int, per_gpu: int
     shutil.rmtree(out, ignore_errors=True)
     out.with_suffix(".log").unlink(missing_ok=True)
     extra = [] if args.tiny else [*GPU_EXTRA[phase], *(FSDP_EXTRA if strategy == "fsdp" else [])]
-    run = base_args(args, phase, per_gpu * gpus, NO_SAVES, extra)
+    kill = args.weak_kill_after or None  # a checkpoint every kill-after steps, the run killed after the first
+    run = base_args(args, phase, per_gpu * gpus, kill or NO_SAVES, extra)
     record = {"phase": phase, "strategy": strategy, "gpus": gpus, "per_gpu_batch": per_gpu, "steps": args.steps,
-              "extra": extra, "side_by_side": gpu is not None}
+              "extra": extra, "side_by_side": gpu is not None, "killed_after_checkpoint": kill}
     try:
-        record["run"] = strategies.train(run, phase, strategy, gpus, data, out, args.steps, gpu=gpu)
+        record["run"] = strategies.train(run, phase, strategy, gpus, data, out, args.steps, kill_at=kill, gpu=gpu)
         record["perf"] = strategies.perf(out)
         record["step_s_windows"] = step_windows(out)
     except Exception as error:  # noqa: BLE001 - keep the other runs
@@ -170,14 +179,19 @@ def step_windows(out: Path) -> list[float]:
             for r in csv.DictReader(open(path)) if r.get("perf/step_s")]
 
 
-def efficiency(table: dict, phase: str, strategy: str) -> None:
-    one, two = table.get(f"{phase}:{strategy}:1gpu", {}), table.get(f"{phase}:{strategy}:2gpu", {})
-    t1, t2 = one.get("perf", {}).get("step_s"), two.get("perf", {}).get("step_s")
-    if t1 and t2:
-        table[f"{phase}:{strategy}:efficiency"] = {
-            "step_s_1gpu": t1, "step_s_2gpu": t2, "weak_scaling": round(t1 / t2, 3),
-            # spread: the same ratio from the slowest and fastest windows after warm-up
-            "range": _range(one.get("step_s_windows", []), two.get("step_s_windows", []))}
+def efficiency(table: dict, phase: str, strategy: str, counts: list[int]) -> None:
+    """Weak scaling at every measured count: step time on 1 GPU / step time on N (``...:efficiency`` for
+    N = 2, as in the first two-GPU results; ``...:efficiency:Ngpu`` for larger N)."""
+    one = table.get(f"{phase}:{strategy}:1gpu", {})
+    t1 = one.get("perf", {}).get("step_s")
+    for count in (g for g in counts if g > 1):
+        many = table.get(f"{phase}:{strategy}:{count}gpu", {})
+        tn = many.get("perf", {}).get("step_s")
+        if t1 and tn:
+            key = f"{phase}:{strategy}:efficiency" + ("" if count == 2 else f":{count}gpu")
+            table[key] = {"step_s_1gpu": t1, f"step_s_{count}gpu": tn, "weak_scaling": round(t1 / tn, 3),
+                          # spread: the same ratio from the slowest and fastest windows after warm-up
+                          "range": _range(one.get("step_s_windows", []), many.get("step_s_windows", []))}
 
 
 def _range(one: list[float], two: list[float]) -> list[float] | None:
@@ -213,6 +227,11 @@ def main() -> None:
     parser.add_argument("--weak-phases", nargs="+", default=list(WEAK_PHASES), choices=list(WEAK_PHASES))
     parser.add_argument("--weak-strategies", nargs="+", default=list(WEAK_STRATEGIES), choices=list(WEAK_STRATEGIES))
     parser.add_argument("--per-gpu", nargs="+", default=["a_joint=2", "b=4"], help="per-GPU batch per phase")
+    parser.add_argument("--weak-gpus", nargs="+", type=int, default=[1, 2],
+                        help="GPU counts of weak scaling, 1 first (e.g. 1 2 4 8 on an 8-GPU host)")
+    parser.add_argument("--weak-kill-after", type=int, default=0,
+                        help="kill and resume every weak-scaling run: a checkpoint every K steps, killed after the "
+                             "first (its save and resumed start-up times are recorded); 0: no kill")
     parser.add_argument("--steps", type=int, default=20, help="steps of each weak-scaling run")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--tokenizer", type=Path, default=ROOT / ".device_wheels" / "animegamer_tokenizer")
@@ -230,6 +249,11 @@ def main() -> None:
         signal.signal(signum, strategies.stop_children)
     deadline = time.monotonic() + args.budget
     args.per_gpu = {k: int(v) for k, v in (item.split("=") for item in args.per_gpu)}
+    args.weak_gpus = sorted(set(args.weak_gpus))
+    if args.weak_gpus[0] != 1:
+        parser.error(f"--weak-gpus {args.weak_gpus}: weak scaling needs the 1-GPU runs (start with 1)")
+    if args.weak_kill_after and args.weak_kill_after >= args.steps:
+        parser.error(f"--weak-kill-after {args.weak_kill_after} must be below --steps {args.steps}")
     if args.tiny or not args.tokenizer.is_dir():
         args.tokenizer = ""  # the byte tokenizer of random builds
     results: dict = {"stamp": run_stamp()}
@@ -252,7 +276,7 @@ def summary(results: dict) -> str:
     if "killed_vs_uninterrupted" in rehearsal_record:
         lines.append(f"rehearsal losses, killed vs uninterrupted: {json.dumps(rehearsal_record['killed_vs_uninterrupted'])}")
     for name, run in results.get("weak_scaling", {}).items():
-        shown = run if name.endswith("efficiency") or name == "skipped" else {
+        shown = run if ":efficiency" in name or name == "skipped" else {
             k: run.get(k) for k in ("perf", "step_s_windows", "run", "error") if run.get(k)}
         lines.append(f"{name}: {json.dumps(shown)[:1500]}")
     return "\n".join(lines)

@@ -29,6 +29,9 @@ def test_strategies_driver_stops_resumes_and_reuses(tmp_path):
     assert "error" not in record, record.get("error")
     assert record["steps_logged"] == 4 and sorted(map(int, record["loss_curve"])) == [1, 2, 3, 4]
     assert "reused" not in record and set(record) >= {"first_half", "resumed"}
+    # the save at the stop and each launch's time to its first step, fresh then resumed
+    assert [step for step, _, _ in record["perf"]["saves"]][:1] == [2]
+    assert [resumed for resumed, _ in record["perf"]["startups"]] == [False, True]
     log = (tmp_path / "work" / "runs" / "b_ddp_1gpu.log").read_text()
     assert "resuming from" in log and "step-0000002.ckpt" in log  # the second half resumed the first
     _run(*args)  # the same overrides again: the finished run is reused, not repeated

@@ -50,3 +50,29 @@ def test_throughput_rows_reach_the_csv_and_a_resume_keeps_earlier_rows(tmp_path)
     second = list(csv.DictReader(open(logs / "metrics.csv")))
     assert [int(r["step"]) for r in first if r.get("perf/step_s")] == [2, 4]
     assert [int(r["step"]) for r in second if r.get("perf/step_s")] == [6]
+
+
+def test_save_times_and_time_to_first_step_reach_the_log(tmp_path):
+    """Every save's wall time and size (``ckpt/save_*``) at its step, and once per launch the time from
+    fit's setup to the first batch with whether the launch resumed (``perf/startup_s``, ``perf/resumed``)."""
+    import csv
+
+    from animegamer.config.compose import compose_config
+    from animegamer.training.checkpointing import SAVE_GIB, SAVE_SECONDS
+    from animegamer.training.throughput import RESUMED, STARTUP_SECONDS
+    from omegaconf import OmegaConf
+
+    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
+    root = write_synthetic_features(tmp_path / "data", enc)
+    for steps in (4, 6):
+        composed, cfg = tiny_train_cfg(root, tmp_path / "run", f"phase.max_steps={steps}",
+                                       "checkpoint.every_n_steps=2", "trainer.log_every_n_steps=5")
+        train(cfg, composed)
+    logs = tmp_path / "run" / "logs"
+    attempts = [list(csv.DictReader(open(logs / name))) for name in ("metrics.attempt-1.csv", "metrics.csv")]
+    for rows, resumed, saved_at in zip(attempts, (0.0, 1.0), ([2, 4], [6])):
+        saves = [r for r in rows if r.get(SAVE_SECONDS)]
+        assert sorted({int(r["step"]) for r in saves}) == saved_at
+        assert all(0 < float(r[SAVE_SECONDS]) < 60 and 0 < float(r[SAVE_GIB]) < 1 for r in saves)
+        starts = [r for r in rows if r.get(STARTUP_SECONDS)]
+        assert len(starts) == 1 and float(starts[0][RESUMED]) == resumed and float(starts[0][STARTUP_SECONDS]) > 0

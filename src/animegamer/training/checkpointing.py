@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,6 +45,7 @@ KEEP_ALL = -1  # checkpoint.keep_last: never prune
 # Pickle framing and the zip directory on top of the tensors' bytes: a margin, not a measurement.
 SAVE_OVERHEAD = 1.05
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+SAVE_SECONDS, SAVE_GIB = "ckpt/save_s", "ckpt/save_gib"  # training-log keys of every save
 # torch.save into a path (DeepSpeed's shards) reports a failed write as a RuntimeError without errno;
 # a write that failed for space leaves (almost) nothing free, so less than this counts as full.
 NEARLY_FULL_BYTES = 64 * 2**20
@@ -241,9 +243,32 @@ def _out_of_space(error: OSError | RuntimeError, path: Path) -> bool:
     return shutil.disk_usage(path.parent).free < NEARLY_FULL_BYTES
 
 
+@contextmanager
+def timed_save(trainer, path: Path) -> Iterator[None]:
+    """A save's wall time, every rank's writes included (Lightning's save ends at a barrier): global
+    rank 0 logs it with the checkpoint's size and puts both in the training log (``ckpt/save_s``,
+    ``ckpt/save_gib``), so save times can be read per run and compared across world sizes."""
+    started = time.perf_counter()
+    yield
+    if not trainer.is_global_zero:
+        return
+    seconds, gib = time.perf_counter() - started, checkpoint_bytes(path) / 2**30
+    log.info("saved %s in %.1f s (%.2f GiB)", path.name, seconds, gib)
+    for logger in trainer.loggers:
+        logger.log_metrics({SAVE_SECONDS: seconds, SAVE_GIB: gib}, step=trainer.global_step)
+        logger.save()  # the run's last save comes after fit has flushed its loggers for the last time
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """The bytes a checkpoint takes on disk: a file, or every file of an engine's folder."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
 def save_checkpoint(trainer, path: Path, keep_last: int) -> None:
     """The full training state to ``path`` (every rank calls it), then :func:`finish_save`."""
-    with guarded_save(trainer, path):
+    with timed_save(trainer, path), guarded_save(trainer, path):
         trainer.save_checkpoint(str(path), weights_only=False)
     finish_save(trainer, path, keep_last)
 
@@ -258,7 +283,7 @@ class KeepLastCheckpoint(ModelCheckpoint):
         self.keep_last = keep_last
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
-        with guarded_save(trainer, Path(filepath)):
+        with timed_save(trainer, Path(filepath)), guarded_save(trainer, Path(filepath)):
             super()._save_checkpoint(trainer, filepath)
         finish_save(trainer, Path(filepath), self.keep_last)
 

@@ -1,6 +1,10 @@
 """Throughput in the training log: samples/s, tokens/s, MFU and the share of time spent waiting for data.
 
-Answers "is this step time normal?" from the log itself. Model FLOPs per step come from the phase
+Answers "is this step time normal?" from the log itself, and "how long until training starts?":
+``perf/startup_s`` is the time from ``fit``'s setup to the first training batch (the engine's setup,
+a resumed run's checkpoint load and fast-forward, the loaders), logged once per launch with
+``perf/resumed`` (1 when the launch loaded a checkpoint), so a resumed launch's figure minus a fresh
+one's is the checkpoint's load time. Model FLOPs per step come from the phase
 module's ``flops_per_batch(batch)`` (forward + backward = 3 x forward, the usual convention;
 recomputation under gradient checkpointing is not counted), over ``trainer.peak_tflops``.
 """
@@ -12,6 +16,7 @@ import lightning as L
 import torch
 
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (2 x forward)
+STARTUP_SECONDS, RESUMED = "perf/startup_s", "perf/resumed"
 
 
 def transformer_forward_flops(tokens: int, hidden: int, layers: int, mlp_hidden: int, kv_hidden: int | None = None,
@@ -33,6 +38,7 @@ class Throughput(L.Callback):
         self.every = max(1, every)
         self._reset()
         self._last_end: float | None = None
+        self._setup_at: float | None = None
 
     def _reset(self) -> None:
         self.steps = self.samples = self.tokens = self.flops = 0
@@ -44,8 +50,16 @@ class Throughput(L.Callback):
             torch.cuda.synchronize(module.device)
         return time.perf_counter()
 
+    def setup(self, trainer, module, stage: str) -> None:
+        if stage == "fit":
+            self._setup_at = time.perf_counter()
+
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         self._start = self._now(module)
+        if self._setup_at is not None:  # this launch's first step
+            self._emit(trainer, module, {STARTUP_SECONDS: self._start - self._setup_at,
+                                         RESUMED: float(trainer.ckpt_path is not None)})
+            self._setup_at = None
         if self._last_end is not None:
             self.wait += self._start - self._last_end  # fetching and moving the batch
 
@@ -71,10 +85,14 @@ class Throughput(L.Callback):
             # "why is this step slower?": allocations that found no free cached block, freed the cache and
             # retried (synchronising cudaFree calls; a fragmented allocator), counted since the run started
             metrics["perf/alloc_retries"] = torch.cuda.memory_stats(module.device).get("num_alloc_retries", 0)
+        self._emit(trainer, module, metrics)
+        self._reset()
+
+    @staticmethod
+    def _emit(trainer, module, metrics: dict) -> None:
         # Straight to the loggers at this step (Lightning's own flush runs on its log_every_n_steps
         # cadence, which after a resume need not meet this one); callback_metrics get them too.
         module.log_dict(metrics, rank_zero_only=True, logger=False)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
-        self._reset()

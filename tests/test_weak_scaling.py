@@ -1,0 +1,63 @@
+"""Weak scaling through ``train.py`` (``scripts/multinode_rehearsal.py --weak-scaling``): the order of the
+runs at any GPU count, the efficiency at each count, and a CPU rehearsal (tiny phase (b), gloo, 1 and 2
+processes) with a kill and resume in each run whose save and start-up times reach the results."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "benchmarks")]
+
+import multinode_rehearsal as rehearsal  # noqa: E402
+
+
+def test_plan_runs_one_gpu_side_by_side_then_each_count_first_strategy_first():
+    plan = rehearsal.weak_plan(("b", "a_joint"), ("deepspeed_stage_2", "fsdp"), [1, 2, 4, 8])
+    assert plan[:4] == [("b", [("deepspeed_stage_2", 1), ("fsdp", 1)]), ("b", [("deepspeed_stage_2", 2)]),
+                        ("b", [("deepspeed_stage_2", 4)]), ("b", [("deepspeed_stage_2", 8)])]
+    assert plan[4] == ("a_joint", [("deepspeed_stage_2", 1), ("fsdp", 1)])
+    assert plan[8:] == [("b", [("fsdp", 2)]), ("a_joint", [("fsdp", 2)]), ("b", [("fsdp", 4)]),
+                        ("a_joint", [("fsdp", 4)]), ("b", [("fsdp", 8)]), ("a_joint", [("fsdp", 8)])]
+    # the two-GPU host's plan is the one the first results were measured with
+    assert rehearsal.weak_plan(("b",), ("ddp",), [1, 2]) == [("b", [("ddp", 1)]), ("b", [("ddp", 2)])]
+
+
+def test_efficiency_at_every_count():
+    table = {f"b:ddp:{g}gpu": {"perf": {"step_s": s}, "step_s_windows": [9.0, s, s]}
+             for g, s in ((1, 1.0), (2, 1.25), (8, 2.0))}
+    rehearsal.efficiency(table, "b", "ddp", [1, 2, 4, 8])
+    assert table["b:ddp:efficiency"]["weak_scaling"] == 0.8
+    assert table["b:ddp:efficiency:8gpu"]["weak_scaling"] == 0.5 and table["b:ddp:efficiency:8gpu"]["range"] == [0.5, 0.5]
+    assert "b:ddp:efficiency:4gpu" not in table  # not measured
+
+
+def test_counts_are_checked_before_anything_runs(tmp_path):
+    done = subprocess.run([sys.executable, "scripts/multinode_rehearsal.py", "--tiny", "--no-rehearsal",
+                           "--weak-scaling", "--weak-gpus", "2", "4", "--work", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "start with 1" in done.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.timeout(900)
+def test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "scripts/multinode_rehearsal.py", "--tiny", "--no-rehearsal",
+                           "--weak-scaling", "--weak-phases", "b", "--weak-gpus", "1", "2", "--weak-kill-after", "2",
+                           "--steps", "12", "--samples", "16", "--work", str(tmp_path / "work"), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = json.loads((tmp_path / "out" / "weak_scaling_h200x2.json").read_text())["weak_scaling"]
+    for gpus in (1, 2):
+        run = table[f"b:ddp:{gpus}gpu"]
+        assert "error" not in run and run["killed_after_checkpoint"] == 2
+        assert run["run"]["killed"] is True  # 12 steps take seconds: the kill lands before the end
+        assert [resumed for resumed, _ in run["perf"]["startups"]] == [False, True]  # killed, then resumed
+        assert [step for step, _, _ in run["perf"]["saves"]][0] == 2 and all(s >= 0 for _, s, _ in run["perf"]["saves"])
+    assert table["b:ddp:efficiency"]["weak_scaling"] > 0
