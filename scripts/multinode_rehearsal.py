@@ -68,19 +68,23 @@ def phase_overrides(args, phase: str, strategy: str, gpus: int, global_batch: in
 
 
 def rehearsal(args, data: Path, results: dict) -> None:
-    """Uninterrupted two-node run, then the same run with node 1 killed and both restarted."""
+    """Uninterrupted two-node run, then the same run with node 1 killed and both restarted, then (with
+    ``--single-node``) the same global batch on one node of as many GPUs."""
     extra = [] if args.tiny else [f"model.mllm.num_hidden_layers={args.rehearsal_layers}", *GPU_EXTRA["b"]]
     strategy = "ddp" if args.tiny else REHEARSAL_STRATEGY
+    per_node = 0 if args.tiny else args.rehearsal_gpus_per_node  # 0: one CPU process per node
+    world = two_nodes.NODES * max(per_node, 1)
     record: dict = {"phase": REHEARSAL_PHASE, "strategy": strategy, "nodes": two_nodes.NODES,
-                    "gpus_per_node": 0 if args.tiny else 1, "per_gpu_batch": args.rehearsal_batch,
-                    "steps": args.rehearsal_steps, "checkpoint_every": args.rehearsal_checkpoint, "extra": extra}
+                    "gpus_per_node": per_node, "per_gpu_batch": args.rehearsal_batch,
+                    "global_batch": args.rehearsal_batch * world, "steps": args.rehearsal_steps,
+                    "checkpoint_every": args.rehearsal_checkpoint, "extra": extra}
     results["rehearsal"] = record
     runs = {}
     for name, kill in (("uninterrupted", None), ("killed", args.rehearsal_checkpoint)):
         out = args.work / "rehearsal" / name
         shutil.rmtree(out, ignore_errors=True)
-        overrides = [o for o in phase_overrides(args, REHEARSAL_PHASE, strategy, two_nodes.NODES,
-                                                args.rehearsal_batch * two_nodes.NODES, data, out,
+        overrides = [o for o in phase_overrides(args, REHEARSAL_PHASE, strategy, world,
+                                                args.rehearsal_batch * world, data, out,
                                                 args.rehearsal_steps, args.rehearsal_checkpoint, extra)
                      if not o.startswith("trainer.devices=")]  # two_nodes.py sets it per node
         started = time.perf_counter()
@@ -98,6 +102,9 @@ def rehearsal(args, data: Path, results: dict) -> None:
         runs[name]["loss_curve"] = {s: v for s, v in sorted(strategies.losses(out).items())}
         record[name] = {k: v for k, v in runs[name].items() if k != "overrides"}
         save(args, results)
+    if args.single_node:
+        single_node(args, data, strategy, world, extra, record, runs["uninterrupted"]["loss_curve"])
+        save(args, results)
     reference, killed = runs["uninterrupted"]["loss_curve"], runs["killed"]["loss_curve"]
     resumed = checkpoint_step(runs["killed"]["resumed_from"]) if runs["killed"]["resumed_from"] else None
     before = {s: v for s, v in killed.items() if resumed is None or s <= resumed}
@@ -107,6 +114,26 @@ def rehearsal(args, data: Path, results: dict) -> None:
         "up_to_resume": {**strategies.compare(reference, before), "bitwise_equal_steps": _equal(reference, before)},
         "after_resume": {**strategies.compare(reference, after), "bitwise_equal_steps": _equal(reference, after)}}
     save(args, results)
+
+
+def single_node(args, data: Path, strategy: str, world: int, extra: list[str], record: dict,
+                two_node_losses: dict) -> None:
+    """The rehearsal's global batch on one node of ``world`` GPUs (processes on CPU), uninterrupted; its
+    per-step loss against the two-node run's."""
+    out = args.work / "rehearsal" / "single_node"
+    shutil.rmtree(out, ignore_errors=True)
+    run = base_args(args, REHEARSAL_PHASE, args.rehearsal_batch * world, args.rehearsal_checkpoint, extra)
+    found: dict = {"gpus": world}
+    try:
+        found["run"] = strategies.train(run, REHEARSAL_PHASE, strategy, world, data, out, args.rehearsal_steps)
+        found["perf"] = strategies.perf(out)
+        losses = {s: v for s, v in sorted(strategies.losses(out).items())}
+        found["loss_curve"] = losses
+        record["two_nodes_vs_single_node"] = {**strategies.compare(losses, two_node_losses),
+                                              "bitwise_equal_steps": _equal(losses, two_node_losses)}
+    except Exception as error:  # noqa: BLE001 - keep the two-node results
+        found["error"] = str(error)[-3000:]
+    record["single_node"] = found
 
 
 def _equal(reference: dict, other: dict) -> int:
@@ -220,6 +247,10 @@ def main() -> None:
     parser.add_argument("--rehearsal-layers", type=int, default=4, help="MLLM layers of the rehearsal (paper widths)")
     parser.add_argument("--rehearsal-batch", type=int, default=4, help="windows per GPU")
     parser.add_argument("--rehearsal-steps", type=int, default=40)
+    parser.add_argument("--rehearsal-gpus-per-node", type=int, default=1,
+                        help="GPUs of each of the two nodes (4 on an 8-GPU host: issue 21's two nodes of 4)")
+    parser.add_argument("--single-node", action="store_true",
+                        help="also the rehearsal's global batch on one node of as many GPUs, losses compared")
     parser.add_argument("--rehearsal-checkpoint", type=int, default=10, help="checkpoint cadence; node 1 dies after the first")
     parser.add_argument("--kill-delay", type=float, default=1.0, help="seconds between the checkpoint and the kill")
     parser.add_argument("--survivor-limit", type=float, default=30.0,
@@ -270,11 +301,13 @@ def summary(results: dict) -> str:
     """A short table for the end of the output: the rehearsal's kill and losses, each weak-scaling run."""
     lines = []
     rehearsal_record = results.get("rehearsal", {})
-    for name in ("uninterrupted", "killed") if rehearsal_record else ():
+    for name in (n for n in ("uninterrupted", "killed", "single_node") if n in rehearsal_record):
         run = rehearsal_record.get(name, {})
         lines.append(f"rehearsal {name}: {run.get('error', '')[-500:] or json.dumps({k: run.get(k) for k in ('seconds', 'kill', 'resumed_from', 'perf')})}")
     if "killed_vs_uninterrupted" in rehearsal_record:
         lines.append(f"rehearsal losses, killed vs uninterrupted: {json.dumps(rehearsal_record['killed_vs_uninterrupted'])}")
+    if "two_nodes_vs_single_node" in rehearsal_record:
+        lines.append(f"rehearsal losses, two nodes vs one: {json.dumps(rehearsal_record['two_nodes_vs_single_node'])}")
     for name, run in results.get("weak_scaling", {}).items():
         shown = run if ":efficiency" in name or name == "skipped" else {
             k: run.get(k) for k in ("perf", "step_s_windows", "run", "error") if run.get(k)}

@@ -61,3 +61,20 @@ def test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run(tmp_path):
         assert [resumed for resumed, _ in run["perf"]["startups"]] == [False, True]  # killed, then resumed
         assert [step for step, _, _ in run["perf"]["saves"]][0] == 2 and all(s >= 0 for _, s, _ in run["perf"]["saves"])
     assert table["b:ddp:efficiency"]["weak_scaling"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_cpu_rehearsal_two_nodes_equal_one_node_of_as_many_processes(tmp_path):
+    """The rehearsal's global batch on one node (2 CPU processes, DDP) against the two-node run (one
+    process per node): the same per-step losses, bitwise (same world of two ranks, same all-reduce)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "scripts/multinode_rehearsal.py", "--tiny", "--single-node",
+                           "--rehearsal-steps", "4", "--rehearsal-checkpoint", "2", "--survivor-limit", "3",
+                           "--samples", "16", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "out" / "multinode_h200x2.json").read_text())["rehearsal"]
+    assert record["global_batch"] == 2 * record["per_gpu_batch"] and "error" not in record["single_node"]
+    assert record["single_node"]["gpus"] == 2 and len(record["single_node"]["loss_curve"]) == 4
+    assert record["two_nodes_vs_single_node"] == {"steps": 4, "max_rel_diff": 0.0, "median_rel_diff": 0.0,
+                                                  "bitwise_equal_steps": 4}
