@@ -31,9 +31,8 @@ def test_training_log_has_throughput(tmp_path):
     assert metrics["perf/step_s"] == pytest.approx(2 / metrics["perf/samples_per_s"], rel=1e-3)  # batch 2
 
 
-def test_throughput_rows_reach_the_csv_and_a_resume_keeps_earlier_rows(tmp_path):
-    """perf/* rows land at the callback's cadence whatever log_every_n_steps is; the CSV logger
-    would empty metrics.csv on resume, so the first attempt's rows are kept beside it."""
+def two_launches(tmp_path, *overrides: str) -> tuple[list[dict], list[dict]]:
+    """A tiny phase (a2) run to step 4, then resumed to step 6: each launch's CSV rows."""
     import csv
 
     from animegamer.config.compose import compose_config
@@ -42,12 +41,17 @@ def test_throughput_rows_reach_the_csv_and_a_resume_keeps_earlier_rows(tmp_path)
     enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
     root = write_synthetic_features(tmp_path / "data", enc)
     for steps in (4, 6):
-        composed, cfg = tiny_train_cfg(root, tmp_path / "run", f"phase.max_steps={steps}",
-                                       "trainer.throughput_every_n_steps=2", "trainer.log_every_n_steps=5")
+        composed, cfg = tiny_train_cfg(root, tmp_path / "run", f"phase.max_steps={steps}", *overrides)
         train(cfg, composed)
     logs = tmp_path / "run" / "logs"
-    first = list(csv.DictReader(open(logs / "metrics.attempt-1.csv")))
-    second = list(csv.DictReader(open(logs / "metrics.csv")))
+    first, second = ([*csv.DictReader(open(logs / name))] for name in ("metrics.attempt-1.csv", "metrics.csv"))
+    return first, second
+
+
+def test_throughput_rows_reach_the_csv_and_a_resume_keeps_earlier_rows(tmp_path):
+    """perf/* rows land at the callback's cadence whatever log_every_n_steps is; the CSV logger
+    would empty metrics.csv on resume, so the first attempt's rows are kept beside it."""
+    first, second = two_launches(tmp_path, "trainer.throughput_every_n_steps=2", "trainer.log_every_n_steps=5")
     assert [int(r["step"]) for r in first if r.get("perf/step_s")] == [2, 4]
     assert [int(r["step"]) for r in second if r.get("perf/step_s")] == [6]
 
@@ -55,21 +59,10 @@ def test_throughput_rows_reach_the_csv_and_a_resume_keeps_earlier_rows(tmp_path)
 def test_save_times_and_time_to_first_step_reach_the_log(tmp_path):
     """Every save's wall time and size (``ckpt/save_*``) at its step, and once per launch the time from
     fit's setup to the first batch with whether the launch resumed (``perf/startup_s``, ``perf/resumed``)."""
-    import csv
-
-    from animegamer.config.compose import compose_config
     from animegamer.training.checkpointing import SAVE_GIB, SAVE_SECONDS
     from animegamer.training.throughput import RESUMED, STARTUP_SECONDS
-    from omegaconf import OmegaConf
 
-    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
-    root = write_synthetic_features(tmp_path / "data", enc)
-    for steps in (4, 6):
-        composed, cfg = tiny_train_cfg(root, tmp_path / "run", f"phase.max_steps={steps}",
-                                       "checkpoint.every_n_steps=2", "trainer.log_every_n_steps=5")
-        train(cfg, composed)
-    logs = tmp_path / "run" / "logs"
-    attempts = [list(csv.DictReader(open(logs / name))) for name in ("metrics.attempt-1.csv", "metrics.csv")]
+    attempts = two_launches(tmp_path, "checkpoint.every_n_steps=2", "trainer.log_every_n_steps=5")
     for rows, resumed, saved_at in zip(attempts, (0.0, 1.0), ([2, 4], [6])):
         saves = [r for r in rows if r.get(SAVE_SECONDS)]
         assert sorted({int(r["step"]) for r in saves}) == saved_at
