@@ -32,6 +32,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,8 +105,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def timed(fn, warmup: int, reps: int, device: str) -> list[float]:
-    import time
-
     for _ in range(warmup):
         fn()
     times = []

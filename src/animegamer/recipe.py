@@ -143,12 +143,11 @@ def step_losses(run_folder: str | Path) -> list[tuple[int, float]]:
 def trained_seconds(export: str | Path) -> float | None:
     """How long the run of ``export`` trained, over all its launches (None: an export from before that
     was recorded)."""
-    import json
-
     from animegamer.checkpoints.export import EXPORT_FILE
+    from animegamer.config.disk_checks import read_json_object
     from animegamer.training.callbacks import TRAIN_SECONDS
 
-    return json.loads((Path(export) / EXPORT_FILE).read_text()).get(TRAIN_SECONDS)
+    return (read_json_object(Path(export) / EXPORT_FILE) or {}).get(TRAIN_SECONDS)
 
 
 def train_base_stage(overrides: list[str], extra: list[str]) -> dict:
