@@ -1,6 +1,9 @@
 """Selective activation checkpointing: every k-th block recomputes in backward, gradients unchanged."""
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 from omegaconf import OmegaConf
 from torch import nn
@@ -90,3 +93,49 @@ def test_recomputed_decoder_blocks_keep_the_configured_attention_kernels(monkeyp
         assert entered == [], every  # nothing entered before the backward recomputes
         loss.backward()
         assert entered == [["efficient"]] * recomputed, every
+
+
+def _backward_on_another_thread(loss: torch.Tensor, threads: int) -> None:
+    """``loss.backward()`` on a thread of its own whose CPU thread count is ``threads``, as the autograd
+    engine's CUDA device thread (the count it keeps is its own)."""
+    def run():
+        torch.set_num_threads(threads)
+        loss.backward()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_compiled_layers_recompute_with_the_thread_count_of_their_forward(pinned):
+    """On CUDA, backward runs on the autograd engine's own thread, whose CPU thread count is the process
+    default while Lightning lowers the main thread's; Dynamo guards on that count. Unpinned, each
+    recomputation compiled a second graph, which once a batch shape changed saved its tensors in another
+    order than the forward's (``CheckpointError``, phase (b) on an H200). Here backward runs on a thread
+    of its own, as on CUDA."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from animegamer.models.game_mllm import build_mllm
+    from animegamer.models.recompute import checkpoint_every
+
+    previous = torch.get_num_threads()
+    try:
+        cfg = OmegaConf.to_object(compose_config("train", [
+            "model=tiny", "phase=b", "model.mllm.gradient_checkpointing=true", "model.mllm.compile=true",
+            "model.mllm.lora_dropout=0.05"]))
+        model = build_mllm(cfg, 300).train()
+        if not pinned:  # the wrappers without the recomputation's context: what ran before
+            checkpoint_every(model.causal_lm.model.layers, 1, None)
+        torch._dynamo.reset()
+        counters.clear()
+        for length in (40, 56):  # two shapes: one dynamic graph
+            ids = torch.randint(0, 300, (2, length), generator=torch.Generator().manual_seed(length))
+            torch.set_num_threads(1)  # the main thread's count, as Lightning sets it for multi-process runs
+            loss = model(ids, labels=ids)["loss"]
+            _backward_on_another_thread(loss, 2)
+            assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+        assert counters["stats"]["unique_graphs"] == (1 if pinned else 2)
+    finally:
+        torch.set_num_threads(previous)

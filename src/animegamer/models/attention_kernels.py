@@ -14,7 +14,7 @@ import contextlib
 import importlib.util
 import logging
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 from torch import nn
@@ -105,20 +105,15 @@ def attention_kernels(names: Sequence[str], on_cuda: bool, module: Optional[nn.M
     return sdpa_kernel([kernels[n] for n in names], set_priority=True)
 
 
-def recompute_context(names: Sequence[str], module: nn.Module) -> Optional[Callable]:
-    """``context_fn`` for ``torch.utils.checkpoint`` (``None`` when ``names`` is empty).
+def recompute_context(names: Sequence[str], module: nn.Module) -> Optional[Callable[[], ContextManager]]:
+    """The attention kernels a checkpointed block's recomputation runs under (``None`` when ``names`` is
+    empty), for :func:`animegamer.models.recompute.forward_state`.
 
     A checkpointed block recomputes its forward during backward, outside the ``attention_kernels``
     block its first forward ran in; without this the recomputation would pick PyTorch's own kernel,
-    and a kernel that saves other tensors than the first one fails the checkpoint's check. Eager only:
-    under ``torch.compile`` the kernel is chosen when the graph is traced, and ``context_fn`` must be
-    a dispatch mode there.
+    and a kernel that saves other tensors than the first one fails the checkpoint's check.
     """
     if not names:
         return None
-
-    def context_fn():
-        # where the forward's inputs were (set by the module as it enters attention_kernels)
-        return contextlib.nullcontext(), attention_kernels(names, getattr(module, ON_CUDA, False))
-
-    return context_fn
+    # where the forward's inputs were (set by the module as it enters attention_kernels)
+    return lambda: attention_kernels(names, getattr(module, ON_CUDA, False))

@@ -243,11 +243,12 @@ class MotionScopeDecoder(nn.Module):
         diffusers, or every k-th (``every``, default the config's) through :mod:`.recompute`."""
         from torch.utils.checkpoint import checkpoint
 
-        from animegamer.models.recompute import checkpoint_every, checkpoint_options
+        from animegamer.models.recompute import checkpoint_every, checkpoint_options, forward_state
 
         every = self.cfg.gradient_checkpointing_every if every is None else every
-        # recomputed blocks keep the configured attention kernels (a compiled transformer fixes them when traced)
-        context_fn = None if self.cfg.compile else recompute_context(self.cfg.attention_backends, self)
+        # Recomputed blocks keep their forward's attention kernels and thread count. The whole transformer
+        # compiled traces the checkpoints into its graph, which fixes both (and takes no context_fn).
+        context_fn = None if self.cfg.compile else forward_state(recompute_context(self.cfg.attention_backends, self))
         options = checkpoint_options(context_fn)
         if enabled and every == 1:
             self.transformer.enable_gradient_checkpointing(

@@ -209,11 +209,11 @@ class GameStateMLLM(nn.Module):
             if lora:
                 self.add_lora()
         self.apply_trainable()
-        self.set_gradient_checkpointing(cfg.gradient_checkpointing)
-        if cfg.compile:
+        if cfg.compile:  # first: the checkpoint wraps the compiled layer
             from animegamer.models.compiling import compile_blocks
 
             compile_blocks(self.causal_lm.model.layers)
+        self.set_gradient_checkpointing(cfg.gradient_checkpointing)
 
     @staticmethod
     def _build_llm(cfg: MLLMConfig, dtype: Optional[torch.dtype], vocab_size: int) -> "MistralForCausalLM":
@@ -284,29 +284,20 @@ class GameStateMLLM(nn.Module):
         self.apply_trainable()
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute each decoder layer in backward (non-reentrant), the paper-scale memory saver;
-        with ``cfg.gradient_checkpointing_every`` = k > 1 only every k-th layer (:mod:`.recompute`).
+        """Recompute decoder layers in backward (non-reentrant), the paper-scale memory saver: every layer,
+        or with ``cfg.gradient_checkpointing_every`` = k > 1 every k-th (:mod:`.recompute`).
 
-        Uses ``activation_checkpointing_*`` where transformers has it (the ``gradient_checkpointing_*``
-        names are deprecated there), the old names before.
+        Always through :func:`~animegamer.models.recompute.checkpoint_every`, never transformers' own
+        switch: its checkpoint sits inside or outside a compiled layer depending on the transformers
+        version, and the recomputation's context (:func:`~animegamer.models.recompute.forward_state`)
+        must run as Python, outside the graph.
         """
-        from animegamer.models.recompute import checkpoint_every, checkpoint_options
+        from animegamer.models.recompute import checkpoint_every, forward_state
 
         lm = self.causal_lm
-        every = self.cfg.gradient_checkpointing_every
-        # recomputed layers keep the configured attention kernels (compiled layers fix them when traced)
-        context_fn = None if self.cfg.compile else recompute_context(self.cfg.attention_backends, self)
-        checkpoint_every(lm.model.layers, every if enabled and every > 1 else 0, context_fn)
-        if enabled and every > 1:  # selective: only the wrapped layers recompute
-            enabled = False
-        if enabled:
-            options = checkpoint_options(context_fn)
-            if hasattr(lm, "activation_checkpointing_enable"):
-                lm.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
-            else:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
-        elif any(getattr(m, "gradient_checkpointing", False) for m in lm.modules()):
-            (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
+        # recomputed layers run under their forward's thread count and attention kernels, compiled or not
+        context_fn = forward_state(recompute_context(self.cfg.attention_backends, self))
+        checkpoint_every(lm.model.layers, self.cfg.gradient_checkpointing_every if enabled else 0, context_fn)
 
     # ----------------------------------------------------------------------- parameter groups
     def lora_parameters(self) -> List[str]:
