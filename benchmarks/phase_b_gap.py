@@ -415,8 +415,8 @@ def main() -> None:
     parser.add_argument("--a-steps", type=int, default=30, help="train.py steps of part (a)")
     parser.add_argument("--a-sides", nargs="+", default=["trainpy", "loop"], choices=["trainpy", "loop"],
                         help="part (a)'s sides to run (both by default)")
-    # 2026-12-01: both train.py runs with the profiler stopped with a CheckpointError at the first new batch
-    # shape; the 2026-11-30 run without it trained 60 steps (benchmarks/README.md, phase (b) section)
+    # 2026-12-01: without the profiler, train.py stopped with the same CheckpointError (fixed since: the
+    # recomputation's thread count, benchmarks/README.md, phase (b) section)
     parser.add_argument("--a-no-profiler", action="store_true", help="part (a)'s train.py without the profiler")
     parser.add_argument("--a-extra", nargs="*", default=[], help="more train.py overrides for part (a)")
     parser.add_argument("--loop-steps", type=int, default=8, help="timed steps of the loop on the fixed batch")
