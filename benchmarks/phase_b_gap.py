@@ -62,6 +62,7 @@ KERNEL_FAMILIES = {"dropout": ("dropout", "philox", "rand"), "optimizer": ("adam
                    "collectives": ("nccl",), "copies": ("memcpy", "copy", "cast")}
 # Part (a): the 44 % run's settings (benchmarks/results/phase_b_trainpy_pack_compile_h200.json).
 A_BATCH, A_PACK = 8, 1536
+HOST_READ_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero")
 A_EXTRA = ["model.mllm.compile=true", f"phase.pack_tokens={A_PACK}"]
 
 
@@ -159,6 +160,10 @@ def trace_digest(path: Path, summarise) -> dict:
                       / max(steps, 1), 2) for family, words in KERNEL_FAMILIES.items()}
     summary["steps"] = [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}
                         for row in summary["steps"]]
+    # host reads of device values (each one waits for the GPU to catch up): 998 a step under ZeRO-2 on
+    # 2026-12-01, against a handful in the model and the loop
+    ops = summary.get("ops_per_step", {})
+    summary["host_reads_per_step"] = {op: round(ops.get(op, 0.0), 1) for op in HOST_READ_OPS}
     return summary
 
 
@@ -277,7 +282,7 @@ def trainpy_one_gpu(args, gpu: int | None) -> dict:
     profiler = [] if args.a_no_profiler else ["trainer.profiler=pytorch", f"trainer.profile_skip_steps={skip}",
                                               f"trainer.profile_active_steps={args.profile_steps}"]
     extra = ([] if args.tiny else A_EXTRA) + ["trainer.log_every_n_steps=1", *profiler, *args.a_extra]
-    strategy = "ddp" if args.tiny else "deepspeed_stage_2"
+    strategy = "ddp" if args.tiny else args.a_strategy
     run = run_args(args, A_BATCH, 10 ** 6, extra)
     record = {"strategy": strategy, "batch": A_BATCH, "steps": args.a_steps, "extra": extra,
               "profiled_steps": [skip + 2, skip + 1 + args.profile_steps]}
@@ -419,6 +424,8 @@ def main() -> None:
     # recomputation's thread count, benchmarks/README.md, phase (b) section)
     parser.add_argument("--a-no-profiler", action="store_true", help="part (a)'s train.py without the profiler")
     parser.add_argument("--a-extra", nargs="*", default=[], help="more train.py overrides for part (a)")
+    parser.add_argument("--a-strategy", default="deepspeed_stage_2", choices=sorted(strategies.PRESETS),
+                        help="part (a)'s train.py engine (gpu: one device, no engine; the loop has none)")
     parser.add_argument("--loop-steps", type=int, default=8, help="timed steps of the loop on the fixed batch")
     parser.add_argument("--loop-batches", type=int, default=8, help="train.py batches the loop runs (twice)")
     parser.add_argument("--profile-steps", type=int, default=3)
@@ -467,7 +474,8 @@ def summary(part: str, found: dict) -> dict:
                 for name, row in found.get("loop", {}).get("runs", {}).items()}
         trainpy = found.get("trainpy", {})
         wanted = ("median_step_s_unprofiled", "median_mfu_unprofiled_at_780", "error")
-        return {"trainpy": {k: trainpy.get(k) for k in wanted}, "loop": loop,
+        return {"trainpy": {k: trainpy.get(k) for k in wanted}
+                | {"host_reads_per_step": trainpy.get("profile", {}).get("host_reads_per_step")}, "loop": loop,
                 "loop_error": found.get("loop", {}).get("error")}
     if part == "b":
         same = found.get("same_steps", {})

@@ -73,6 +73,9 @@ def test_trace_digest_sums_kernels_per_step_by_name_and_family(tmp_path):
         for name, start, dur in (("sm90_xmma_gemm_bf16", 10, 300), ("triton_poi_fused_native_dropout_0", 320, 100),
                                  ("multi_tensor_apply_kernel<FusedAdam>", 430, 50)):
             events.append({"ph": "X", "cat": "kernel", "name": name, "ts": i * 1000 + start, "dur": dur})
+        for start in (500, 700):  # two host reads of device values a step (.item())
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": i * 1000 + start,
+                           "dur": 5, "tid": 1, "pid": 1})
     path = tmp_path / "t.pt.trace.json"
     path.write_text(__import__("json").dumps({"traceEvents": events}))
     digest = phase_b_gap.trace_digest(path, summarise)
@@ -81,6 +84,8 @@ def test_trace_digest_sums_kernels_per_step_by_name_and_family(tmp_path):
     assert digest["kernel_families_ms_per_step"]["dropout"] == 0.1
     assert digest["kernel_families_ms_per_step"]["optimizer"] == 0.05
     assert digest["median_gpu_busy_ms"] == 0.45
+    assert digest["host_reads_per_step"] == {"aten::_local_scalar_dense": 2.0, "aten::nonzero": 0.0,
+                                             "aten::is_nonzero": 0.0}
 
 
 def test_part_a_saves_each_side_when_it_ends(tmp_path, monkeypatch):
