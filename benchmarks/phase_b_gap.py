@@ -298,6 +298,11 @@ def trainpy_one_gpu(args, gpu: int | None) -> dict:
         if rows and "mfu" in rows[0]:
             record["median_mfu_unprofiled_at_780"] = statistics.median(r["mfu"] for r in rows)
         record["profile"] = trainpy_profile(out)
+        from animegamer.training.sync_sites import SITES_FILE
+
+        sites = out / SITES_FILE  # with --a-extra trainer.sync_debug=true: the host's waits by line
+        if sites.exists():
+            record["sync_sites"] = json.loads(sites.read_text())
     except Exception as error:  # noqa: BLE001
         record["summary_error"] = repr(error)[-1000:]
     return record

@@ -475,6 +475,9 @@ class TrainerConfig:
     profiler: str = ""
     profile_skip_steps: int = 10
     profile_active_steps: int = 3
+    # Count the host's waits for the GPU by line of code (training/sync_sites.py; CUDA only, slows the
+    # steps it counts): <output>/sync_sites.json.
+    sync_debug: bool = False
 
 
 @dataclass

@@ -58,7 +58,7 @@ ALLOWED = (
     "logger.", "log_level", "evaluation.", "output_dir", "checkpoint.", "lock_wait_seconds",
     "phase.val_every_n_steps", "phase.val_clips", "phase.val_sampling_steps",
     "trainer.log_every_n_steps", "trainer.throughput_every_n_steps", "trainer.peak_tflops", "trainer.profiler",
-    "trainer.profile_skip_steps", "trainer.profile_active_steps", "trainer.preemption_signals",
+    "trainer.profile_skip_steps", "trainer.profile_active_steps", "trainer.sync_debug", "trainer.preemption_signals",
     "trainer.max_nonfinite_in_row", "data.num_workers", "data.bad_sample_budget", "data.remote_retries",
     "data.remote_timeout_s",
     # The same computation, scheduled differently (memory, kernels, compilation, packing: tested equal).

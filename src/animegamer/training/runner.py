@@ -32,6 +32,7 @@ from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
                                             module_init)
 from animegamer.training.sweep import job_output_dir
+from animegamer.training.sync_sites import SyncSites
 from animegamer.training.throughput import Throughput
 from animegamer.utils.folder_lock import folder_lock
 from animegamer.utils.logging import is_global_zero, setup_logging
@@ -166,6 +167,8 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
     callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
+    if cfg.trainer.sync_debug:
+        callbacks.append(SyncSites(out))
     callbacks.extend(resuming)
     trainer = make_trainer(cfg, callbacks)
     host_rendezvous(trainer)  # before fit launches the other ranks
