@@ -17,7 +17,7 @@ from torch import nn
 
 
 def compile_blocks(blocks: Iterable[nn.Module], dynamic: bool = True) -> int:
-    """Compile every block's call in place; returns how many were compiled."""
+    """Compile every block's ``forward`` in place; returns how many were compiled."""
     count = 0
     for block in blocks:
         block.forward = torch.compile(block.forward, dynamic=dynamic)

@@ -34,8 +34,8 @@ def forward_state(extra: Optional[Callable[[], ContextManager]] = None) -> Calla
     forward saw, inside ``extra()`` (e.g. the configured attention kernels) when given.
 
     Why the thread count: on CUDA, backward (and so the recomputation) runs on the autograd engine's
-    device thread, whose count is the process default, while Lightning lowers the main thread's for
-    multi-process runs. ``torch.compile`` guards on that count, so a compiled block recomputed there
+    device thread, whose count need not be the main thread's: Lightning lowers the main thread's for
+    multi-process strategies (DeepSpeed included, one process or more). ``torch.compile`` guards on that count, so a compiled block recomputed there
     ran a second graph, compiled separately; once a batch shape led the two compilations to different
     fusions, the two saved their tensors in different orders and the checkpoint's check stopped the
     run (phase (b), 2026-12-01, ``benchmarks/compile_checkpoint_probe.py``).
@@ -56,7 +56,7 @@ def forward_state(extra: Optional[Callable[[], ContextManager]] = None) -> Calla
 
 def checkpoint_options(context_fn: Optional[Callable] = None) -> dict:
     """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` for every recomputed block: non-reentrant,
-    and ``context_fn`` (e.g. :func:`animegamer.models.attention_kernels.recompute_context`) when given."""
+    and ``context_fn`` (:func:`forward_state`) when given."""
     return {"use_reentrant": False, **({"context_fn": context_fn} if context_fn is not None else {})}
 
 
