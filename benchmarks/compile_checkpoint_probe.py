@@ -4,7 +4,8 @@
 ``CheckpointError`` at the first batch with fewer rows (2026-12-01, one H200, twice). This runs the
 same layers (paper width, ``--layers`` of them, LoRA, bf16, random weights) on a sequence of batch
 shapes, one variant per process (fresh compile caches), with Dynamo's recompile and graph-break logs,
-and records which variants train every step.
+and records which variants train every step. The ``fewer_main_threads`` variants reproduce the cause
+found in the end: the main thread's CPU thread count lowered (``models/recompute.py``, ``forward_state``).
 
     python benchmarks/compile_checkpoint_probe.py                 # every variant, one GPU
     python benchmarks/compile_checkpoint_probe.py --tiny          # CPU, tiny sizes: the logic only
@@ -21,9 +22,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# rows x length of each step: the packed batches of the failing run (8 rows, then a 7-row batch)
-SHAPES = ((8, 1536), (8, 1344), (8, 1472), (7, 1344), (7, 1408), (8, 1280))
-STATIC = ((8, 1536),) * 6
+# rows x length of each step: the packed batches of the failing run (8 rows, then a 7-row batch), then
+# batches on both sides of one of Inductor's fusion thresholds (rows x length < 8192) that split the two
+# compilations in the failing run
+SHAPES = ((8, 1536), (8, 1344), (8, 1472), (7, 1344), (7, 1408), (8, 1280), (5, 1344), (8, 1344))
+STATIC = ((8, 1536),) * len(SHAPES)
 TINY_SHAPES = ((4, 96), (4, 80), (3, 96), (3, 64))
 VARIANTS = {
     "as_trainpy": dict(shapes="varied"),
@@ -31,6 +34,10 @@ VARIANTS = {
     "static_shapes": dict(shapes="static"),
     "mark_rows_dynamic": dict(shapes="varied", mark_dynamic=True),
     "not_compiled": dict(shapes="varied", compile=False),
+    # the cause (2026-12-01): the main thread's CPU thread count lowered, as Lightning does for DeepSpeed,
+    # with the recomputation pinned to it (the fix) and without (the code before the fix: it should fail)
+    "fewer_main_threads": dict(shapes="varied", main_threads=True),
+    "fewer_main_threads_unpinned": dict(shapes="varied", main_threads=True, unpinned=True),
 }
 
 
@@ -52,6 +59,12 @@ def run_variant(name: str, tiny: bool, layers: int) -> dict:
     dtype = torch.float32 if tiny else torch.bfloat16
     torch.manual_seed(0)
     model = GameStateMLLM(cfg, rep_width=64, num_query_tokens=4, vocab_size=1024, dtype=dtype).to(device).train()
+    if spec.get("unpinned"):
+        from animegamer.models.recompute import checkpoint_every
+
+        checkpoint_every(model.causal_lm.model.layers, 1, None)
+    if spec.get("main_threads"):
+        torch.set_num_threads(max(1, torch.get_num_threads() // 2))
     steps = []
     for rows, length in shapes:
         ids = torch.randint(0, 1024, (rows, length), device=device)

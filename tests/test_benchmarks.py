@@ -220,3 +220,15 @@ def test_sampling_step_flops_count_the_cfg_batch_without_lora(monkeypatch):
     # 30 blocks, CFG batch 2; everything else (patch, output, AdaLN, embedders) is under 1 %
     core = 2 * 30 * (617_191_833_600 + 373_743_943_680)
     assert core < flops < 1.01 * core  # a LoRA branch would add 1.4 %, batch 1 would halve it
+
+
+def test_compile_checkpoint_probe_records_every_variant(tmp_path):
+    """The probe of the phase (b) CheckpointError (its cause: the main thread's lowered CPU thread count);
+    on CPU backward shares the main thread, so every variant trains."""
+    variants = ["fewer_main_threads", "not_compiled"]
+    printed = _run("benchmarks/compile_checkpoint_probe.py", "--tiny", "--variants", *variants, "--out", str(tmp_path))
+    found = json.loads((tmp_path / "compile_checkpoint_probe.json").read_text())["variants"]
+    assert sorted(found) == sorted(variants) and all(f"{name} " in printed for name in variants)
+    for name, record in found.items():
+        assert record["ok"] and record["exit"] == 0, (name, record.get("tail"))
+        assert len(record["steps"]) == 4 and all("loss" in step for step in record["steps"])
