@@ -125,3 +125,35 @@ def test_an_empty_training_split_fails_before_the_mllm_is_built(data_root, tmp_p
     sessions = len(session_shards(tiny_b_cfg(data_root, tmp_path / "x", "data.val_fraction=0.0")[1], "train"))
     assert f"none of its {sessions} samples is on this side of the held-out split" in str(caught.value)
     assert "data.val_fraction" in str(caught.value) and built == []
+
+
+def test_frozen_bf16_holds_the_base_in_bf16_trains_like_float32_and_resumes_exactly(data_root, tmp_path):
+    """``phase.frozen_bf16`` under bf16-mixed: frozen weights bf16, trained ones float32, the same losses as
+    the float32 base (autocast rounds each weight to bf16 exactly as the cast does), and a stop and resume
+    that continues exactly."""
+    mixed = ("trainer.precision=bf16-mixed",)
+    _run(data_root, tmp_path / "float32_base", *mixed)
+    out = _run(data_root, tmp_path / "full", *mixed, "phase.frozen_bf16=true")
+    params = list(out["module"].model.parameters())
+    assert {p.dtype for p in params if not p.requires_grad and p.is_floating_point()} == {torch.bfloat16}
+    assert {p.dtype for p in params if p.requires_grad} == {torch.float32}
+    reference, full = logged_losses(tmp_path / "float32_base"), logged_losses(tmp_path / "full")
+    assert len(full) >= 5 and full == reference
+    _run(data_root, tmp_path / "split", *mixed, "phase.frozen_bf16=true", "phase.max_steps=3")
+    (tmp_path / "split" / "logs" / "metrics.csv").rename(tmp_path / "first.csv")
+    _run(data_root, tmp_path / "split", *mixed, "phase.frozen_bf16=true")
+    resumed = logged_losses(tmp_path / "split")
+    assert sorted(resumed) == [3, 4, 5] and all(resumed[s] == full[s] for s in resumed), (resumed, full)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("trainer.precision=32-true",), "needs trainer.precision=bf16-mixed"),
+    (("trainer=deepspeed_zero2",), "already holds every weight in bf16"),
+    (("trainer=fsdp",), "FSDP shards units of one dtype"),
+])
+def test_frozen_bf16_is_refused_where_it_does_not_apply(data_root, tmp_path, overrides, message):
+    from animegamer.config.validate import ConfigError
+
+    composed, _ = tiny_b_cfg(data_root, tmp_path, "phase.frozen_bf16=true", *overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate_train_run(composed)

@@ -405,6 +405,12 @@ class PhaseBConfig(PhaseConfig):
     # nearly every step, so unrounded lengths cost a rebuild per step. 64 bounds the shapes to ~25 and
     # pads ~4 % of the tokens.
     pad_to_multiple: int = 64
+    # The frozen LLM weights held in bfloat16 while the trained ones (LoRA, norms, embeddings, projections)
+    # stay float32: with trainer.precision=bf16-mixed on one device or DDP, where the base is otherwise
+    # float32 under autocast. Same results (autocast rounds each weight to bf16 exactly as the cast does),
+    # half the base's memory, no per-matmul weight casts. DeepSpeed's bf16 mode already holds every
+    # weight in bf16; FSDP needs one dtype per sharded unit.
+    frozen_bf16: bool = False
 
 
 @dataclass

@@ -27,6 +27,17 @@ def compute_dtype(module: nn.Module) -> torch.dtype:
     return torch.float32
 
 
+def cast_frozen(module: nn.Module, dtype: torch.dtype) -> int:
+    """Hold ``module``'s frozen floating-point parameters in ``dtype`` (the trained ones keep theirs);
+    returns how many were cast (``phase.frozen_bf16``)."""
+    count = 0
+    for param in module.parameters():
+        if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+            count += 1
+    return count
+
+
 def micro_step(module, batch_idx: int) -> int:
     """The micro-batch's index in the run (optimizer steps x accumulation + position in the step):
     what a resumed run recomputes from its step alone."""

@@ -216,10 +216,29 @@ def check_game_state_phase(cfg: RunConfig) -> list[str]:
         problems.append(f"phase.pack_tokens={phase.pack_tokens}: must be >= 0")
     if phase.pad_to_multiple < 0:
         problems.append(f"phase.pad_to_multiple={phase.pad_to_multiple}: must be >= 0")
+    problems += check_frozen_bf16(cfg)
     problems += check_mllm(cfg.model)
     problems += check_tokenizer(cfg.model, [("phase.init_from", phase.init_from)] if phase.init_from else [])
     problems += check_window_weights("data.window_weights", cfg.data.window_weights)
     return problems
+
+
+def check_frozen_bf16(cfg: RunConfig) -> list[str]:
+    """``phase.frozen_bf16`` only where the base is otherwise float32 under autocast: bf16-mixed without an
+    engine that casts the weights itself."""
+    from animegamer.training.strategies import BF16_MIXED, FSDP, is_deepspeed
+
+    if not cfg.phase.frozen_bf16:
+        return []
+    t = cfg.trainer
+    if t.strategy == FSDP:
+        return ["phase.frozen_bf16=true: FSDP shards units of one dtype; use trainer.fsdp_compute=bf16 instead"]
+    if is_deepspeed(t.strategy):
+        return [f"phase.frozen_bf16=true: {t.strategy}'s bf16 mode already holds every weight in bf16; drop it"]
+    if t.precision != BF16_MIXED:
+        return [f"phase.frozen_bf16=true needs trainer.precision={BF16_MIXED} (autocast runs the bf16 base with the "
+                f"float32 trainables), got {t.precision!r}"]
+    return []
 
 
 def check_adaptation_phase(cfg: RunConfig) -> list[str]:

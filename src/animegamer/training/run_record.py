@@ -63,7 +63,7 @@ ALLOWED = (
     "data.remote_timeout_s",
     # The same computation, scheduled differently (memory, kernels, compilation, packing: tested equal).
     "trainer.benchmark", "trainer.deterministic", "trainer.fsdp_init_device",
-    "phase.pack_tokens", "phase.pad_to_multiple",
+    "phase.pack_tokens", "phase.pad_to_multiple", "phase.frozen_bf16",
     "model.decoder.gradient_checkpointing", "model.decoder.gradient_checkpointing_every",
     "model.decoder.attention_backends", "model.decoder.compile", "model.decoder.compile_mode",
     "model.decoder.cfg_parallel",

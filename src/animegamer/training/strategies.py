@@ -48,6 +48,7 @@ DEEPSPEED_MIN_VERSION = "0.19.8"
 DEEPSPEED_CLIP_KEY, DEEPSPEED_BF16_KEY, DEEPSPEED_OVERFLOW_KEY = "gradient_clipping", "bf16", "check_grad_overflow"
 LIGHTNING_CLIP_WARNING = "Since DeepSpeed handles gradient clipping internally"
 PARTITIONED_STAGE = 3  # the ZeRO stage that partitions the parameters themselves
+BF16_MIXED = "bf16-mixed"  # Lightning's autocast precision
 KNOWN_PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
                     "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16")  # Lightning's names
 DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")  # Lightning's DeepSpeed plugin
@@ -313,8 +314,8 @@ def check_strategy(cfg: RunConfig) -> list[str]:
     if t.fsdp_compute == FSDP_BF16_COMPUTE and strategy != FSDP:
         problems.append(f"trainer.fsdp_compute=bf16 applies to trainer.strategy=fsdp only (got {strategy!r}); "
                         f"DeepSpeed's bf16 mode is already bf16 compute with float32 master weights")
-    elif t.fsdp_compute == FSDP_BF16_COMPUTE and str(t.precision) != "bf16-mixed":
-        problems.append(f"trainer.fsdp_compute=bf16 is a bf16-mixed mode: set trainer.precision=bf16-mixed "
+    elif t.fsdp_compute == FSDP_BF16_COMPUTE and str(t.precision) != BF16_MIXED:
+        problems.append(f"trainer.fsdp_compute=bf16 is a bf16-mixed mode: set trainer.precision={BF16_MIXED} "
                         f"(got {t.precision!r})")
     if strategy == FSDP and t.accelerator == "cpu":
         problems.append("trainer.strategy='fsdp' needs trainer.accelerator=gpu (Lightning's FSDP has no CPU path; "
