@@ -6,7 +6,6 @@ target's state tokens and MSE (optionally + cosine) on the representation.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import lightning as L
@@ -17,12 +16,9 @@ from animegamer.config.schema import RunConfig
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds
 from animegamer.models.game_mllm import TOKENIZER_DIR, build_game_mllm, run_batch
-from animegamer.phases.common import (cast_frozen, clip_gradients, init_exports, keep_trained, make_optimizer,
-                                      micro_step)
+from animegamer.phases.common import clip_gradients, init_exports, keep_trained, make_optimizer, micro_step
 from animegamer.phases.specs import PHASE_B
 from animegamer.utils.randomness import step_seed
-
-log = logging.getLogger(__name__)
 
 
 def state_accuracy(label_logits: torch.Tensor, labels: torch.Tensor, ids: TokenIds) -> torch.Tensor:
@@ -40,8 +36,6 @@ class PhaseB(L.LightningModule):
         built = build_game_mllm(cfg, init_exports(cfg.phase))
         self.model, self.tokenizer, self.ids = built.model, built.tokenizer, built.ids
         self.trainable = self.model.trainable_parameter_names()
-        if cfg.phase.frozen_bf16:  # autocast (bf16-mixed) computes with the bf16 base and float32 trainables
-            log.info("phase.frozen_bf16: %d frozen tensors held in bfloat16", cast_frozen(self.model, torch.bfloat16))
         self.strict_loading = False  # checkpoints hold only what trains
 
     def run_model(self, batch: dict) -> dict:

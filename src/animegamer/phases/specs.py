@@ -10,12 +10,15 @@ when a phase is built or checked, so the validation pass and the game can read a
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
 from animegamer.config.validate import choice
+
+log = logging.getLogger(__name__)
 
 A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_base", "a_warmup", "a_joint", "b", "c"
 
@@ -151,6 +154,9 @@ def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontex
 
 def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
     from animegamer.data import phase_b as data_b
+    import torch
+
+    from animegamer.phases.common import cast_frozen
     from animegamer.phases.phase_b import PhaseB, export_phase_b
     from animegamer.training.runner import ShardData
 
@@ -158,6 +164,9 @@ def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -
     train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
     with init():
         module = PhaseB(cfg)
+        if cfg.phase.frozen_bf16:  # autocast (bf16-mixed) computes with the bf16 base and float32 trainables
+            count = cast_frozen(module.model, torch.bfloat16)
+            log.info("phase.frozen_bf16: %d frozen tensors held in bfloat16", count)
     tokenizer, ids = module.tokenizer, module.ids
     data = ShardData(
         data_b.SessionWindows(train_sessions, tokenizer, ids, cfg.data.window_weights, cfg.seed),
