@@ -97,7 +97,7 @@ def test_recomputed_decoder_blocks_keep_the_configured_attention_kernels(monkeyp
 
 def _backward_on_another_thread(loss: torch.Tensor, threads: int) -> None:
     """``loss.backward()`` on a thread of its own whose CPU thread count is ``threads``, as the autograd
-    engine's CUDA device thread (the count it keeps is its own)."""
+    engine's CUDA device thread."""
     def run():
         torch.set_num_threads(threads)
         loss.backward()
@@ -109,8 +109,8 @@ def _backward_on_another_thread(loss: torch.Tensor, threads: int) -> None:
 
 @pytest.mark.parametrize("pinned", [True, False])
 def test_compiled_layers_recompute_with_the_thread_count_of_their_forward(pinned):
-    """On CUDA, backward runs on the autograd engine's own thread, whose CPU thread count is the process
-    default while Lightning lowers the main thread's; Dynamo guards on that count. Unpinned, each
+    """On CUDA, backward runs on the autograd engine's own thread, whose CPU thread count need not be the
+    main thread's (Lightning lowers the main thread's); Dynamo guards on that count. Unpinned, each
     recomputation compiled a second graph, which once a batch shape changed saved its tensors in another
     order than the forward's (``CheckpointError``, phase (b) on an H200). Here backward runs on a thread
     of its own, as on CUDA."""

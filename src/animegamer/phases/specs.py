@@ -153,9 +153,9 @@ def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontex
 
 
 def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    from animegamer.data import phase_b as data_b
     import torch
 
+    from animegamer.data import phase_b as data_b
     from animegamer.phases.common import cast_frozen
     from animegamer.phases.phase_b import PhaseB, export_phase_b
     from animegamer.training.runner import ShardData

@@ -50,8 +50,8 @@ LIGHTNING_CLIP_WARNING = "Since DeepSpeed handles gradient clipping internally"
 PARTITIONED_STAGE = 3  # the ZeRO stage that partitions the parameters themselves
 BF16_MIXED = "bf16-mixed"  # Lightning's autocast precision
 KNOWN_PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
-                    "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16")  # Lightning's names
-DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")  # Lightning's DeepSpeed plugin
+                    BF16_MIXED, "32-true", "64-true", "64", "32", "16", "bf16")  # Lightning's names
+DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", BF16_MIXED)  # Lightning's DeepSpeed plugin
 
 
 def block_types(cfg: RunConfig) -> set[type]:
