@@ -23,6 +23,30 @@ PEAK_MATMUL_SIZE_CPU = 256  # a CPU smoke test only checks the code path
 PEAK_WARMUP, PEAK_REPS = 3, 20
 # The environment variables a device call sets: the machine has no .git to read the commit from.
 COMMIT_ENV, TREE_ENV = "BENCH_COMMIT", "BENCH_TREE"
+# The official tokenizer (vocabulary 32,284) gives paper-size MLLM runs their token counts and LM head:
+# looked for where scripts/device_wheels.sh puts it (carried to the GPU machine), then in ../shared.
+TOKENIZER_PLACES = (ROOT / ".device_wheels" / "animegamer_tokenizer",
+                    ROOT.parent / "shared" / "reference" / "animegamer_tokenizer")
+BYTE_TOKENIZER = "byte"  # --tokenizer byte: the byte tokenizer of random builds, asked for by name
+
+
+def default_tokenizer() -> str:
+    """The first of :data:`TOKENIZER_PLACES` that exists (else the first: the error then names it)."""
+    return str(next((p for p in TOKENIZER_PLACES if p.is_dir()), TOKENIZER_PLACES[0]))
+
+
+def official_tokenizer(given, tiny: bool) -> str:
+    """The tokenizer folder of a paper-size run, or '' (the byte tokenizer) for tiny runs and ``--tokenizer
+    byte``. A missing folder stops the benchmark: falling back silently gave figures of another vocabulary
+    and other token counts, beside runs with the official one (2026-12-01)."""
+    if tiny or str(given) == BYTE_TOKENIZER:
+        return ""
+    path = Path(str(given or ""))
+    if not given or not path.is_dir():
+        raise SystemExit(f"--tokenizer {given}: no such folder. Paper-size MLLM figures need the official tokenizer "
+                         f"(vocabulary 32,284; scripts/device_wheels.sh copies it into .device_wheels); "
+                         f"--tokenizer {BYTE_TOKENIZER} runs the byte tokenizer of random builds instead")
+    return str(path.resolve())
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _device import run_stamp  # noqa: E402
+from _device import official_tokenizer, run_stamp  # noqa: E402
 from game_turn import (HISTORY_TURNS, STATES, TOKENIZER, SideTimeout, build_framework, compose,  # noqa: E402
                        instruction, time_limit)
 
@@ -148,9 +148,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds (one turn of every game) per batch")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--deadline", type=int, default=220, help="seconds for the whole run, building included")
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    parser.add_argument("--tokenizer", default=TOKENIZER, help="official tokenizer folder, or 'byte'")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     if sorted(set(args.batches)) != args.batches or args.batches[0] != 1:
         parser.error("--batches: increasing, starting at 1 (the baseline)")
     args.attention, args.compile, args.compile_mode, args.vae_cudnn_benchmark, args.mllm_compile = (

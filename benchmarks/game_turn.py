@@ -62,12 +62,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from _device import building, compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
+from _device import (building, compare, default_tokenizer, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
+                     prefer_cudnn_attention, run_stamp)
 from animegamer.config.compose import compose_config
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
+TOKENIZER = default_tokenizer()
 LEVEL_FLOW = {1: 0.5, 2: 2.5, 3: 10.0, 4: 15.0, 5: 40.0}
 STAGES = ("mllm", "sample", "vae_decode", "total")
 HISTORY_TURNS = 4  # + the new turn = the 5-turn window of phase (b)
@@ -117,8 +118,8 @@ def compose(args):
     overrides = ["experiment=paper_eval", "model.mllm.path=''", "model.decoder.path=''",
                  "model.encoders.vae.path=''", "model.encoders.t5.path=''", "model.encoders.clip.path=''",
                  "model.mllm.lora_dropout=0"]
-    if args.tokenizer and Path(args.tokenizer).exists():
-        overrides.append(f"model.mllm.tokenizer={Path(args.tokenizer).resolve()}")
+    if args.tokenizer:  # official_tokenizer's answer: '' = the byte tokenizer
+        overrides.append(f"model.mllm.tokenizer={args.tokenizer}")
     if args.attention:
         overrides.append(f"model.decoder.attention_backends=[{','.join(args.attention)}]")
     if args.compile:
@@ -463,7 +464,7 @@ def main() -> None:
     parser.add_argument("--side-timeout", type=int, default=0, help="seconds per side, building included")
     parser.add_argument("--deadline", type=int, default=0,
                         help="seconds for the whole run: a side also stops when it would pass this")
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (vocab 32284)")
+    parser.add_argument("--tokenizer", default=TOKENIZER, help="official tokenizer folder (vocab 32284), or 'byte'")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--attention", nargs="+", default=None, choices=ATTENTION_BACKENDS,
@@ -482,6 +483,7 @@ def main() -> None:
                              "(benchmarks/step_cache.py measures what it changes)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     if args.compile_mode != "default" and not args.compile:
         parser.error("--compile-mode applies to --compile only")
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"

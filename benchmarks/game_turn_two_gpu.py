@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _device import building, peaks, run_stamp  # noqa: E402
+from _device import building, official_tokenizer, peaks, run_stamp  # noqa: E402
 from game_turn import (HISTORY_TURNS, STAGES, TOKENIZER, SideTimeout, build_framework, compose, instruction,  # noqa: E402
                        new_game, summarise, time_limit)
 
@@ -305,13 +305,14 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also the compiled phase (and the VAE's)")
     parser.add_argument("--vae-reps", type=int, default=3)
     parser.add_argument("--deadline", type=int, default=200, help="seconds for the whole run (after imports)")
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    parser.add_argument("--tokenizer", default=TOKENIZER, help="official tokenizer folder, or 'byte'")
     parser.add_argument("--reserve", type=int, default=60,
                         help="with --compile: seconds kept for the eager and VAE phases after the compiled one")
     parser.add_argument("--vae-only", action="store_true",
                         help="one GPU: only the VAE decode options (and with --compile the compiled VAE)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     args.attention, args.compile_mode, args.vae_cudnn_benchmark, args.mllm_compile = None, "default", False, False
     compile_phase, args.compile = args.compile, False  # built eager; compiled in place later
     if args.tiny:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from strategies import PRESETS, TOKENIZER, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
+from _device import default_tokenizer, official_tokenizer  # noqa: E402
+from strategies import PRESETS, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
 
 BUDGETS_GB = (24, 48, 80, 141)
 GIB_PER_GB = 1e9 / 2**30
@@ -167,7 +168,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
     parser.add_argument("--run-timeout", type=float, default=300)
     parser.add_argument("--work", type=Path, default=Path("/tmp/memory"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "memory.json")
@@ -177,6 +178,7 @@ def main() -> None:
     parser.add_argument("--batches", nargs="*", default=[], help="PHASE=B1,B2,...: measure exactly these batches")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="earlier results files to merge points from")
     args = parser.parse_args()
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
     # strategies.train() reads these: one throughput row per 2 steps, a checkpoint only at the end,

@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from _device import building, compare, mfu, peaks, prefer_cudnn_attention, run_stamp  # noqa: E402  (benchmarks/ on sys.path)
+from _device import (building, compare, default_tokenizer, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
+                     prefer_cudnn_attention, run_stamp)
 from animegamer.config.compose import compose_config
 from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
 from animegamer.mllm.masks import attention_mask_4d
@@ -51,7 +52,7 @@ from animegamer.mllm.sequence import IGNORE_INDEX, Turn
 from animegamer.models.encoder import representation_tokens
 from animegamer.phases.common import make_optimizer
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "animegamer_tokenizer"
+TOKENIZER = default_tokenizer()
 PLAIN = ("plain", "plain+compile")  # eager with PyTorch's kernel order; the best plain configuration
 
 
@@ -141,11 +142,11 @@ def time_steps(step, steps: int, warmup: int, device: str) -> tuple[float, float
 
 
 
-def compose(tiny: bool, attention: str, gc: bool, tokenizer: Path = TOKENIZER, compiled: bool = False):
+def compose(tiny: bool, attention: str, gc: bool, tokenizer: str = "", compiled: bool = False):
     overrides = ["experiment=paper_b", "model.mllm.path=''", f"model.mllm.attention={attention}",
                  f"model.mllm.gradient_checkpointing={str(gc).lower()}", "model.mllm.lora_dropout=0",
                  f"model.mllm.compile={str(compiled).lower()}"]
-    if tokenizer.exists():
+    if tokenizer:  # official_tokenizer's answer: '' = the byte tokenizer
         overrides.append(f"model.mllm.tokenizer={tokenizer}")
     if tiny:
         overrides += ["model=tiny"]
@@ -254,8 +255,10 @@ def main() -> None:
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
                         help="name:batch:gc triples; plain, plain+compile or framework-<attention>[+compile][+pack]")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens)")
+    parser.add_argument("--tokenizer", default=TOKENIZER,
+                        help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens), or 'byte'")
     args = parser.parse_args()
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     if args.tiny:
         args.steps, args.warmup = 2, 1

@@ -53,7 +53,6 @@ import strategies  # noqa: E402  (benchmarks/strategies.py: shards, overrides, l
 log = logging.getLogger("phase_b_gap")
 
 TRAINPY_PEAK_TFLOPS = 780.4  # the peak every train.py MFU in the README divides by
-TOKENIZER = ROOT / ".device_wheels" / "animegamer_tokenizer"
 RESULTS = "phase_b_gap.json"
 WEAK_RESULTS = "weak_scaling_a_joint_h200x2.json"
 TOP_KERNELS = 15
@@ -160,8 +159,8 @@ def trace_digest(path: Path, summarise) -> dict:
                       / max(steps, 1), 2) for family, words in KERNEL_FAMILIES.items()}
     summary["steps"] = [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}
                         for row in summary["steps"]]
-    # host reads of device values (each one waits for the GPU to catch up): 998 a step under ZeRO-2 on
-    # 2026-12-01, against a handful in the model and the loop
+    # reads of scalar values on the host: of device values (each waits for the GPU) and of CPU scalars (no
+    # wait) alike; 988 a step on 2026-12-01, of which trainer.sync_debug found 28 waits (sync_sites.json)
     ops = summary.get("ops_per_step", {})
     summary["host_reads_per_step"] = {op: round(ops.get(op, 0.0), 1) for op in HOST_READ_OPS}
     return summary
@@ -336,7 +335,7 @@ def loop_subprocess(args, gpu: int | None) -> dict:
     """The loop in its own process (own GPU, own CUDA context); its results come back through a file."""
     log_path = args.work / "loop.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--loop-only", "--work", str(args.work), "--out",
-           str(args.work), "--data", str(args.data), "--tokenizer", str(args.tokenizer),
+           str(args.work), "--data", str(args.data), "--tokenizer", args.tokenizer or "byte",
            "--loop-steps", str(args.loop_steps),
            "--loop-batches", str(args.loop_batches), "--profile-steps", str(args.profile_steps)] + (
         ["--tiny"] if args.tiny else [])
@@ -414,11 +413,13 @@ def save_part(args, key: str, value: dict) -> None:
 
 
 def main() -> None:
+    from _device import default_tokenizer, official_tokenizer
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b", "c"])
     parser.add_argument("--tiny", action="store_true", help="CPU, tiny models: the logic of every part")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)  # part (a)'s loop process
-    parser.add_argument("--tokenizer", default=str(TOKENIZER))
+    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
     parser.add_argument("--data", type=Path, default=None, help="phase (b) shards (default: written under --work)")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
@@ -451,8 +452,7 @@ def main() -> None:
     if args.tiny:
         args.a_steps, args.loop_steps, args.loop_batches, args.profile_steps = 6, 2, 2, 1
         args.b_steps, args.b_checkpoint, args.kill_delay, args.samples, args.warmup = 6, 2, 12.0, 16, 1
-    if args.tiny or not args.tokenizer or not Path(args.tokenizer).is_dir():
-        args.tokenizer = ""  # the byte tokenizer of random builds
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     args.work.mkdir(parents=True, exist_ok=True)
     # the loop's process reads the shards its parent wrote (the parent's train.py run reads them at once)
     args.data = args.data or strategies.make_data("b", args.work / "data" / "b", args.samples, args.tiny)

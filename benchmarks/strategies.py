@@ -37,7 +37,6 @@ from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C  # noqa: E402  (af
 PRESETS = {"gpu": "gpu", "ddp": "ddp", "deepspeed_stage_2": "deepspeed_zero2", "deepspeed_stage_2_offload": "deepspeed_zero2_offload",
            "fsdp": "fsdp"}
 EXPERIMENTS = {A_JOINT: "paper_a_joint", PHASE_B: "paper_b", PHASE_C: "paper_c"}
-TOKENIZER = ROOT / ".device_wheels" / "tokenizer"
 
 
 TINY = ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]  # --tiny: a CPU rehearsal
@@ -81,7 +80,8 @@ def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path,
     if args.tiny:
         found += TINY + ["trainer.accelerator=cpu", "trainer.precision=32-true", "data.num_workers=0"]
     elif phase == "b":
-        found += [f"model.mllm.tokenizer={args.tokenizer}", "model.mllm.gradient_checkpointing=true"]
+        found += [f"model.mllm.tokenizer={args.tokenizer}"] if args.tokenizer else []  # '' = the byte tokenizer
+        found += ["model.mllm.gradient_checkpointing=true"]
     return found + list(args.extra)
 
 
@@ -211,6 +211,8 @@ def compare(reference: dict[int, float], other: dict[int, float]) -> dict:
 
 
 def main() -> None:
+    from _device import default_tokenizer, official_tokenizer
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phases", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
     parser.add_argument("--strategies", nargs="+", default=["deepspeed_stage_2", "fsdp"], choices=list(PRESETS))
@@ -224,13 +226,14 @@ def main() -> None:
     parser.add_argument("--batch", nargs="+", default=["a_joint=2", "b=4", "c=2"], help="global batch per phase")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--peak", type=float, default=0.0, help="bf16 TFLOP/s (0 = measure)")
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
     parser.add_argument("--run-timeout", type=float, default=900)
     parser.add_argument("--work", type=Path, default=Path("/tmp/strategies"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "strategies.json")
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every run")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver; ddp only)")
     args = parser.parse_args()
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
     args.global_batch = {k: int(v) for k, v in (item.split("=") for item in args.batch)}

@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "benchmarks"), str(ROOT
 
 import strategies  # noqa: E402  (benchmarks/strategies.py: shards, overrides, launches, throughput)
 import two_nodes  # noqa: E402
-from _device import run_stamp  # noqa: E402
+from _device import default_tokenizer, official_tokenizer, run_stamp  # noqa: E402
 from animegamer.training.checkpointing import checkpoint_step  # noqa: E402
 
 log = logging.getLogger("multinode_rehearsal")
@@ -265,7 +265,7 @@ def main() -> None:
                              "first (its save and resumed start-up times are recorded); 0: no kill")
     parser.add_argument("--steps", type=int, default=20, help="steps of each weak-scaling run")
     parser.add_argument("--samples", type=int, default=32)
-    parser.add_argument("--tokenizer", type=Path, default=ROOT / ".device_wheels" / "animegamer_tokenizer")
+    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole driver")
     parser.add_argument("--estimate", type=float, default=90.0, help="seconds a weak-scaling run is assumed to take")
     parser.add_argument("--run-timeout", type=float, default=400.0)
@@ -285,8 +285,7 @@ def main() -> None:
         parser.error(f"--weak-gpus {args.weak_gpus}: weak scaling needs the 1-GPU runs (start with 1)")
     if args.weak_kill_after and args.weak_kill_after >= args.steps:
         parser.error(f"--weak-kill-after {args.weak_kill_after} must be below --steps {args.steps}")
-    if args.tiny or not args.tokenizer.is_dir():
-        args.tokenizer = ""  # the byte tokenizer of random builds
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     results: dict = {"stamp": run_stamp()}
     phases = ({REHEARSAL_PHASE} if not args.no_rehearsal else set()) | (set(args.weak_phases) if args.weak_scaling else set())
     data = {p: strategies.make_data(p, args.work / "data" / p, args.samples, args.tiny) for p in sorted(phases)}

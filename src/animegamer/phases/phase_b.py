@@ -74,8 +74,9 @@ class PhaseB(L.LightningModule):
 
         m = self.cfg.model.mllm
         kv = m.hidden_size // m.num_attention_heads * m.num_key_value_heads
-        flops = sum(transformer_forward_flops(int(n), m.hidden_size, m.num_hidden_layers, m.intermediate_size, kv,
-                                              gated_mlp=True) for n in batch["lengths"])
+        # one read of the lengths, not one per sequence: each read of a device value waits for the GPU
+        flops = sum(transformer_forward_flops(n, m.hidden_size, m.num_hidden_layers, m.intermediate_size, kv,
+                                              gated_mlp=True) for n in batch["lengths"].tolist())
         labels = int((batch["labels"] != IGNORE_INDEX).sum())
         return flops + 2 * labels * m.hidden_size * self.model.vocab_size
 

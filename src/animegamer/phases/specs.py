@@ -164,7 +164,7 @@ def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -
     train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
     with init():
         module = PhaseB(cfg)
-        if cfg.phase.frozen_bf16:  # autocast (bf16-mixed) computes with the bf16 base and float32 trainables
+        if frozen_bf16_applies(cfg):  # autocast (bf16-mixed) computes with the bf16 base and float32 trainables
             count = cast_frozen(module.model, torch.bfloat16)
             log.info("phase.frozen_bf16: %d frozen tensors held in bfloat16", count)
     tokenizer, ids = module.tokenizer, module.ids
@@ -233,12 +233,15 @@ def check_game_state_phase(cfg: RunConfig) -> list[str]:
 
 
 def check_frozen_bf16(cfg: RunConfig) -> list[str]:
-    """``phase.frozen_bf16`` only where the base is otherwise float32 under autocast: bf16-mixed without an
-    engine that casts the weights itself."""
+    """``phase.frozen_bf16=true`` only where the base is otherwise float32 under autocast: bf16-mixed without an
+    engine that casts the weights itself (the default, null, turns it on exactly there)."""
+    return frozen_bf16_problems(cfg) if cfg.phase.frozen_bf16 else []
+
+
+def frozen_bf16_problems(cfg: RunConfig) -> list[str]:
+    """Why holding the frozen base in bf16 does not apply to this run (empty when it does)."""
     from animegamer.training.strategies import BF16_MIXED, FSDP, is_deepspeed
 
-    if not cfg.phase.frozen_bf16:
-        return []
     t = cfg.trainer
     if t.strategy == FSDP:
         return ["phase.frozen_bf16=true: FSDP shards units of one dtype; use trainer.fsdp_compute=bf16 instead"]
@@ -248,6 +251,12 @@ def check_frozen_bf16(cfg: RunConfig) -> list[str]:
         return [f"phase.frozen_bf16=true needs trainer.precision={BF16_MIXED} (autocast runs the bf16 base with the "
                 f"float32 trainables), got {t.precision!r}"]
     return []
+
+
+def frozen_bf16_applies(cfg: RunConfig) -> bool:
+    """``phase.frozen_bf16`` as set, or (null) wherever it applies."""
+    wanted = cfg.phase.frozen_bf16
+    return not frozen_bf16_problems(cfg) if wanted is None else bool(wanted)
 
 
 def check_adaptation_phase(cfg: RunConfig) -> list[str]:

@@ -2,8 +2,9 @@
 
 Every read of a device value on the host (``.item()``, ``bool(tensor)``, a boolean-mask index, a copy to
 the CPU) waits until the GPU has run everything queued before it, and the GPU then idles while the host
-queues the next kernels. A profile counts such reads (2026-12-01, phase (b) under ZeRO-2: 998 a step) but
-not where they come from. PyTorch names them itself with ``torch.cuda.set_sync_debug_mode("warn")``: each
+queues the next kernels. A profile's ``aten::item`` count does not tell them apart from reads of CPU
+scalars, which do not wait (2026-12-01, phase (b): 988 a step in the profile, 28 waits here), nor where
+they come from. PyTorch names them itself with ``torch.cuda.set_sync_debug_mode("warn")``: each
 synchronising operation raises a warning located at the Python line that called it. This callback turns
 that on for the training steps, counts the warnings by line (on every thread: backward runs on the
 autograd engine's device thread), lets every other warning through, and writes

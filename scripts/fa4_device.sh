@@ -1,0 +1,26 @@
+#!/bin/bash
+# FlashAttention-4 on the GPU machine from what scripts/fa4_wheels.sh downloaded, in two calls made one right
+# after the other (the machine keeps /tmp only while warm; a call carries at most 64 MiB):
+#   call 1, carry [".fa4_big/cu13.part.aa"]:                                bash scripts/fa4_device.sh keep
+#   call 2, carry [".fa4_big/cu13.part.ab", ".fa4_wheels", ".device_wheels"]: source scripts/fa4_device.sh install
+# then run the benchmarks in the same call (PYTHONPATH is set). nvidia-cutlass-dsl's .pth is not read from a
+# --target folder, so its dsl_packages folder goes on PYTHONPATH by hand; the unpacked compiler is copied over
+# /tmp/site after pip, which would delete it.
+case "${1:-}" in
+keep)
+    mkdir -p /tmp/cu13parts && cp .fa4_big/cu13.part.aa /tmp/cu13parts/ && ls -la /tmp/cu13parts ;;
+install)
+    if [ ! -s /tmp/cu13parts/cu13.part.aa ]; then
+        echo "/tmp/cu13parts/cu13.part.aa is missing: the machine went cold after call 1; make call 1 again" >&2
+        return 1 2>/dev/null || exit 1
+    fi
+    mkdir -p /tmp/cu13 && cat /tmp/cu13parts/cu13.part.aa .fa4_big/cu13.part.ab | tar -xJf - -C /tmp/cu13 \
+        && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .device_wheels/*.whl \
+            .fa4_wheels/*.whl \
+        && cp -a /tmp/cu13/. /tmp/site/ \
+        && export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/src \
+            NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 ;;
+*)
+    echo "usage: bash scripts/fa4_device.sh keep | source scripts/fa4_device.sh install" >&2
+    return 2 2>/dev/null || exit 2 ;;
+esac
