@@ -109,3 +109,21 @@ def test_quickstart_prints_a_refused_setting_without_a_traceback(tmp_path, monke
     err = capsys.readouterr().err
     assert stopped.value.code == USER_ERROR_EXIT_CODE and "width must be a multiple of 16" in err
     assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+def test_torchao_import_notices_are_dropped_and_its_other_warnings_kept():
+    """transformers and diffusers import torchao (the fp8 extra) at every start; its notices about kernels the
+    framework does not use were six alarming lines in the quick start. Only those are dropped."""
+    code = SETUP + """
+import logging
+import transformers.modeling_utils, diffusers  # noqa: F401  what imports torchao in a run
+logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
+logging.getLogger("torchao").warning("a torchao warning that matters")
+logging.getLogger("torch.utils._pytree").warning("%s is an Enum subclass", "<enum 'X'>")
+"""
+    process = _python(code)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert "a torchao warning that matters" in out + err
+    for notice in ("Failed to load", "Detected no triton", "Unable to import `torchao`", "is an Enum subclass"):
+        assert notice not in out + err, (notice, out + err)

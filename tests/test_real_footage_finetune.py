@@ -81,6 +81,15 @@ def test_finetune_on_real_footage_to_a_played_game(quickstart, tmp_path):
     metrics = json.loads((out / "eval" / "metrics.json").read_text())["metrics"]
     assert metrics["games"]["completed_turns"] >= 1
 
+    # What a user does next: train phase (b) longer and run the same command again. Phase (b) resumes to
+    # step 3; its new export makes new adaptation shards, so phase (c) starts afresh, its earlier run kept.
+    earlier_c = sorted(p.name for p in (out / "c" / CHECKPOINT_DIR).iterdir())
+    _finetune(films, captions, root, out, "data.val_fraction=0.8", "--steps", "2", "3", "2")
+    assert json.loads((out / "b" / "export" / "export.json").read_text())["step"] == 3
+    assert json.loads((out / "c" / "export" / "export.json").read_text())["step"] == 2
+    assert sorted(p.name for p in (out / "c.superseded-1" / CHECKPOINT_DIR).iterdir()) == earlier_c
+    assert read_json(out / "c" / "run_config.json")["changes"] == []  # a new run, not a forced resume
+
 
 def test_preflight_refuses_one_shot_before_training(quickstart, tmp_path):
     root, _ = quickstart

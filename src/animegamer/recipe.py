@@ -57,6 +57,7 @@ BASE_OVERRIDES = ("phase=a_base", "model.decoder.motion_scope=false")
 FINAL_LOSS_STEPS = 20
 # What the summary says for a validation metric when the held-out split had nothing for the phase.
 NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
+SUPERSEDED = ".superseded-"  # a stage's earlier run, set aside when it must start afresh: <folder>.superseded-N
 
 
 def run_pipeline_step(overrides: list[str]) -> dict:
@@ -67,10 +68,31 @@ def run_pipeline_step(overrides: list[str]) -> dict:
 
 
 def train_stage(overrides: list[str]) -> dict:
-    """``train.py <overrides>``: validated, then trained (resumed, or skipped when already done)."""
+    """``train.py <overrides>``: validated, then trained (resumed, or skipped when already done).
+
+    A stage whose folder holds checkpoints of other settings or other data (a setting changed, or an
+    earlier stage trained again and its shards with it) starts afresh, since what it trained on is gone;
+    the earlier run is kept beside it (:func:`set_aside`), never deleted."""
+    from animegamer.training.run_record import RunFolderChanged
     from animegamer.training.runner import run
 
-    return run(compose_config("train", overrides))
+    composed = compose_config("train", overrides)
+    try:
+        return run(composed)
+    except RunFolderChanged as changed:
+        kept = set_aside(Path(composed.output_dir))
+        log.warning("%s: what it trains on changed since its checkpoints (%s); the stage starts afresh, its earlier "
+                    "run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
+        return run(composed)
+
+
+def set_aside(folder: Path) -> Path:
+    """Rename ``folder`` to the first free ``<folder>.superseded-N`` and return that path."""
+    n = 1
+    while (kept := folder.with_name(f"{folder.name}{SUPERSEDED}{n}")).exists():
+        n += 1
+    folder.rename(kept)
+    return kept
 
 
 def evaluation_config(overrides: list[str]):

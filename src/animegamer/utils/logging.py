@@ -17,6 +17,16 @@ import sys
 
 _RANK_ENV_VARS = ("RANK", "SLURM_PROCID", "LOCAL_RANK")
 _CHATTY_LIBRARIES = ("matplotlib", "PIL", "pyscenedetect", "urllib3", "httpx")
+# Warnings logged when transformers or diffusers import torchao (the fp8 extra) that ask nothing of the user:
+# torchao's optional compiled kernels built for another Python (the FP8 path, torch._scaled_mm, does not use
+# them), no Triton on a CPU machine, diffusers' torchao checkpoint types, and torch's deprecation of the enum
+# registration torchao does at import. (logger, start of the message); every other record passes.
+_IMPORT_NOTICES = (
+    ("torchao", "Failed to load "),
+    ("torchao.kernel.intmm", "Warning: Detected no triton"),
+    ("diffusers.quantizers.torchao.torchao_quantizer", "Unable to import `torchao` Tensor objects"),
+    ("torch.utils._pytree", "<enum "),
+)
 # A package whose import adds console handlers, and the loggers it adds them to.
 _OWN_HANDLER_PACKAGE = "lightning"
 _OWN_HANDLER_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
@@ -37,6 +47,15 @@ def is_global_zero() -> bool:
     """Global rank 0 from the launcher's environment (before the trainer exists): Lightning's own
     children, torchrun and SLURM set these variables; a plain start is rank 0."""
     return global_rank() == 0 and os.environ.get("NODE_RANK", "0") in ("", "0")
+
+
+class _DropNotice(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
 
 
 class _RankFilter(logging.Filter):
@@ -98,3 +117,7 @@ def setup_logging(level: str | int = "INFO") -> None:
     _route_lightning()
     for chatty in _CHATTY_LIBRARIES:
         logging.getLogger(chatty).setLevel(max(numeric, logging.WARNING))
+    for name, start in _IMPORT_NOTICES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) and f.start == start for f in logger.filters):
+            logger.addFilter(_DropNotice(start))
