@@ -258,7 +258,8 @@ def per_step(out: Path) -> dict[str, list[dict]]:
             if row.get("perf/step_s"):
                 rows.append({"step": int(row["step"]), "step_s": round(float(row["perf/step_s"]), 4),
                              **{key: round(float(row[f"perf/{key}"]), 4) for key in ("data_wait_fraction", "mfu",
-                                                                                     "tokens_per_s", "alloc_retries")
+                                                                                     "tokens_per_s", "alloc_retries",
+                                                                                     "peak_mem_gib")
                                 if row.get(f"perf/{key}")}})
         found[path.stem] = rows
     return found
@@ -479,8 +480,10 @@ def summary(part: str, found: dict) -> dict:
                 for name, row in found.get("loop", {}).get("runs", {}).items()}
         trainpy = found.get("trainpy", {})
         wanted = ("median_step_s_unprofiled", "median_mfu_unprofiled_at_780", "error")
+        memory = [r["peak_mem_gib"] for rows in trainpy.get("per_step", {}).values() for r in rows if "peak_mem_gib" in r]
         return {"trainpy": {k: trainpy.get(k) for k in wanted}
-                | {"host_reads_per_step": trainpy.get("profile", {}).get("host_reads_per_step")}, "loop": loop,
+                | {"host_reads_per_step": trainpy.get("profile", {}).get("host_reads_per_step"),
+                   "peak_mem_gib": max(memory, default=None)}, "loop": loop,
                 "loop_error": found.get("loop", {}).get("error")}
     if part == "b":
         same = found.get("same_steps", {})
