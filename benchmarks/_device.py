@@ -35,11 +35,12 @@ def default_tokenizer() -> str:
     return str(next((p for p in TOKENIZER_PLACES if p.is_dir()), TOKENIZER_PLACES[0]))
 
 
-def official_tokenizer(given, tiny: bool) -> str:
-    """The tokenizer folder of a paper-size run, or '' (the byte tokenizer) for tiny runs and ``--tokenizer
-    byte``. A missing folder stops the benchmark: falling back silently gave figures of another vocabulary
-    and other token counts, beside runs with the official one (2026-12-01)."""
-    if tiny or str(given) == BYTE_TOKENIZER:
+def official_tokenizer(given, tiny: bool, needed: bool = True) -> str:
+    """The tokenizer folder of a paper-size run, or '' (the byte tokenizer) for tiny runs, ``--tokenizer
+    byte`` and runs that build no MLLM (``needed`` false). A missing folder stops the benchmark: falling
+    back silently gave figures of another vocabulary and other token counts, beside runs with the official
+    one (2026-12-01)."""
+    if tiny or not needed or str(given) == BYTE_TOKENIZER:
         return ""
     path = Path(str(given or ""))
     if not given or not path.is_dir():

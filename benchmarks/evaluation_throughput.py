@@ -179,7 +179,7 @@ def main() -> None:
     args.save = save
     cfg = compose(args)
     cfg.model.mllm.constrained_states = True  # valid states from a random MLLM: every turn is rendered
-    results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (no official tokenizer found)"
+    results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (--tokenizer byte)"
     t0 = time.perf_counter()
     models = build_framework(args, cfg)
     sync(args.device)

@@ -516,7 +516,7 @@ def main() -> None:
 
     args.save = save
     cfg = compose(args)
-    results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (no official tokenizer found)"
+    results["tokenizer"] = cfg.model.mllm.tokenizer or "byte tokenizer (--tokenizer byte)"
     for side in args.sides:
         name = side
         compiled = "compile" if args.compile_mode == "default" else f"compile={args.compile_mode}"

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _device import default_tokenizer, official_tokenizer  # noqa: E402
-from strategies import PRESETS, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
+from strategies import PHASE_B, PRESETS, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
 
 BUDGETS_GB = (24, 48, 80, 141)
 GIB_PER_GB = 1e9 / 2**30
@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--batches", nargs="*", default=[], help="PHASE=B1,B2,...: measure exactly these batches")
     parser.add_argument("--merge", nargs="*", type=Path, default=[], help="earlier results files to merge points from")
     args = parser.parse_args()
-    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny, needed=PHASE_B in args.phases)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
     # strategies.train() reads these: one throughput row per 2 steps, a checkpoint only at the end,

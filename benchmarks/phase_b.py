@@ -5,7 +5,7 @@
 
 Random weights, no downloads. Batches are real 5-turn windows (about 1,450 tokens each: five turns of
 226 frame tokens plus instruction and state tokens) built by the framework's own sequence builder
-and collator, with the official tokenizer when ``../shared`` has it. Both sides train the same set
+and collator, with the official tokenizer (``--tokenizer``; ``byte`` for the byte tokenizer of random builds). Both sides train the same set
 (LoRA r 32 / alpha 32 on q/k/v/o/gate/up/down, RMSNorms, both embedding matrices, the projections),
 in bf16 weights with fused AdamW, forward + backward + clip + step.
 

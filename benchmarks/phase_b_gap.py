@@ -5,7 +5,7 @@
     python benchmarks/phase_b_gap.py --tiny             # CPU rehearsal of every part's logic
 
 Paper sizes, random weights, synthetic session shards (``benchmarks/strategies.py``), the official
-tokenizer where ``--tokenizer`` exists (else the byte tokenizer of random builds, recorded).
+tokenizer (``--tokenizer``; a missing folder stops the run, ``--tokenizer byte`` asks for the byte tokenizer).
 
 a. Two processes at once, one GPU each. GPU 1: ``train.py``, phase (b) under ZeRO-2 with the config of
    the 44 % MFU run (batch 8 packed into 1,536-token rows, compiled layers, checkpointing, LoRA dropout
@@ -453,7 +453,7 @@ def main() -> None:
     if args.tiny:
         args.a_steps, args.loop_steps, args.loop_batches, args.profile_steps = 6, 2, 2, 1
         args.b_steps, args.b_checkpoint, args.kill_delay, args.samples, args.warmup = 6, 2, 12.0, 16, 1
-    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny, needed=bool({"a", "b"} & set(args.parts)))
     args.work.mkdir(parents=True, exist_ok=True)
     # the loop's process reads the shards its parent wrote (the parent's train.py run reads them at once)
     args.data = args.data or strategies.make_data("b", args.work / "data" / "b", args.samples, args.tiny)

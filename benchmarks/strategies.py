@@ -233,7 +233,7 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every run")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU (rehearse the driver; ddp only)")
     args = parser.parse_args()
-    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny, needed=PHASE_B in args.phases)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
     args.global_batch = {k: int(v) for k, v in (item.split("=") for item in args.batch)}

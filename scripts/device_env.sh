@@ -1,5 +1,5 @@
 # Sourced by the GPU launch scripts: on a bare GPU machine, install the project's missing packages from
-# the wheels in $WHEELS (default .device_wheels; benchmarks/README.md lists them) into /tmp/site, and
+# the wheels in $WHEELS (default .device_wheels, built by scripts/device_wheels.sh) into /tmp/site, and
 # keep NVLink multicast off (on a shared host it can take every GPU out of service). Sets $PYTHON.
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import hydra, omegaconf, diffusers, webdataset, deepspeed" 2>/dev/null; then

@@ -20,7 +20,8 @@ mkdir -p "$OUT"
 "$PIP" wheel -q --no-deps --no-build-isolation -w "$OUT" deepspeed==0.19.8
 TOKENIZER=../shared/reference/animegamer_tokenizer
 if [ -d "$TOKENIZER" ]; then
-    rm -rf "$OUT/animegamer_tokenizer" && cp -r "$TOKENIZER" "$OUT/"
+    # the reference folder is read-only: a copy without its modes can be replaced by the next run
+    rm -rf "$OUT/animegamer_tokenizer" && cp -r --no-preserve=mode "$TOKENIZER" "$OUT/"
 else
     echo "no $TOKENIZER: paper-size MLLM benchmarks will need --tokenizer byte (another vocabulary)" >&2
 fi

@@ -3,7 +3,7 @@
 # after the other (the machine keeps /tmp only while warm; a call carries at most 64 MiB):
 #   call 1, carry [".fa4_big/cu13.part.aa"]:                                bash scripts/fa4_device.sh keep
 #   call 2, carry [".fa4_big/cu13.part.ab", ".fa4_wheels", ".device_wheels"]: source scripts/fa4_device.sh install
-# then run the benchmarks in the same call (PYTHONPATH is set). nvidia-cutlass-dsl's .pth is not read from a
+# and the benchmarks after it in the same call, behind && (PYTHONPATH is set only when the install worked). nvidia-cutlass-dsl's .pth is not read from a
 # --target folder, so its dsl_packages folder goes on PYTHONPATH by hand; the unpacked compiler is copied over
 # /tmp/site after pip, which would delete it.
 case "${1:-}" in

@@ -285,9 +285,9 @@ def main() -> None:
         parser.error(f"--weak-gpus {args.weak_gpus}: weak scaling needs the 1-GPU runs (start with 1)")
     if args.weak_kill_after and args.weak_kill_after >= args.steps:
         parser.error(f"--weak-kill-after {args.weak_kill_after} must be below --steps {args.steps}")
-    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     results: dict = {"stamp": run_stamp()}
     phases = ({REHEARSAL_PHASE} if not args.no_rehearsal else set()) | (set(args.weak_phases) if args.weak_scaling else set())
+    args.tokenizer = official_tokenizer(args.tokenizer, args.tiny, needed=strategies.PHASE_B in phases)
     data = {p: strategies.make_data(p, args.work / "data" / p, args.samples, args.tiny) for p in sorted(phases)}
     if not args.no_rehearsal:
         rehearsal(args, data[REHEARSAL_PHASE], results)

@@ -243,6 +243,7 @@ def test_paper_size_benchmarks_need_the_official_tokenizer_or_byte_by_name(monke
 
     assert official_tokenizer(tmp_path / "missing", tiny=True) == ""
     assert official_tokenizer("byte", tiny=False) == ""
+    assert official_tokenizer(tmp_path / "missing", tiny=False, needed=False) == ""  # e.g. phase (a2) only
     assert official_tokenizer(tmp_path, tiny=False) == str(tmp_path.resolve())
     for missing in (tmp_path / "missing", "", None):
         with pytest.raises(SystemExit, match="no such folder.*official tokenizer.*--tokenizer byte"):

@@ -120,6 +120,9 @@ import transformers.modeling_utils, diffusers  # noqa: F401  what imports torcha
 logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
 logging.getLogger("torchao").warning("a torchao warning that matters")
 logging.getLogger("torch.utils._pytree").warning("%s is an Enum subclass", "<enum 'X'>")
+logging.getLogger("torchao.kernel.intmm").warning("Warning: Detected no triton, on systems without Triton")
+logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").warning(
+    "Unable to import `torchao` Tensor objects. This may affect loading checkpoints")
 """
     process = _python(code)
     out, err = process.communicate(timeout=300)

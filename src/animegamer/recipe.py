@@ -70,28 +70,38 @@ def run_pipeline_step(overrides: list[str]) -> dict:
 def train_stage(overrides: list[str]) -> dict:
     """``train.py <overrides>``: validated, then trained (resumed, or skipped when already done).
 
-    A stage whose folder holds checkpoints of other settings or other data (a setting changed, or an
-    earlier stage trained again and its shards with it) starts afresh, since what it trained on is gone;
-    the earlier run is kept beside it (:func:`set_aside`), never deleted."""
-    from animegamer.training.run_record import RunFolderChanged
+    A stage whose folder holds checkpoints trained on other shards (an earlier stage trained again, and
+    the shards made from its export with it) starts afresh, since what it trained on is gone; the earlier
+    run is kept beside it (:func:`set_aside`), never deleted. A changed setting that alters the training
+    still stops the stage, as it stops ``train.py``, with the two ways on."""
+    from animegamer.training.run_record import RunFolderChanged, only_data_changed
     from animegamer.training.runner import run
 
     composed = compose_config("train", overrides)
     try:
         return run(composed)
     except RunFolderChanged as changed:
-        kept = set_aside(Path(composed.output_dir))
-        log.warning("%s: what it trains on changed since its checkpoints (%s); the stage starts afresh, its earlier "
-                    "run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
+        if not only_data_changed(changed):
+            raise
+        kept = set_aside(Path(composed.output_dir), composed.lock_wait_seconds)
+        log.warning("%s: the shards it trained on changed since its checkpoints (%s); the stage starts afresh, its "
+                    "earlier run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
         return run(composed)
 
 
-def set_aside(folder: Path) -> Path:
-    """Rename ``folder`` to the first free ``<folder>.superseded-N`` and return that path."""
-    n = 1
-    while (kept := folder.with_name(f"{folder.name}{SUPERSEDED}{n}")).exists():
-        n += 1
-    folder.rename(kept)
+def set_aside(folder: Path, wait_seconds: float) -> Path:
+    """Move what ``folder`` holds into the first free ``<folder>.superseded-N`` and return that path. The
+    folder's lock is held meanwhile (the lock file itself stays), so no run starts in it half-moved."""
+    from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
+
+    with folder_lock(folder, wait_seconds):
+        n = 1
+        while (kept := folder.with_name(f"{folder.name}{SUPERSEDED}{n}")).exists():
+            n += 1
+        kept.mkdir()
+        for entry in folder.iterdir():
+            if entry.name != LOCK_FILE:
+                entry.rename(kept / entry.name)
     return kept
 
 

@@ -168,6 +168,7 @@ class RunFolderChanged(ConfigError):
 
     def __init__(self, folder: Path, source: Path, refusals: list[tuple[Change, str]]) -> None:
         super().__init__([f"{c.describe()} ({reason})" for c, reason in refusals])
+        self.refusals = refusals
         self.args = (f"{folder} holds checkpoints of a run with another config (recorded in {source}); "
                      f"{len(refusals)} setting(s) differ:\n" + "\n".join(f"  - {p}" for p in self.problems) +
                      f"\nEither train into a new folder (output_dir=...), or resume this run with the change "
@@ -228,6 +229,11 @@ def data_digests(config: dict) -> dict[str, str | None]:
     """``data.<key>`` -> digest of that folder's manifest, for every folder the phase reads."""
     return {f"data.{key}": manifest_digest(data_source(config["data"], config["data"][key]))
             for key in data_folders(config)}
+
+
+def only_data_changed(error: RunFolderChanged) -> bool:
+    """Whether every refused change is of the shards the run reads (no setting changed)."""
+    return all(reason == DATA_REASON for _, reason in error.refusals)
 
 
 DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"
