@@ -42,12 +42,11 @@ def official_tokenizer(given, tiny: bool, needed: bool = True) -> str:
     one (2026-12-01)."""
     if tiny or not needed or str(given) == BYTE_TOKENIZER:
         return ""
-    path = Path(str(given or ""))
-    if not given or not path.is_dir():
+    if not given or not Path(given).is_dir():
         raise SystemExit(f"--tokenizer {given}: no such folder. Paper-size MLLM figures need the official tokenizer "
                          f"(vocabulary 32,284; scripts/device_wheels.sh copies it into .device_wheels); "
                          f"--tokenizer {BYTE_TOKENIZER} runs the byte tokenizer of random builds instead")
-    return str(path.resolve())
+    return str(Path(given).resolve())
 
 
 @contextlib.contextmanager

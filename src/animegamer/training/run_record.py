@@ -231,12 +231,12 @@ def data_digests(config: dict) -> dict[str, str | None]:
             for key in data_folders(config)}
 
 
+DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"
+
+
 def only_data_changed(error: RunFolderChanged) -> bool:
     """Whether every refused change is of the shards the run reads (no setting changed)."""
     return all(reason == DATA_REASON for _, reason in error.refusals)
-
-
-DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"
 
 
 def data_changes(recorded: dict[str, str | None], config: dict, now: dict[str, str | None]) -> list[Change]:
