@@ -22,6 +22,7 @@ a. Two processes at once, one GPU each. GPU 1: ``train.py``, phase (b) under ZeR
 b. Two GPUs: ``train.py`` phase (b) under ZeRO-2 (the lead's re-measured configuration: global batch
    4, packed, checkpointing, not compiled), SIGKILLed a few steps after the step-K checkpoint and
    restarted; the time of every step before the kill and after the restart, on the same steps.
+   ``--b-gpus 1 --b-strategy ...`` asks the same of one GPU.
 c. Phase (a2) weak scaling 1 -> 2 GPUs (``scripts/multinode_rehearsal.py --weak-phases a_joint``).
 
 Results: ``$OUT/phase_b_gap.json`` (parts a and b, written after each; part (a)'s two sides also as each
@@ -352,9 +353,10 @@ def loop_subprocess(args, gpu: int | None) -> dict:
 
 
 def part_b(args) -> dict:
-    """Two GPUs, ZeRO-2: killed after the step-K checkpoint, restarted; every step's time."""
-    gpus = 1 if args.tiny else 2
-    strategy = "ddp" if args.tiny else "deepspeed_stage_2"
+    """``--b-gpus`` GPUs (2), ``--b-strategy`` (ZeRO-2): killed after the step-K checkpoint, restarted; every
+    step's time."""
+    gpus = 1 if args.tiny else args.b_gpus
+    strategy = "ddp" if args.tiny else args.b_strategy
     out = args.work / "b_killed"
     shutil.rmtree(out, ignore_errors=True)
     out.with_suffix(".log").unlink(missing_ok=True)
@@ -440,6 +442,9 @@ def main() -> None:
     parser.add_argument("--b-batch", type=int, default=4, help="global batch of part (b)")
     parser.add_argument("--b-checkpoint", type=int, default=10, help="checkpoint cadence; the kill follows the first")
     parser.add_argument("--kill-delay", type=float, default=5.0, help="seconds between the checkpoint and the kill")
+    parser.add_argument("--b-gpus", type=int, default=2, help="GPUs of part (b)")
+    parser.add_argument("--b-strategy", default="deepspeed_stage_2", choices=sorted(strategies.PRESETS),
+                        help="part (b)'s trainer preset")
     parser.add_argument("--b-extra", nargs="*", default=[], help="more train.py overrides for part (b)")
     parser.add_argument("--c-strategies", nargs="+", default=["deepspeed_stage_2", "fsdp"])
     parser.add_argument("--c-budget", type=float, default=300.0)
