@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from animegamer.config.schema import MLLMConfig, ModelConfig
-from animegamer.mllm.collate import Example, collate_sequences
+from animegamer.mllm.collate import LABEL_INDEX, QUERY_INDEX, Example, collate_sequences
 from animegamer.mllm.masks import attention_mask_4d
+from animegamer.mllm.packing import pack_sequences
 from animegamer.mllm.sequence import Turn, build_prompt, build_sequence
+from animegamer.models.game_mllm import MODEL_KEYS, run_batch
 from animegamer.models.mllm import GameStateMLLM
 from phase_b_helpers import model_cfg, vocab  # noqa: F401  (fixtures)
 
@@ -27,6 +29,10 @@ STATES = [{"ML": 1, "SC": 1, "ET": 0, "ST": 1}, {"ML": 4, "SC": 0, "ET": 1, "ST"
           {"ML": 2, "SC": -1, "ET": 0, "ST": 1}]
 BATCH_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
               "padding_mask")
+HOST_INDICES = (QUERY_INDEX, LABEL_INDEX)
+# Training batches as the loader gives them: (window turn counts, packed); packed rows hold one or two windows.
+LAYOUTS = {"padded": ((3, 1, 2), False), "packed": ((3, 1, 2), True), "padded-no-history": ((1, 1), False),
+           "packed-no-history": ((1, 1, 1), True)}
 
 
 def _sizes(model_cfg: ModelConfig) -> tuple[int, int]:
@@ -60,6 +66,24 @@ def _examples(model_cfg: ModelConfig, vocab, turn_counts=(3, 1)) -> list[Example
 def _batch(model_cfg: ModelConfig, vocab, turn_counts=(3, 1)) -> dict:
     batch = collate_sequences(_examples(model_cfg, vocab, turn_counts), vocab[1].pad)
     return {k: batch[k] for k in BATCH_KEYS}
+
+
+def _loader_batch(model_cfg: ModelConfig, vocab, layout: str) -> dict:
+    """What the training loader gives the network (the collator's host indices included): padded, or
+    packed into rows of at most the longest + the shortest window."""
+    turn_counts, packed = LAYOUTS[layout]
+    examples = _examples(model_cfg, vocab, turn_counts)
+    if packed:
+        lengths = sorted(len(e.sequence) for e in examples)
+        batch = pack_sequences(examples, vocab[1].pad, capacity=lengths[-1] + lengths[0])
+    else:
+        batch = collate_sequences(examples, vocab[1].pad)
+    return {k: batch[k] for k in MODEL_KEYS if k in batch}
+
+
+def _without_indices(batch: dict) -> dict:
+    """The batch as a caller building it by hand gives it: the model reads (and checks) the masks."""
+    return {k: v for k, v in batch.items() if k not in HOST_INDICES}
 
 
 def _randomize(model: GameStateMLLM, seed: int = SEED + 7) -> None:
@@ -137,6 +161,61 @@ def test_no_history_batch_keeps_input_proj_in_the_graph(model_cfg, vocab):
     model(**batch)["loss"].backward()
     for name, param in model.input_proj.named_parameters():
         assert param.grad is not None and torch.count_nonzero(param.grad) == 0, name
+
+
+# --------------------------------------------------------------------------- host indices
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_host_indices_give_bitwise_the_mask_paths_losses_and_gradients(model_cfg, vocab, layout):
+    """The collator's indices select the masks' rows in the masks' order: every output and every
+    gradient is bitwise the same (LoRA dropout on, drawn alike)."""
+    model = _model(model_cfg, vocab, lora_dropout=0.1)
+    _randomize(model)
+    batch = _loader_batch(model_cfg, vocab, layout)
+    assert all(key in batch for key in HOST_INDICES) and ("document_ids" in batch) == LAYOUTS[layout][1]
+    indexed, indexed_grads = _outputs_and_grads(model, batch)
+    masked, masked_grads = _outputs_and_grads(model, _without_indices(batch))
+    assert indexed.keys() == masked.keys() >= {"loss", "lm_loss", "rec_loss", "pred", "label_logits"}
+    for key in indexed:
+        assert torch.equal(indexed[key], masked[key]), key
+    assert indexed_grads.keys() == masked_grads.keys() == set(model.trainable_parameter_names())
+    for name in indexed_grads:
+        assert torch.equal(indexed_grads[name], masked_grads[name]), name
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_training_forward_with_host_indices_reads_nothing_back(model_cfg, vocab, layout):
+    """Forward and backward of a loader batch never read a tensor's value on the host (on a GPU each
+    such read waits for the device). Fake tensors have no values: any read (``.item()``, ``bool()``,
+    ``.tolist()``, a boolean-mask index, ``nonzero``) raises. Without the indices the same batch
+    does read, so the check can fail."""
+    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                               FakeTensorMode)
+
+    model = _model(model_cfg, vocab, lora_dropout=0.1).train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    batch = _loader_batch(model_cfg, vocab, layout)
+
+    def step(batch: dict) -> None:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            loss = run_batch(model, {k: mode.from_tensor(v) for k, v in batch.items()})["loss"]
+            torch.autograd.grad(loss, trainable)  # the backward too (a mask index's backward reads it again)
+
+    step(batch)
+    with pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
+        step(_without_indices(batch))
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_mask_path_checks_the_query_counts_as_the_collator_does(model_cfg, vocab, layout):
+    """A hand-built batch (no indices) with a query position missing: the model's own check, the
+    collator's error."""
+    model = _model(model_cfg, vocab)
+    batch = _loader_batch(model_cfg, vocab, layout)
+    query_mask = batch["query_mask"].clone()
+    query_mask.view(-1)[batch[QUERY_INDEX][1, -1]] = False  # the second sequence's last query
+    unit = "packed sequence" if LAYOUTS[layout][1] else "sample"
+    with pytest.raises(ValueError, match=f"every {unit} needs exactly {model.num_query_tokens} query positions"):
+        run_batch(model, {**_without_indices(batch), "query_mask": query_mask})
 
 
 # --------------------------------------------------------------------------- trainable set
@@ -358,14 +437,15 @@ def test_adapter_refuses_another_model(model_cfg, vocab, tmp_path):
 
 
 # --------------------------------------------------------------------------- model.mllm.compile
-def _loss_and_grads(model, batch):
+def _outputs_and_grads(model, batch):
+    """One training forward (``run_batch``, as phase b) and backward: the outputs, detached, and the gradients."""
     model.train()
     model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    out = model(**batch)
+    torch.manual_seed(0)  # LoRA dropout
+    out = run_batch(model, batch)
     out["loss"].backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out["loss"].detach(), out["pred"].detach(), grads
+    return {k: v.detach() for k, v in out.items() if v is not None}, grads
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -381,10 +461,10 @@ def test_compiled_layers_match_eager(model_cfg, vocab, checkpointing):
     assert list(dict(eager.named_parameters())) == list(dict(compiled.named_parameters()))
     for turn_counts in ((3, 1), (2, 2, 1)):  # two padded lengths: the dynamic graph is reused
         batch = _batch(model_cfg, vocab, turn_counts)
-        loss_e, pred_e, grads_e = _loss_and_grads(eager, batch)
-        loss_c, pred_c, grads_c = _loss_and_grads(compiled, batch)
-        assert loss_c.item() == pytest.approx(loss_e.item(), rel=1e-4)
-        torch.testing.assert_close(pred_c, pred_e, rtol=1e-4, atol=1e-5)
+        out_e, grads_e = _outputs_and_grads(eager, batch)
+        out_c, grads_c = _outputs_and_grads(compiled, batch)
+        assert out_c["loss"].item() == pytest.approx(out_e["loss"].item(), rel=1e-4)
+        torch.testing.assert_close(out_c["pred"], out_e["pred"], rtol=1e-4, atol=1e-5)
         assert grads_c.keys() == grads_e.keys() and grads_e
         for name in grads_e:
             torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=name)

@@ -2,6 +2,7 @@
 official golden sequence (../shared/reference/official_mllm_golden/case.json)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import torch
 
 from animegamer.mllm import collate as C
 from animegamer.mllm import masks as M
+from animegamer.mllm import packing as P
 from animegamer.mllm import sequence as S
 from animegamer.mllm import tokens as T
 
@@ -402,6 +404,66 @@ def test_collate_without_history_and_prompts(byte):
     assert "labels" not in left and "history_reps" not in left
     assert left["input_ids"][:, -1].tolist() == [ids.ml_start, ids.ml_start]
     assert left["position_ids"][1, -len(prompts[1]) :].tolist() == list(range(len(prompts[1])))
+
+
+def _collate(examples, pad_id: int, packed: bool) -> dict:
+    """Padded, or packed into rows of at most the longest + the shortest sequence (rows of one and of two)."""
+    if not packed:
+        return C.collate_sequences(examples, pad_id, pad_to_multiple_of=8)
+    lengths = sorted(len(e.sequence) for e in examples)
+    return P.pack_sequences(examples, pad_id, capacity=lengths[-1] + lengths[0], pad_to_multiple_of=8)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_host_indices_give_the_masks_rows_in_their_order(byte, packed):
+    """``query_index`` / ``label_index`` gather exactly what the boolean masks select, in the same order."""
+    tok, ids = byte
+    n, d = 6, 5
+    examples = [C.make_example(ids, tok, session(count, n, d, seed)) for seed, count in enumerate((3, 1, 2))]
+    batch = _collate(examples, ids.pad, packed)
+    assert ("document_ids" in batch) == packed and batch["input_ids"].shape[0] == (2 if packed else 3)
+    hidden = torch.randn(*batch["input_ids"].shape, 4)
+    assert batch["query_index"].shape == (3, n)
+    assert torch.equal(C.gather_flat(hidden, batch["query_index"]), C.gather_queries(hidden, batch["query_mask"], n))
+    shifted = batch["labels"][:, 1:]
+    selected = shifted != S.IGNORE_INDEX
+    assert batch["label_index"].shape == (3 * 12,)  # the 12 state tokens of each target
+    assert torch.equal(C.gather_flat(hidden, batch["label_index"]), hidden[:, :-1][selected])
+    assert torch.equal(C.gather_flat(batch["labels"], batch["label_index"] + 1), shifted[selected])
+    # inference prompts (left padding, no labels) get the query index alone
+    turns = make_turns(2)
+    prompts = [S.build_prompt(ids, tok, turns[:1], turns[1].instruction, n), S.build_prompt(ids, tok, [], "go", n)]
+    left = C.collate_sequences(prompts, ids.pad, padding_side="left")
+    assert "label_index" not in left
+    assert torch.equal(C.gather_flat(hidden[:2, : left["input_ids"].shape[1]], left["query_index"]),
+                       C.gather_queries(hidden[:2, : left["input_ids"].shape[1]], left["query_mask"], n))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_collators_refuse_a_wrong_query_count(byte, packed):
+    """A sequence with one query position too few: the collator says so, per row or per packed sequence,
+    with the error of the model's own check (``check_query_counts``, shared)."""
+    tok, ids = byte
+    n, d = 4, 3
+    good = [C.make_example(ids, tok, session(count, n, d, seed)) for seed, count in enumerate((2, 1, 1))]
+    seq = good[1].sequence
+    last = seq.query_positions[-1]
+    short = dataclasses.replace(seq, query_mask=[q and p != last for p, q in enumerate(seq.query_mask)])
+    bad = [good[0], dataclasses.replace(good[1], sequence=short), good[2]]
+    unit = "packed sequence" if packed else "sample"
+    with pytest.raises(ValueError, match=f"every {unit} needs exactly {n} query positions, got .*{n - 1}"):
+        _collate(bad, ids.pad, packed)
+
+
+def test_collator_refuses_history_indices_past_the_reps(byte):
+    """A sequence whose frames name more history turns than it has reps: the collator's check, not an
+    index error in the model."""
+    tok, ids = byte
+    n, d = 4, 3
+    example = C.make_example(ids, tok, session(3, n, d))
+    fewer = dataclasses.replace(example.sequence, turn_starts=example.sequence.turn_starts[1:])  # 1 history turn
+    with pytest.raises(ValueError, match=f"history_index points past the {n} history rows"):
+        C.collate_sequences([C.Example(fewer, example.history_reps[:1], example.target_rep)], ids.pad)
 
 
 def test_window_sampler_weights_and_target():

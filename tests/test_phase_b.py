@@ -11,7 +11,7 @@ from animegamer.data.phase_b import FullSessions, session_of, session_shards
 from animegamer.mllm.collate import collate_sequences
 from animegamer.mllm.predict import HistoryTurn, generate, predict_next, prompt_batch
 from animegamer.phases.common import make_optimizer
-from animegamer.phases.phase_b import PhaseB, state_accuracy
+from animegamer.phases.phase_b import PhaseB, label_count, state_accuracy
 from animegamer.phases.specs import frozen_bf16_applies
 from animegamer.training.runner import train
 
@@ -36,6 +36,25 @@ def test_resume_mid_run_continues_exactly(data_root, tmp_path):
     resumed = logged_losses(tmp_path / "split")
     assert sorted(resumed) == [3, 4, 5]
     assert all(resumed[s] == full[s] for s in resumed), (resumed, full)
+
+
+def test_throughput_bookkeeping_reads_only_host_values(data_root, tmp_path):
+    """A batch moved to the device keeps ``lengths`` on the host, and the label count is ``label_index``'s
+    size: the batch size, tokens and FLOPs of the throughput log wait for no device, and are the numbers
+    the device tensors give. (The meta device holds no values: a read of a moved tensor would raise.)"""
+    from animegamer.mllm.sequence import IGNORE_INDEX
+
+    _, cfg = tiny_b_cfg(data_root, tmp_path)
+    module = PhaseB(cfg)
+    dataset = FullSessions(session_shards(cfg, "train"), module.tokenizer, module.ids)
+    batch = collate_sequences([dataset[0], dataset[1]], pad_id=module.ids.pad)
+    moved = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert moved.keys() == batch.keys() and moved["lengths"].device.type == "cpu"
+    assert all(value.is_meta for key, value in moved.items() if torch.is_tensor(value) and key != "lengths")
+    assert module.batch_size_of(moved) == 2
+    assert module.tokens_of(moved) == int(batch["padding_mask"].sum())
+    assert label_count(moved) == label_count({"labels": batch["labels"]}) == int((batch["labels"] != IGNORE_INDEX).sum())
+    assert module.flops_per_batch(moved) == module.flops_per_batch(batch) > 0
 
 
 def test_tiny_model_overfits_one_session(data_root, tmp_path):

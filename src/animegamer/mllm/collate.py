@@ -20,6 +20,11 @@ key                shape, dtype       meaning
                                       ``history_counts``; ``rep_dtype``. Present with reps.
 ``history_counts`` (B,) long          number of history turns of each row
 ``target_rep``     (B, N, D)          the regression target. Present when every item has one.
+``query_index``    (S, N) long        flat positions (into the batch flattened to B * L) of the
+                                      queries, sequence by sequence, each in ``<frame_i>`` order
+``label_index``    (M,) long          flat positions (into B * L) of the tokens whose next token
+                                      is a label, batch-major (``labels[:, 1:] != -100``'s order).
+                                      Present with ``labels``
 ``keys``           list[str]          session keys (items with reps only)
 ``__skipped__``    list[dict]         bad samples the items replaced ({shard, key, reason}); only
                                       when there were some (see ``animegamer.data.indexed``)
@@ -29,6 +34,11 @@ The model builds ``embeds = embed_tokens(input_ids)``, then
 ``scatter_history(embeds, input_proj(history_reps), history_index)``, the 4-D mask with
 :func:`animegamer.mllm.masks.attention_mask_4d` (``query_mask``, ``padding_mask``), and reads the
 predicted rep with ``gather_queries(hidden, query_mask, N)``.
+
+The two index tensors are what the masks say, computed here on the host where reading them is free
+(:func:`add_host_indices`): the model gathers with them instead of indexing with a boolean mask, whose
+result size must be read back from the device, and the checks of the query counts and of
+``history_index`` run here instead of in the model. A GPU training step then never waits for its data.
 """
 from __future__ import annotations
 
@@ -42,6 +52,8 @@ import torch
 from animegamer.data.indexed import SKIPPED
 from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, PromptSequence, Turn, build_sequence
 from animegamer.mllm.tokens import TokenIds
+
+QUERY_INDEX, LABEL_INDEX = "query_index", "label_index"  # batch keys of the host-computed indices
 
 
 def _as_tensor(array: Any, dtype: torch.dtype | None) -> torch.Tensor:
@@ -246,7 +258,44 @@ def collate_sequences(items: Sequence[Example | PromptSequence], pad_id: int, *,
     skipped = [record for e in examples if e is not None for record in e.skipped]
     if skipped:
         out[SKIPPED] = skipped
-    return out
+    return add_host_indices(out, n)
+
+
+# --------------------------------------------------------------------------- checks and host indices
+def query_counts(query_mask: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Query positions per row (B,), or per packed sequence (S,) with ``document_ids`` (-1 on padding)."""
+    if document_ids is None:
+        return query_mask.sum(dim=1)
+    return torch.bincount(document_ids[query_mask.bool()], minlength=int(document_ids.max()) + 1)
+
+
+def check_query_counts(query_mask: torch.Tensor, n: int, document_ids: torch.Tensor | None = None) -> None:
+    """ValueError unless every row, or every packed sequence with ``document_ids``, has exactly ``n`` queries."""
+    counts = query_counts(query_mask, document_ids)
+    if not bool((counts == n).all()):
+        unit = "sample" if document_ids is None else "packed sequence"
+        raise ValueError(f"every {unit} needs exactly {n} query positions, got {counts.tolist()}")
+
+
+def check_history_index(history_index: torch.Tensor, rows: int) -> None:
+    """ValueError when ``history_index`` points past a sample's ``rows`` (H_max * N) history rows."""
+    if history_index.numel() and int(history_index.max()) >= rows:
+        raise ValueError(f"history_index points past the {rows} history rows of a sample")
+
+
+def add_host_indices(batch: dict[str, Any], n: int) -> dict[str, Any]:
+    """Check a collated batch (query counts, ``history_index``) and add ``query_index`` and, with
+    labels, ``label_index`` (this module's docstring). Host tensors: nothing here waits for a device."""
+    query_mask = batch["query_mask"]
+    check_query_counts(query_mask, n, batch.get("document_ids"))
+    if "history_reps" in batch:
+        check_history_index(batch["history_index"], batch["history_reps"].shape[1] * n)
+    # nonzero walks the flattened batch in row-major order: the order of a boolean-mask index
+    batch[QUERY_INDEX] = query_mask.flatten().nonzero().squeeze(1).reshape(-1, n)  # (S * N,) -> (S, N)
+    if "labels" in batch:
+        rows, columns = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)
+        batch[LABEL_INDEX] = rows * query_mask.shape[1] + columns  # row b, column t -> b * L + t
+    return batch
 
 
 # --------------------------------------------------------------------------- model-side helpers
@@ -274,3 +323,13 @@ def gather_queries(hidden: torch.Tensor, query_mask: torch.Tensor, num_query_tok
     """(S, N, H) hidden states at the query positions, in order: S = B, one sequence per row, or the
     number of sequences of a packed batch (N query positions each, row by row)."""
     return hidden[query_mask.bool()].reshape(-1, num_query_tokens, hidden.shape[-1])
+
+
+def gather_flat(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values`` (B, L, ...) at the flat positions ``index`` (any shape) of its first two dimensions:
+    shape ``index.shape + values.shape[2:]``, e.g. ``hidden`` at ``query_index`` (S, N) -> (S, N, H).
+
+    What a boolean mask gives, in the same order, with the size known on the host: no device read.
+    """
+    flat = values.flatten(0, 1)  # (B, L, ...) -> (B * L, ...): a view, no copy, of a contiguous tensor
+    return flat.index_select(0, index.flatten()).reshape(*index.shape, *values.shape[2:])

@@ -18,6 +18,8 @@ meanings where a row holds several sequences:
 ``lengths``        (S,) long          length of each sequence, in packed order
 ``target_rep``     (S, N, D)          per sequence, in packed order (the order queries are read in)
 ``keys``           list[str]          per sequence, in packed order
+``query_index``    (S, N) long        each sequence's query positions in the flattened batch, in
+                                      packed order (that of ``target_rep``)
 =================  =================  ==========================================================
 """
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any, Sequence
 import torch
 
 from animegamer.data.indexed import SKIPPED
-from animegamer.mllm.collate import (Example, _as_tensor, padded_token_fields, place_sequence, round_up,
-                                     stack_histories)
+from animegamer.mllm.collate import (Example, _as_tensor, add_host_indices, padded_token_fields, place_sequence,
+                                     round_up, stack_histories)
 
 
 def assign_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -85,4 +87,4 @@ def pack_sequences(items: Sequence[Example], pad_id: int, capacity: int,
     skipped = [record for e in items for record in e.skipped]
     if skipped:
         out[SKIPPED] = skipped
-    return out
+    return add_host_indices(out, n)

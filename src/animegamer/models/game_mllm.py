@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from animegamer.checkpoints.export import load_export, recorded_start
 from animegamer.config.schema import RunConfig
+from animegamer.mllm.collate import LABEL_INDEX, QUERY_INDEX
 from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
 from animegamer.mllm.words import WORDS, training_word_tokenizer
@@ -25,7 +26,7 @@ TOKENIZER_DIR = "tokenizer"  # a phase (b) export's copy of the tokenizer it tra
 # The collated batch's entries the network reads (:mod:`animegamer.mllm.collate`); the rest (lengths,
 # keys) is bookkeeping.
 MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
-              "padding_mask", "document_ids")
+              "padding_mask", "document_ids", QUERY_INDEX, LABEL_INDEX)
 
 
 @dataclass

@@ -21,7 +21,9 @@ Inputs (one row per sample, right padding):
   (causal, bidirectional over the query block, padding keys blocked) from ``query_mask`` and the
   optional ``padding_mask`` (B, L) (True on real tokens); ``position_ids`` (B, L) optional;
 - ``labels`` (B, L) with -100 where no loss, aligned with ``input_ids`` (shifted inside);
-- ``target_rep`` (B, N, D).
+- ``target_rep`` (B, N, D);
+- ``query_index`` (S, N) and ``label_index`` (M,) long, optional: the collator's flat positions of the
+  queries and of the tokens that predict a label (:func:`animegamer.mllm.collate.add_host_indices`).
 
 Design choices:
 
@@ -38,6 +40,12 @@ Design choices:
 - **Masks are handed to the attention kernel in its own format**: boolean for ``sdpa`` (no float
   rounding of ``finfo.min`` under bf16 autocast), additive float for ``eager`` and ``flex``. Every
   row keeps its diagonal, so a padding query never has an empty row (NaN in some kernels).
+- **The training step never waits for the device**: with the collator's ``query_index`` /
+  ``label_index`` the forward gathers rows at known positions (:func:`~animegamer.mllm.collate.gather_flat`)
+  instead of indexing with a boolean mask, whose result size is read back from the GPU (and so is the
+  backward's), and the collator checked the query counts and ``history_index`` on the host. Without
+  them (hand-built batches, inference) the masks are read and checked here, giving the same rows in
+  the same order, so the losses and gradients are bitwise the same either way.
 - **Inference** (:meth:`generate_states`) is one prefill over the prompt (which already holds the
   query block and its bidirectional mask) giving ``pred``, then a greedy KV-cache loop for the
   state tokens. The official code runs two passes over the same prompt; one is enough because the
@@ -64,7 +72,8 @@ from torch import nn
 
 from animegamer.config.schema import MLLMConfig, ModelConfig
 from animegamer.config.validate import choice, local_folder
-from animegamer.mllm.collate import gather_queries, scatter_history
+from animegamer.mllm.collate import (check_history_index, check_query_counts, gather_flat, gather_queries,
+                                     scatter_history)
 from animegamer.mllm.masks import allowed_matrix
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import NUM_FRAME_TOKENS, resize_embeddings
@@ -346,8 +355,11 @@ class GameStateMLLM(nn.Module):
 
     # ----------------------------------------------------------------------- forward pieces
     def embed_inputs(self, input_ids: torch.Tensor, history_reps: Optional[torch.Tensor] = None,
-                     history_index: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Token embeddings with the history frame positions replaced by ``input_proj(rep)`` -> (B, L, H)."""
+                     history_index: Optional[torch.Tensor] = None, checked: bool = False) -> torch.Tensor:
+        """Token embeddings with the history frame positions replaced by ``input_proj(rep)`` -> (B, L, H).
+
+        ``checked``: the collator already checked ``history_index`` on the host; checking it here
+        would read it back from the device."""
         embeds = self.causal_lm.get_input_embeddings()(input_ids)
         if history_index is None:
             return embeds
@@ -355,9 +367,8 @@ class GameStateMLLM(nn.Module):
             raise ValueError("history_index given without history_reps")
         if history_reps.ndim != 4 or history_reps.shape[-1] != self.rep_width:
             raise ValueError(f"history_reps must be (B, Hmax, N, {self.rep_width}), got {tuple(history_reps.shape)}")
-        rows = history_reps.shape[1] * history_reps.shape[2]
-        if history_index.numel() and int(history_index.max()) >= rows:
-            raise ValueError(f"history_index points past the {rows} history rows of a sample")
+        if not checked:
+            check_history_index(history_index, history_reps.shape[1] * history_reps.shape[2])
         projected = self.input_proj(history_reps.to(self.input_proj[0].weight.dtype))
         embeds = scatter_history(embeds, projected, history_index)
         if projected.numel() == 0:
@@ -401,16 +412,26 @@ class GameStateMLLM(nn.Module):
         return torch.zeros((), dtype=dtype, device=allowed.device).where(allowed, blocked)
 
     def _query_hidden(self, hidden: torch.Tensor, query_mask: torch.Tensor,
-                      document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      document_ids: Optional[torch.Tensor] = None,
+                      query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(B, L, H) -> (S, N, H) at the query positions, in sequence order: S = B, or the number of
-        packed sequences with ``document_ids``."""
-        counts = query_mask.sum(dim=1)
-        if document_ids is None and not bool((counts == self.num_query_tokens).all()):
-            raise ValueError(f"every sample needs exactly {self.num_query_tokens} query positions, "
-                             f"got {counts.tolist()}")
-        if document_ids is not None and int(counts.sum()) != self.num_query_tokens * (int(document_ids.max()) + 1):
-            raise ValueError(f"every packed sequence needs exactly {self.num_query_tokens} query positions")
+        packed sequences with ``document_ids``. ``query_index`` (S, N): the collator's positions,
+        counted and checked on the host."""
+        if query_index is not None:
+            return gather_flat(hidden, query_index)
+        check_query_counts(query_mask, self.num_query_tokens, document_ids)
         return gather_queries(hidden, query_mask, self.num_query_tokens)
+
+    @staticmethod
+    def _label_rows(hidden: torch.Tensor, labels: torch.Tensor,
+                    label_index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (M, H) hidden states that predict a label and their (M,) labels, batch-major; with the
+        collator's ``label_index``, without reading the label mask back from the device."""
+        if label_index is not None:
+            return gather_flat(hidden, label_index), gather_flat(labels, label_index + 1)  # next token's label
+        shifted = labels[:, 1:]
+        selected = shifted != IGNORE_INDEX
+        return hidden[:, :-1][selected], shifted[selected]
 
     def _project_out(self, hidden_queries: torch.Tensor) -> torch.Tensor:
         return self.output_proj(hidden_queries.to(self.output_proj[0].weight.dtype))
@@ -419,9 +440,9 @@ class GameStateMLLM(nn.Module):
                       history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
                       query_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
                       padding_mask: Optional[torch.Tensor] = None,
-                      document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Last hidden states (after the final norm), (B, L, H)."""
-        embeds = self.embed_inputs(input_ids, history_reps, history_index)
+                      document_ids: Optional[torch.Tensor] = None, checked: bool = False) -> torch.Tensor:
+        """Last hidden states (after the final norm), (B, L, H); ``checked`` as for :meth:`embed_inputs`."""
+        embeds = self.embed_inputs(input_ids, history_reps, history_index, checked)
         allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids, document_ids)
         with attention_kernels(self.cfg.attention_backends, embeds.is_cuda, self):
             out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
@@ -434,11 +455,15 @@ class GameStateMLLM(nn.Module):
                 query_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                 target_rep: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
                 padding_mask: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
-                return_logits: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+                return_logits: bool = False, query_index: Optional[torch.Tensor] = None,
+                label_index: Optional[torch.Tensor] = None) -> Dict[str, Optional[torch.Tensor]]:
         """Losses and predictions of one batch (see the module docstring for the input format).
 
         ``position_ids`` / ``padding_mask`` (B, L) as collated; without a 4-D mask, ``padding_mask``
         enters the default mask; without ``position_ids`` positions count the real tokens.
+        ``query_index`` / ``label_index``: the collator's, read instead of ``query_mask`` / ``labels``
+        != -100; a batch with ``query_index`` was checked by the collator (query counts,
+        ``history_index``), so nothing is read back from the device.
 
         Returns ``loss`` (weighted sum of the present terms), ``lm_loss`` (None without labels),
         ``rec_loss`` (MSE; None without target_rep), ``cos_loss`` (1 - mean cosine over the N
@@ -447,23 +472,22 @@ class GameStateMLLM(nn.Module):
         ``logits`` (B, L, V) only with ``return_logits``.
         """
         hidden = self.hidden_states(input_ids, attention_mask_4d, history_reps, history_index, query_mask,
-                                    position_ids, padding_mask, document_ids)
+                                    position_ids, padding_mask, document_ids, checked=query_index is not None)
         lm_head = self.causal_lm.get_output_embeddings()
         out: Dict[str, Optional[torch.Tensor]] = dict(loss=None, lm_loss=None, rec_loss=None, cos_loss=None,
                                                       pred=None, label_logits=None, logits=None)
         terms = []
         if labels is not None:
-            shifted = labels[:, 1:]
-            selected = shifted != IGNORE_INDEX
-            label_logits = lm_head(hidden[:, :-1][selected]).float()
-            if selected.any():
-                out["lm_loss"] = F.cross_entropy(label_logits, shifted[selected])
+            rows, targets = self._label_rows(hidden, labels, label_index)
+            label_logits = lm_head(rows).float()
+            if targets.numel():  # a size the host knows: no device read
+                out["lm_loss"] = F.cross_entropy(label_logits, targets)
             else:  # keep the head in the graph with a zero loss (no NaN from an empty mean)
                 out["lm_loss"] = label_logits.sum() * 0.0
             out["label_logits"] = label_logits
             terms.append(self.cfg.lm_weight * out["lm_loss"])
         if query_mask is not None:
-            pred = self._project_out(self._query_hidden(hidden, query_mask, document_ids))
+            pred = self._project_out(self._query_hidden(hidden, query_mask, document_ids, query_index))
             out["pred"] = pred
             if target_rep is not None:
                 target = target_rep.to(pred.dtype)

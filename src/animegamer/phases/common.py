@@ -93,8 +93,9 @@ def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0
     norm = total_grad_norm(module, max_norm)
     if norm is None:
         return
-    finite = bool(torch.isfinite(norm))
-    count_step(module, finite, float(norm), max_nonfinite_in_row)
+    value = float(norm)  # the step's one read of the norm: each read waits for the GPU
+    finite = math.isfinite(value)
+    count_step(module, finite, value, max_nonfinite_in_row)
     if not finite:
         for param in module.parameters():
             param.grad = None

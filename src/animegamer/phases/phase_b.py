@@ -13,12 +13,25 @@ import torch
 
 from animegamer.checkpoints.export import save_export
 from animegamer.config.schema import RunConfig
+from animegamer.mllm.collate import LABEL_INDEX
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds
 from animegamer.models.game_mllm import TOKENIZER_DIR, build_game_mllm, run_batch
 from animegamer.phases.common import clip_gradients, init_exports, keep_trained, make_optimizer, micro_step
 from animegamer.phases.specs import PHASE_B
 from animegamer.utils.randomness import step_seed
+
+
+# Batch entries only the host reads (the batch size, token and FLOP counts of the throughput log): they
+# stay on the host when the batch moves to the device, so reading them never waits for the GPU.
+HOST_KEYS = ("lengths",)
+
+
+def label_count(batch: dict) -> int:
+    """The batch's label tokens: the length of the collator's ``label_index`` (a size the host knows),
+    else counted from ``labels``."""
+    index = batch.get(LABEL_INDEX)
+    return index.shape[0] if index is not None else int((batch["labels"] != IGNORE_INDEX).sum())
 
 
 def state_accuracy(label_logits: torch.Tensor, labels: torch.Tensor, ids: TokenIds) -> torch.Tensor:
@@ -40,6 +53,12 @@ class PhaseB(L.LightningModule):
 
     def run_model(self, batch: dict) -> dict:
         return run_batch(self.model, batch)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        """Everything but :data:`HOST_KEYS` to ``device`` (Lightning's move, pinned and non-blocking)."""
+        host = {key: batch[key] for key in HOST_KEYS if key in batch}
+        moving = {key: value for key, value in batch.items() if key not in host}
+        return {**super().transfer_batch_to_device(moving, device, dataloader_idx), **host}
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         # LoRA dropout draws from the global RNG: seed it from the step so a resumed run redraws it.
@@ -65,7 +84,8 @@ class PhaseB(L.LightningModule):
         return int(batch["lengths"].shape[0])
 
     def tokens_of(self, batch: dict) -> int:
-        return int(batch["padding_mask"].sum())
+        """Real tokens (padding excluded), from the host's ``lengths``."""
+        return int(batch["lengths"].sum())
 
     def flops_per_batch(self, batch: dict) -> float:
         """Forward FLOPs: the LLM over every real token (padding excluded), the LM head at the label
@@ -74,11 +94,10 @@ class PhaseB(L.LightningModule):
 
         m = self.cfg.model.mllm
         kv = m.hidden_size // m.num_attention_heads * m.num_key_value_heads
-        # one read of the lengths, not one per sequence: each read of a device value waits for the GPU
+        # lengths stay on the host (HOST_KEYS): reading them waits for no GPU
         flops = sum(transformer_forward_flops(n, m.hidden_size, m.num_hidden_layers, m.intermediate_size, kv,
                                               gated_mlp=True) for n in batch["lengths"].tolist())
-        labels = int((batch["labels"] != IGNORE_INDEX).sum())
-        return flops + 2 * labels * m.hidden_size * self.model.vocab_size
+        return flops + 2 * label_count(batch) * m.hidden_size * self.model.vocab_size
 
     def configure_optimizers(self):
         return make_optimizer(self.model, self.cfg.phase)
