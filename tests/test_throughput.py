@@ -69,3 +69,69 @@ def test_save_times_and_time_to_first_step_reach_the_log(tmp_path):
         assert all(0 < float(r[SAVE_SECONDS]) < 60 and 0 < float(r[SAVE_GIB]) < 1 for r in saves)
         starts = [r for r in rows if r.get(STARTUP_SECONDS)]
         assert len(starts) == 1 and float(starts[0][RESUMED]) == resumed and float(starts[0][STARTUP_SECONDS]) > 0
+
+
+SLOW_SAVE_S = 1.5  # far longer than a tiny step
+
+
+def test_a_slow_save_is_a_pause_not_a_data_wait(tmp_path, monkeypatch):
+    """The step after a checkpoint save (or validation) waited on the save, not on the loader: it is
+    logged as ``perf/paused_s`` and kept out of the data-wait share and the step time."""
+    import time
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from animegamer.training.throughput import PAUSED_SECONDS
+
+    save = ModelCheckpoint._save_checkpoint  # the write inside the framework's timed save
+
+    def slow_save(self, trainer, filepath):
+        time.sleep(SLOW_SAVE_S)
+        save(self, trainer, filepath)
+
+    monkeypatch.setattr(ModelCheckpoint, "_save_checkpoint", slow_save)
+    first, _ = two_launches(tmp_path, "checkpoint.every_n_steps=2", "trainer.throughput_every_n_steps=1",
+                            "trainer.log_every_n_steps=1")
+    perf = [r for r in first if r.get("perf/step_s")]
+    paused = {int(r["step"]): float(r[PAUSED_SECONDS]) for r in perf}
+    # saves at steps 2 and 4 (the run's last step: no step after it); the pause lands in step 3's window
+    assert paused[3] >= SLOW_SAVE_S and paused[2] == paused[4] == 0.0
+    assert max(float(r["perf/data_wait_fraction"]) for r in perf) < 0.5
+    assert all(float(r["perf/step_s"]) < SLOW_SAVE_S for r in perf)
+
+
+def test_validation_within_fit_is_a_pause(monkeypatch):
+    """Validation between two steps counts as ``perf/paused_s``; the same gap without it is data wait."""
+    from types import SimpleNamespace
+
+    import torch
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from animegamer.training import throughput
+
+    logged = []
+    monkeypatch.setattr(throughput.Throughput, "_emit", staticmethod(lambda trainer, module, m: logged.append(m)))
+    module = SimpleNamespace(device=torch.device("cpu"), batch_size_of=lambda b: 1, tokens_of=lambda b: 1,
+                             flops_per_batch=lambda b: 1.0)
+
+    def two_steps_around_validation(fn, times):
+        clock = iter(times)
+        monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
+        trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), ckpt_path=None)
+        callback = throughput.Throughput(every=2)
+        callback._setup_at = None
+        callback.on_train_batch_start(trainer, module, None, 0)
+        callback.on_train_batch_end(trainer, module, None, None, 0)
+        callback.on_validation_start(trainer, module)
+        callback.on_validation_end(trainer, module)
+        callback.on_train_batch_start(trainer, module, None, 1)
+        callback.on_train_batch_end(trainer, module, None, None, 1)
+        return logged[-1]
+
+    # step 0-1 s, validation 1.5-4.5 s, step 5-6 s: 3 s paused, 1 s of data wait, 2 s of steps
+    fit = two_steps_around_validation(TrainerFn.FITTING, [0.0, 1.0, 1.5, 4.5, 5.0, 6.0])
+    assert fit[throughput.PAUSED_SECONDS] == 3.0 and fit["perf/data_wait_fraction"] == 1.0 / 3.0
+    assert fit["perf/step_s"] == 1.5
+    # a plain validate() reads no clock and records no pause: the whole gap is the loader's
+    plain = two_steps_around_validation(TrainerFn.VALIDATING, [0.0, 1.0, 5.0, 6.0])
+    assert plain[throughput.PAUSED_SECONDS] == 0.0 and plain["perf/data_wait_fraction"] == 4.0 / 6.0

@@ -14,9 +14,22 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (2 x forward)
 STARTUP_SECONDS, RESUMED = "perf/startup_s", "perf/resumed"
+PAUSED_SECONDS = "perf/paused_s"
+_PAUSED_ATTR = "_animegamer_paused_s"  # on the trainer: every callback and save path can reach it
+
+
+def add_pause(trainer, seconds: float) -> None:
+    """Record time the loop spent between two steps on something other than fetching the next batch (a
+    checkpoint save, validation), so that the step after it does not count it as waiting for data."""
+    setattr(trainer, _PAUSED_ATTR, paused_seconds(trainer) + seconds)
+
+
+def paused_seconds(trainer) -> float:
+    return getattr(trainer, _PAUSED_ATTR, 0.0)
 
 
 def transformer_forward_flops(tokens: int, hidden: int, layers: int, mlp_hidden: int, kv_hidden: int | None = None,
@@ -31,18 +44,25 @@ def transformer_forward_flops(tokens: int, hidden: int, layers: int, mlp_hidden:
 
 
 class Throughput(L.Callback):
-    """Logs ``perf/*`` every ``every`` optimiser steps, averaged over those steps (rank 0's view)."""
+    """Logs ``perf/*`` every ``every`` optimiser steps, averaged over those steps (rank 0's view).
+
+    The time between one step's end and the next one's start is waiting for data, less the pauses
+    recorded by :func:`add_pause` (saves, validation): those are logged apart as ``perf/paused_s`` and
+    left out of the step time, so a checkpoint step does not read as a data-bound one.
+    """
 
     def __init__(self, peak_tflops: float = 0.0, every: int = 10) -> None:
         self.peak = peak_tflops * 1e12
         self.every = max(1, every)
         self._reset()
         self._last_end: float | None = None
+        self._paused_at_end = 0.0
         self._setup_at: float | None = None
+        self._validation_start: float | None = None
 
     def _reset(self) -> None:
         self.steps = self.samples = self.tokens = self.flops = 0
-        self.busy = self.wait = 0.0
+        self.busy = self.wait = self.paused = 0.0
 
     @staticmethod
     def _now(module) -> float:
@@ -61,12 +81,14 @@ class Throughput(L.Callback):
                                          RESUMED: float(trainer.ckpt_path is not None)})
             self._setup_at = None
         if self._last_end is not None:
-            self.wait += self._start - self._last_end  # fetching and moving the batch
+            paused = paused_seconds(trainer) - self._paused_at_end
+            self.paused += paused
+            self.wait += max(0.0, self._start - self._last_end - paused)  # fetching and moving the batch
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         end = self._now(module)
         self.busy += end - self._start
-        self._last_end = end
+        self._last_end, self._paused_at_end = end, paused_seconds(trainer)
         self.samples += int(module.batch_size_of(batch))
         self.tokens += int(module.tokens_of(batch))
         self.flops += TRAIN_FLOPS_FACTOR * float(module.flops_per_batch(batch))
@@ -74,10 +96,20 @@ class Throughput(L.Callback):
         if self.steps % self.every == 0:
             self._log(trainer, module)
 
+    def on_validation_start(self, trainer, module) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:  # within fit; a plain validate() has no steps to measure
+            self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, module) -> None:
+        if self._validation_start is not None:
+            add_pause(trainer, time.perf_counter() - self._validation_start)
+            self._validation_start = None
+
     def _log(self, trainer, module) -> None:
         seconds = self.busy + self.wait
         metrics = {"perf/samples_per_s": self.samples / seconds, "perf/tokens_per_s": self.tokens / seconds,
-                   "perf/data_wait_fraction": self.wait / seconds, "perf/step_s": seconds / self.steps}
+                   "perf/data_wait_fraction": self.wait / seconds, "perf/step_s": seconds / self.steps,
+                   PAUSED_SECONDS: self.paused}
         if self.peak > 0:
             metrics["perf/mfu"] = self.flops / seconds / self.peak
         if module.device.type == "cuda":  # "why out of memory?": the peak since the run started
