@@ -384,13 +384,28 @@ def same_steps(attempts: dict[str, list[dict]], resumed_at: int) -> dict:
     after = {r["step"]: r["step_s"] for r in last}
     common = sorted(set(before) & set(after))
     later = [after[s] for s in sorted(after) if s not in before]
-    return {"steps": common, "before_s": [before[s] for s in common], "after_s": [after[s] for s in common],
+    return {**steady_work_rates(first, last, set(before)),"steps": common, "before_s": [before[s] for s in common], "after_s": [after[s] for s in common],
             "median_before_s": statistics.median(before[s] for s in common) if common else None,
             "median_after_s": statistics.median(after[s] for s in common) if common else None,
             # the restarted run's steps past the kill, first five (its warm-up) apart
             "after_later_median_s": statistics.median(later[5:]) if len(later) > 5 else None,
             "first_attempt_steady_median_s": (statistics.median(r["step_s"] for r in first[5:])
                                               if len(first) > 5 else None)}
+
+
+def steady_work_rates(first: list[dict], last: list[dict], ran_twice: set[int]) -> dict:
+    """MFU (work over time) of each attempt's steady steps: the first's after its first five, the
+    restart's past the steps both ran and its own first five. Batches differ from step to step (packed
+    rows of 1..5-turn windows), so step times of different steps do not compare; work rates do."""
+    if not first or "mfu" not in first[0]:
+        return {}
+    before = [r["mfu"] for r in first[5:]]
+    after = [r["mfu"] for r in [r for r in last if r["step"] not in ran_twice][5:]]
+    if not before or not after:
+        return {}
+    return {"first_attempt_steady_median_mfu": statistics.median(before),
+            "after_later_median_mfu": statistics.median(after),
+            "resumed_over_first_mfu": statistics.median(after) / statistics.median(before)}
 
 
 def part_c(args) -> dict:

@@ -41,6 +41,16 @@ def test_per_step_reads_every_attempt_in_order_and_same_steps_compares_them(tmp_
     assert same["first_attempt_steady_median_s"] == 0.5
 
 
+def test_same_steps_compares_work_rates_of_steady_steps():
+    """Steps of different batches take different times: the resumed run is judged by MFU, each
+    attempt's first five steps (warm-up, the restart's too) left out."""
+    first = [{"step": s, "step_s": 1.0, "mfu": 0.30 if s > 5 else 0.01} for s in range(1, 14)]
+    last = [{"step": s, "step_s": 2.0, "mfu": 0.33 if s > 18 else 0.02} for s in range(11, 31)]
+    same = phase_b_gap.same_steps({"metrics.attempt-1": first, "metrics": last}, resumed_at=10)
+    assert same["first_attempt_steady_median_mfu"] == 0.30 and same["after_later_median_mfu"] == 0.33
+    assert same["resumed_over_first_mfu"] == pytest.approx(1.1)
+
+
 def test_same_steps_says_when_the_run_was_not_restarted(tmp_path):
     _write(tmp_path / "logs" / "metrics.csv", [(s, 0.5) for s in range(1, 5)])
     assert "not killed and restarted" in phase_b_gap.same_steps(phase_b_gap.per_step(tmp_path), 2)["error"]
