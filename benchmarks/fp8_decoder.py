@@ -3,6 +3,7 @@
     python benchmarks/fp8_decoder.py                    # paper sizes, CUDA, tensorwise (~3.5 min on an H200, pip install included)
     python benchmarks/fp8_decoder.py --recipe rowwise   # torchao's rowwise scaling instead
     python benchmarks/fp8_decoder.py --compile whole --budget-s 480   # the decoder's own compile (longer)
+    python benchmarks/fp8_decoder.py --attention fa4 cudnn efficient math   # FP8 with FlashAttention-4
     python benchmarks/fp8_decoder.py --tiny             # tiny config on CPU, float8 emulated: a smoke test
 
 Needs torchao (``pip install 'animegamer[fp8]'``) besides what benchmarks/phase_a.py needs. Random
@@ -13,8 +14,9 @@ fp8 built through ``model.decoder.fp8`` so the conversion is the framework's own
 
 1. **Sampling** (before any training, so both start from the same seeded weights; eager): latents
    from the same noise with ``--sample-steps`` DPM++ steps, CFG as one batch of 2 (what
-   ``ReconstructionModel.reconstruct`` does). bf16 samples twice, the second time with flash attention
-   tried before cuDNN: that pair is the run-to-run yardstick (same maths, other kernels). Also the
+   ``ReconstructionModel.reconstruct`` does). bf16 samples twice, the second time through another
+   attention kernel (flash before cuDNN; cuDNN first when ``--attention`` puts the flash slot first,
+   ``flash`` or ``fa4``): that pair is the run-to-run yardstick (same maths, other kernels). Also the
    loss of one forward at a few fixed timesteps, under both attention orders (the loss yardstick).
 2. **Training**: the transformer blocks compiled in place (``--compile blocks``, the default:
    ``block.compile(dynamic=False)``, regional compilation; the 30 identical blocks share one compiled
@@ -58,6 +60,12 @@ from _device import mfu, peaks, run_stamp  # noqa: E402
 BF16, FP8 = "bf16", "fp8"
 CUDNN_FIRST = ["cudnn", "flash", "efficient", "math"]  # the config's default order
 FLASH_FIRST = ["flash", "cudnn", "efficient", "math"]  # the yardstick: same maths, other kernels
+FLASH_SLOT = ("flash", "fa4")  # fa4 takes SDPA's flash slot: a flash-first yardstick would rerun its kernel
+
+
+def yardstick_order(order: list[str]) -> list[str]:
+    """The attention order of the yardstick sample: the same maths through another kernel than ``order``'s."""
+    return CUDNN_FIRST if order[0] in FLASH_SLOT else FLASH_FIRST
 LOSS_TIMESTEPS = (50, 250, 500, 750, 950)  # fixed timesteps of the one-forward loss check
 SAMPLE_SEED = 7
 COMPILE_CHOICES = ("blocks", "whole", "none")
@@ -115,7 +123,7 @@ def sample_and_loss(built, cfg, shapes, device: torch.device, steps: int, order:
         timesteps = torch.full((shapes.batch,), t, dtype=torch.long, device=device)
         losses.append(float(module.diffusion_loss(clips, draw, timesteps, dropout=False)))
     module.train()
-    with_attention(module.model.decoder, CUDNN_FIRST)
+    with_attention(module.model.decoder, cfg.model.decoder.attention_backends)  # training's order
     return {"latents": latents.float().cpu(), "seconds": seconds, "losses": losses}
 
 
@@ -180,6 +188,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="steps left out of the median (default 5; tiny 1)")
     ap.add_argument("--sample-steps", type=int, default=4, help="DPM++ sampling steps")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock bound of the run")
+    ap.add_argument("--attention", nargs="+", default=CUDNN_FIRST, choices=bench_a.ATTENTION_BACKENDS,
+                    help="the decoder's attention order for both variants (e.g. fa4 cudnn efficient math: FP8 "
+                         "and FlashAttention-4 together)")
     ap.add_argument("--compile", default="blocks", choices=COMPILE_CHOICES,
                     help="blocks (regional, default) | whole (the transformer, as model.decoder.compile) | none")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "outputs" / "benchmarks")))
@@ -192,14 +203,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = bench_a.run_config(args.tiny)
-    cfg = replace(cfg, model=replace(cfg.model, decoder=replace(cfg.model.decoder, attention_backends=CUDNN_FIRST)))
+    cfg = replace(cfg, model=replace(cfg.model, decoder=replace(cfg.model.decoder, attention_backends=args.attention)))
     shapes = bench_a.shapes_of(cfg)
     import torchao
 
     env = {**run_stamp(), "torch": torch.__version__, "torchao": torchao.__version__,
            "python": platform.python_version(), "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-           "recipe": args.recipe, "steps": steps, "warmup": warmup, "sample_steps": args.sample_steps,
+           "recipe": args.recipe, "attention": args.attention,
+           "yardstick_attention": yardstick_order(args.attention), "steps": steps, "warmup": warmup, "sample_steps": args.sample_steps,
            "compile": args.compile, "shapes": shapes.__dict__ | {"seq": shapes.seq}}
     print(json.dumps(env), flush=True)
     peak = peaks(device)
@@ -225,13 +237,14 @@ def main(argv=None) -> int:
             float8 = [n for n, m in built.module.named_modules() if type(m).__name__ == "Float8Linear"]
             row["float8_linears"] = len(float8)
             print(f"-- {name}: built in {row['build_s']:.1f} s, {len(float8)} Float8Linear", flush=True)
-            first = sample_and_loss(built, cfg, shapes, device, args.sample_steps, CUDNN_FIRST)
+            first = sample_and_loss(built, cfg, shapes, device, args.sample_steps, args.attention)
             samples[name] = first["latents"]
             row.update(sample_s=first["seconds"], fixed_t_losses=first["losses"])
             if name == BF16:
-                second = sample_and_loss(built, cfg, shapes, device, args.sample_steps, FLASH_FIRST)
-                samples["bf16-flash"] = second["latents"]
-                row["fixed_t_losses_flash_first"] = second["losses"]
+                other = yardstick_order(args.attention)
+                second = sample_and_loss(built, cfg, shapes, device, args.sample_steps, other)
+                samples["bf16-other"] = second["latents"]
+                row["fixed_t_losses_other_order"] = second["losses"]
             print(f"   sampled {args.sample_steps} steps in {first['seconds']:.1f} s; fixed-t losses "
                   f"{[round(x, 5) for x in first['losses']]}", flush=True)
             if device.type == "cuda":
@@ -264,14 +277,14 @@ def main(argv=None) -> int:
         save()
 
     compare = report["compare"]
-    if BF16 in samples and "bf16-flash" in samples:
-        compare["latents_rel_l2_bf16_vs_bf16_flash_first"] = relative(samples["bf16-flash"], samples[BF16])
+    if BF16 in samples and "bf16-other" in samples:
+        compare["latents_rel_l2_bf16_vs_bf16_other_order"] = relative(samples["bf16-other"], samples[BF16])
     if FP8 in samples and BF16 in samples:
         compare["latents_rel_l2_fp8_vs_bf16"] = relative(samples[FP8], samples[BF16])
     rows = report["variants"]
     if "fixed_t_losses" in rows.get(FP8, {}) and "fixed_t_losses" in rows[BF16]:
         compare["fixed_t_loss_rel_fp8_vs_bf16"] = deviation(rows[FP8]["fixed_t_losses"], rows[BF16]["fixed_t_losses"])
-        compare["fixed_t_loss_rel_bf16_flash_vs_cudnn"] = deviation(rows[BF16]["fixed_t_losses_flash_first"],
+        compare["fixed_t_loss_rel_bf16_other_order"] = deviation(rows[BF16]["fixed_t_losses_other_order"],
                                                                     rows[BF16]["fixed_t_losses"])
     if FP8 in curves and BF16 in curves:
         compare["loss_curve_rel_fp8_vs_bf16"] = deviation(curves[FP8]["losses"], curves[BF16]["losses"])

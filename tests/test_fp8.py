@@ -238,6 +238,19 @@ def test_fp8_benchmark_runs_both_variants_on_cpu(tmp_path):
     assert report["variants"]["fp8"]["float8_linears"] == LAYERS * PER_BLOCK
     compare = report["compare"]
     assert 0 < compare["latents_rel_l2_fp8_vs_bf16"] < 0.05
-    assert compare["latents_rel_l2_bf16_vs_bf16_flash_first"] == 0  # the CPU has one attention kernel
+    assert compare["latents_rel_l2_bf16_vs_bf16_other_order"] == 0  # the CPU has one attention kernel
     assert compare["loss_curve_rel_fp8_vs_bf16"]["steps"] == 2
     assert 0 < compare["loss_curve_rel_fp8_vs_bf16"]["max"] < 0.01
+
+
+def test_fp8_benchmark_yardstick_runs_another_kernel_than_training():
+    """With FA4 (or flash) first, a flash-first yardstick would rerun the same kernel: it goes cuDNN first."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fp8_decoder
+
+    assert fp8_decoder.yardstick_order(fp8_decoder.CUDNN_FIRST)[0] == "flash"
+    for first in ("fa4", "flash"):
+        assert fp8_decoder.yardstick_order([first, "cudnn", "efficient", "math"])[0] == "cudnn"
