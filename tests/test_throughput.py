@@ -71,16 +71,19 @@ def test_save_times_and_time_to_first_step_reach_the_log(tmp_path):
         assert len(starts) == 1 and float(starts[0][RESUMED]) == resumed and float(starts[0][STARTUP_SECONDS]) > 0
 
 
-SLOW_SAVE_S = 1.5  # far longer than a tiny step
+SLOW_SAVE_S = 3.0  # far longer than a tiny step, even on a loaded machine
 
 
 def test_a_slow_save_is_a_pause_not_a_data_wait(tmp_path, monkeypatch):
-    """The step after a checkpoint save (or validation) waited on the save, not on the loader: it is
-    logged as ``perf/paused_s`` and kept out of the data-wait share and the step time."""
+    """The step after a checkpoint save waited on the save, not on the loader: it is logged as
+    ``perf/paused_s`` and kept out of the data-wait share and the step time."""
+    import csv
     import time
 
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from omegaconf import OmegaConf
 
+    from animegamer.config.compose import compose_config
     from animegamer.training.throughput import PAUSED_SECONDS
 
     save = ModelCheckpoint._save_checkpoint  # the write inside the framework's timed save
@@ -90,14 +93,32 @@ def test_a_slow_save_is_a_pause_not_a_data_wait(tmp_path, monkeypatch):
         save(self, trainer, filepath)
 
     monkeypatch.setattr(ModelCheckpoint, "_save_checkpoint", slow_save)
-    first, _ = two_launches(tmp_path, "checkpoint.every_n_steps=2", "trainer.throughput_every_n_steps=1",
-                            "trainer.log_every_n_steps=1")
-    perf = [r for r in first if r.get("perf/step_s")]
+    enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
+    root = write_synthetic_features(tmp_path / "data", enc)
+    composed, cfg = tiny_train_cfg(root, tmp_path / "run", "phase.max_steps=3", "checkpoint.every_n_steps=2",
+                                   "trainer.throughput_every_n_steps=1")
+    train(cfg, composed)
+    perf = [r for r in csv.DictReader(open(tmp_path / "run" / "logs" / "metrics.csv")) if r.get("perf/step_s")]
     paused = {int(r["step"]): float(r[PAUSED_SECONDS]) for r in perf}
-    # saves at steps 2 and 4 (the run's last step: no step after it); the pause lands in step 3's window
-    assert paused[3] >= SLOW_SAVE_S and paused[2] == paused[4] == 0.0
+    assert paused[3] >= SLOW_SAVE_S and paused[1] == paused[2] == 0.0  # saved after step 2: step 3's window
     assert max(float(r["perf/data_wait_fraction"]) for r in perf) < 0.5
     assert all(float(r["perf/step_s"]) < SLOW_SAVE_S for r in perf)
+
+
+class _Clock:
+    """Seconds handed out in order in place of ``Throughput._now``: the test decides every interval."""
+
+    def __init__(self, times):
+        self.times = iter(times)
+
+    def __call__(self, module) -> float:
+        return next(self.times)
+
+
+def _fake_trainer(fn):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(state=SimpleNamespace(fn=fn), ckpt_path=None, is_global_zero=True, global_step=2)
 
 
 def test_validation_within_fit_is_a_pause(monkeypatch):
@@ -115,9 +136,8 @@ def test_validation_within_fit_is_a_pause(monkeypatch):
                              flops_per_batch=lambda b: 1.0)
 
     def two_steps_around_validation(fn, times):
-        clock = iter(times)
-        monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
-        trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), ckpt_path=None)
+        monkeypatch.setattr(throughput.Throughput, "_now", staticmethod(_Clock(times)))
+        trainer = _fake_trainer(fn)
         callback = throughput.Throughput(every=2)
         callback._setup_at = None
         callback.on_train_batch_start(trainer, module, None, 0)
@@ -135,3 +155,20 @@ def test_validation_within_fit_is_a_pause(monkeypatch):
     # a plain validate() reads no clock and records no pause: the whole gap is the loader's
     plain = two_steps_around_validation(TrainerFn.VALIDATING, [0.0, 1.0, 5.0, 6.0])
     assert plain[throughput.PAUSED_SECONDS] == 0.0 and plain["perf/data_wait_fraction"] == 4.0 / 6.0
+
+
+def test_validation_videos_are_a_pause(monkeypatch):
+    """Rendering validation videos between two steps is recorded as a pause, as long as it takes."""
+    import time
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from animegamer.training.callbacks import ValidationVideos
+    from animegamer.training.throughput import paused_seconds
+
+    videos = ValidationVideos.__new__(ValidationVideos)  # only the hook's own attributes
+    videos.every, videos.count = 2, 1
+    monkeypatch.setattr(ValidationVideos, "log_videos", lambda self, trainer, module, step: time.sleep(0.2))
+    trainer = _fake_trainer(TrainerFn.FITTING)
+    videos.on_train_batch_end(trainer, None, None, None, 0)
+    assert paused_seconds(trainer) >= 0.2

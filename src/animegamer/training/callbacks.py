@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from animegamer.training.strategies import full_weights, is_fsdp_strategy
+from animegamer.training.throughput import pausing
 from animegamer.utils.randomness import step_generator
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,8 @@ class ValidationVideos(L.Callback):
         if getattr(self, "_last", None) == step:  # gradient accumulation: one call per optimiser step
             return
         self._last = step
-        self.log_videos(trainer, module, step)
+        with pausing(trainer):  # seconds of sampling and encoding: not the next step's data wait
+            self.log_videos(trainer, module, step)
 
     @torch.no_grad()
     def log_videos(self, trainer, module, step: int) -> list[Path]:

@@ -33,7 +33,7 @@ from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
                                                       set_aside, write_file_record, write_folder_record,
                                                       write_pending_record)
-from animegamer.training.throughput import add_pause
+from animegamer.training.throughput import pausing
 from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
@@ -250,8 +250,8 @@ def timed_save(trainer, path: Path) -> Iterator[None]:
     rank 0 logs it with the checkpoint's size and puts both in the training log (``ckpt/save_s``,
     ``ckpt/save_gib``), so save times can be read per run and compared across world sizes."""
     started = time.perf_counter()
-    yield
-    add_pause(trainer, time.perf_counter() - started)  # not the next step's data wait
+    with pausing(trainer):  # not the next step's data wait
+        yield
     if not trainer.is_global_zero:
         return
     seconds, gib = time.perf_counter() - started, checkpoint_bytes(path) / 2**30

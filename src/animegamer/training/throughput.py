@@ -11,6 +11,8 @@ recomputation under gradient checkpointing is not counted), over ``trainer.peak_
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import lightning as L
 import torch
@@ -24,8 +26,19 @@ _PAUSED_ATTR = "_animegamer_paused_s"  # on the trainer: every callback and save
 
 def add_pause(trainer, seconds: float) -> None:
     """Record time the loop spent between two steps on something other than fetching the next batch (a
-    checkpoint save, validation), so that the step after it does not count it as waiting for data."""
+    checkpoint save, validation, validation videos), so that the step after it does not count it as
+    waiting for data."""
     setattr(trainer, _PAUSED_ATTR, paused_seconds(trainer) + seconds)
+
+
+@contextmanager
+def pausing(trainer) -> Iterator[None]:
+    """:func:`add_pause` for the time the block takes (wall time: what it launched on the GPU has run)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        add_pause(trainer, time.perf_counter() - started)
 
 
 def paused_seconds(trainer) -> float:
@@ -98,11 +111,11 @@ class Throughput(L.Callback):
 
     def on_validation_start(self, trainer, module) -> None:
         if trainer.state.fn == TrainerFn.FITTING:  # within fit; a plain validate() has no steps to measure
-            self._validation_start = time.perf_counter()
+            self._validation_start = self._now(module)
 
     def on_validation_end(self, trainer, module) -> None:
-        if self._validation_start is not None:
-            add_pause(trainer, time.perf_counter() - self._validation_start)
+        if self._validation_start is not None:  # synchronised: validation's last kernels are not data wait
+            add_pause(trainer, self._now(module) - self._validation_start)
             self._validation_start = None
 
     def _log(self, trainer, module) -> None:
