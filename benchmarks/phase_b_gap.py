@@ -57,6 +57,7 @@ TRAINPY_PEAK_TFLOPS = 780.4  # the peak every train.py MFU in the README divides
 RESULTS = "phase_b_gap.json"
 WEAK_RESULTS = "weak_scaling_a_joint_h200x2.json"
 TOP_KERNELS = 15
+WARMUP_STEPS = 5  # a launch's first steps, left out of part (b)'s steady comparison
 KERNEL_NAME_CHARS = 90
 KERNEL_FAMILIES = {"dropout": ("dropout", "philox", "rand"), "optimizer": ("adam", "multi_tensor", "foreach"),
                    "collectives": ("nccl",), "copies": ("memcpy", "copy", "cast")}
@@ -384,7 +385,7 @@ def same_steps(attempts: dict[str, list[dict]], resumed_at: int) -> dict:
     after = {r["step"]: r["step_s"] for r in last}
     common = sorted(set(before) & set(after))
     later = [after[s] for s in sorted(after) if s not in before]
-    return {**steady_work_rates(first, last, set(before)),"steps": common, "before_s": [before[s] for s in common], "after_s": [after[s] for s in common],
+    return {**steady_work_rates(first, last),"steps": common, "before_s": [before[s] for s in common], "after_s": [after[s] for s in common],
             "median_before_s": statistics.median(before[s] for s in common) if common else None,
             "median_after_s": statistics.median(after[s] for s in common) if common else None,
             # the restarted run's steps past the kill, first five (its warm-up) apart
@@ -393,18 +394,20 @@ def same_steps(attempts: dict[str, list[dict]], resumed_at: int) -> dict:
                                               if len(first) > 5 else None)}
 
 
-def steady_work_rates(first: list[dict], last: list[dict], ran_twice: set[int]) -> dict:
-    """MFU (work over time) of each attempt's steady steps: the first's after its first five, the
-    restart's past the steps both ran and its own first five. Batches differ from step to step (packed
-    rows of 1..5-turn windows), so step times of different steps do not compare; work rates do."""
+def steady_work_rates(first: list[dict], last: list[dict]) -> dict:
+    """MFU (work over time) of the two launches at the same process age: each one's steps after its
+    first five (warm-up), as many from each. Batches differ from step to step (packed rows of 1..5-turn
+    windows, 15-33 % MFU at paper size), so step times of different steps do not compare, and a median
+    over a later stretch of the run would compare other batches too; work rates at equal age do."""
     if not first or "mfu" not in first[0]:
         return {}
-    before = [r["mfu"] for r in first[5:]]
-    after = [r["mfu"] for r in [r for r in last if r["step"] not in ran_twice][5:]]
-    if not before or not after:
+    count = min(len(first), len(last)) - WARMUP_STEPS
+    if count <= 0:
         return {}
-    return {"first_attempt_steady_median_mfu": statistics.median(before),
-            "after_later_median_mfu": statistics.median(after),
+    before = [r["mfu"] for r in first[WARMUP_STEPS:WARMUP_STEPS + count]]
+    after = [r["mfu"] for r in last[WARMUP_STEPS:WARMUP_STEPS + count]]
+    return {"same_age_steps": count, "first_launch_median_mfu": statistics.median(before),
+            "resumed_launch_median_mfu": statistics.median(after),
             "resumed_over_first_mfu": statistics.median(after) / statistics.median(before)}
 
 

@@ -41,13 +41,15 @@ def test_per_step_reads_every_attempt_in_order_and_same_steps_compares_them(tmp_
     assert same["first_attempt_steady_median_s"] == 0.5
 
 
-def test_same_steps_compares_work_rates_of_steady_steps():
-    """Steps of different batches take different times: the resumed run is judged by MFU, each
-    attempt's first five steps (warm-up, the restart's too) left out."""
-    first = [{"step": s, "step_s": 1.0, "mfu": 0.30 if s > 5 else 0.01} for s in range(1, 14)]
-    last = [{"step": s, "step_s": 2.0, "mfu": 0.33 if s > 18 else 0.02} for s in range(11, 31)]
+def test_same_steps_compares_work_rates_at_the_same_process_age():
+    """Steps of different batches take different times: the resumed launch is judged by MFU over its
+    steps 6.. against the first launch's steps 6.., as many of each (warm-up of each launch left out)."""
+    first = [{"step": s, "step_s": 1.0, "mfu": 0.30 if s > 5 else 0.01} for s in range(1, 14)]  # 8 steady
+    last = [{"step": s, "step_s": 2.0, "mfu": 0.02 if s < 16 else (0.33 if s < 24 else 0.9)}
+            for s in range(11, 31)]  # steps 16..23 are its 6th..13th; later ones must not count
     same = phase_b_gap.same_steps({"metrics.attempt-1": first, "metrics": last}, resumed_at=10)
-    assert same["first_attempt_steady_median_mfu"] == 0.30 and same["after_later_median_mfu"] == 0.33
+    assert same["same_age_steps"] == 8
+    assert same["first_launch_median_mfu"] == 0.30 and same["resumed_launch_median_mfu"] == 0.33
     assert same["resumed_over_first_mfu"] == pytest.approx(1.1)
 
 
