@@ -385,7 +385,8 @@ def same_steps(attempts: dict[str, list[dict]], resumed_at: int) -> dict:
     after = {r["step"]: r["step_s"] for r in last}
     common = sorted(set(before) & set(after))
     later = [after[s] for s in sorted(after) if s not in before]
-    return {**steady_work_rates(first, last),"steps": common, "before_s": [before[s] for s in common], "after_s": [after[s] for s in common],
+    return {**steady_work_rates(first, last), "steps": common, "before_s": [before[s] for s in common],
+            "after_s": [after[s] for s in common],
             "median_before_s": statistics.median(before[s] for s in common) if common else None,
             "median_after_s": statistics.median(after[s] for s in common) if common else None,
             # the restarted run's steps past the kill, first five (its warm-up) apart

@@ -16,7 +16,7 @@ from animegamer.config.schema import MLLMConfig, ModelConfig
 from animegamer.mllm.collate import LABEL_INDEX, QUERY_INDEX, Example, collate_sequences
 from animegamer.mllm.masks import attention_mask_4d
 from animegamer.mllm.packing import pack_sequences
-from animegamer.mllm.sequence import Turn, build_prompt, build_sequence
+from animegamer.mllm.sequence import IGNORE_INDEX, Turn, build_prompt, build_sequence
 from animegamer.models.game_mllm import MODEL_KEYS, run_batch
 from animegamer.models.mllm import GameStateMLLM
 from phase_b_helpers import model_cfg, vocab  # noqa: F401  (fixtures)
@@ -178,6 +178,22 @@ def test_host_indices_give_bitwise_the_mask_paths_losses_and_gradients(model_cfg
     for key in indexed:
         assert torch.equal(indexed[key], masked[key]), key
     assert indexed_grads.keys() == masked_grads.keys() == set(model.trainable_parameter_names())
+    for name in indexed_grads:
+        assert torch.equal(indexed_grads[name], masked_grads[name]), name
+
+
+def test_host_indices_without_labels_give_the_mask_paths_zero_lm_loss(model_cfg, vocab):
+    """A batch whose labels are all ignored: an empty ``label_index``, the head kept in the graph with a
+    zero loss, as on the mask path."""
+    model = _model(model_cfg, vocab)
+    batch = _loader_batch(model_cfg, vocab, "packed")
+    batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+    batch[LABEL_INDEX] = batch[LABEL_INDEX][:0]  # what the collator computes for these labels
+    indexed, indexed_grads = _outputs_and_grads(model, batch)
+    masked, masked_grads = _outputs_and_grads(model, _without_indices(batch))
+    assert indexed["label_logits"].shape[0] == 0 and indexed["lm_loss"] == 0
+    for key in indexed:
+        assert torch.equal(indexed[key], masked[key]), key
     for name in indexed_grads:
         assert torch.equal(indexed_grads[name], masked_grads[name]), name
 

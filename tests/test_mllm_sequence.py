@@ -578,3 +578,13 @@ def test_golden_losses_with_plain_mistral(official, golden, attn):
     np.testing.assert_allclose(pred[1].numpy(), np.load(folder / "expected_pred.npy")[0], atol=1e-5)
     label_logits = logits[labels != S.IGNORE_INDEX].numpy()
     np.testing.assert_allclose(label_logits, np.load(folder / "expected_label_logits.npy"), atol=1e-4)
+
+
+def test_query_on_padding_of_a_packed_batch_is_a_clear_error():
+    """A query position outside every packed sequence (document_ids -1) is named, not a bincount error."""
+    import torch
+
+    query_mask = torch.tensor([[False, True, True]])
+    document_ids = torch.tensor([[0, 0, -1]])
+    with pytest.raises(ValueError, match="query position lies on padding"):
+        C.check_query_counts(query_mask, 1, document_ids)

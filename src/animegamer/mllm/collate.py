@@ -266,7 +266,10 @@ def query_counts(query_mask: torch.Tensor, document_ids: torch.Tensor | None = N
     """Query positions per row (B,), or per packed sequence (S,) with ``document_ids`` (-1 on padding)."""
     if document_ids is None:
         return query_mask.sum(dim=1)
-    return torch.bincount(document_ids[query_mask.bool()], minlength=int(document_ids.max()) + 1)
+    owners = document_ids[query_mask.bool()]
+    if owners.numel() and int(owners.min()) < 0:
+        raise ValueError("a query position lies on padding (document_ids -1) of a packed batch")
+    return torch.bincount(owners, minlength=int(document_ids.max()) + 1)
 
 
 def check_query_counts(query_mask: torch.Tensor, n: int, document_ids: torch.Tensor | None = None) -> None:

@@ -355,10 +355,10 @@ class GameStateMLLM(nn.Module):
 
     # ----------------------------------------------------------------------- forward pieces
     def embed_inputs(self, input_ids: torch.Tensor, history_reps: Optional[torch.Tensor] = None,
-                     history_index: Optional[torch.Tensor] = None, checked: bool = False) -> torch.Tensor:
+                     history_index: Optional[torch.Tensor] = None, history_checked: bool = False) -> torch.Tensor:
         """Token embeddings with the history frame positions replaced by ``input_proj(rep)`` -> (B, L, H).
 
-        ``checked``: the collator already checked ``history_index`` on the host; checking it here
+        ``history_checked``: the collator already checked ``history_index`` on the host; checking it here
         would read it back from the device."""
         embeds = self.causal_lm.get_input_embeddings()(input_ids)
         if history_index is None:
@@ -367,7 +367,7 @@ class GameStateMLLM(nn.Module):
             raise ValueError("history_index given without history_reps")
         if history_reps.ndim != 4 or history_reps.shape[-1] != self.rep_width:
             raise ValueError(f"history_reps must be (B, Hmax, N, {self.rep_width}), got {tuple(history_reps.shape)}")
-        if not checked:
+        if not history_checked:
             check_history_index(history_index, history_reps.shape[1] * history_reps.shape[2])
         projected = self.input_proj(history_reps.to(self.input_proj[0].weight.dtype))
         embeds = scatter_history(embeds, projected, history_index)
@@ -440,9 +440,9 @@ class GameStateMLLM(nn.Module):
                       history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
                       query_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
                       padding_mask: Optional[torch.Tensor] = None,
-                      document_ids: Optional[torch.Tensor] = None, checked: bool = False) -> torch.Tensor:
-        """Last hidden states (after the final norm), (B, L, H); ``checked`` as for :meth:`embed_inputs`."""
-        embeds = self.embed_inputs(input_ids, history_reps, history_index, checked)
+                      document_ids: Optional[torch.Tensor] = None, history_checked: bool = False) -> torch.Tensor:
+        """Last hidden states (after the final norm), (B, L, H); ``history_checked`` as for :meth:`embed_inputs`."""
+        embeds = self.embed_inputs(input_ids, history_reps, history_index, history_checked)
         allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids, document_ids)
         with attention_kernels(self.cfg.attention_backends, embeds.is_cuda, self):
             out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
@@ -472,7 +472,8 @@ class GameStateMLLM(nn.Module):
         ``logits`` (B, L, V) only with ``return_logits``.
         """
         hidden = self.hidden_states(input_ids, attention_mask_4d, history_reps, history_index, query_mask,
-                                    position_ids, padding_mask, document_ids, checked=query_index is not None)
+                                    position_ids, padding_mask, document_ids,
+                                    history_checked=query_index is not None)  # the collator checked both
         lm_head = self.causal_lm.get_output_embeddings()
         out: Dict[str, Optional[torch.Tensor]] = dict(loss=None, lm_loss=None, rec_loss=None, cos_loss=None,
                                                       pred=None, label_logits=None, logits=None)

@@ -23,7 +23,9 @@ from animegamer.utils.randomness import step_seed
 
 
 # Batch entries only the host reads (the batch size, token and FLOP counts of the throughput log): they
-# stay on the host when the batch moves to the device, so reading them never waits for the GPU.
+# stay on the host when the batch moves to the device, so reading them never waits for the GPU. Callbacks
+# see this host copy; inside training_step a DDP / FSDP wrapper may already have moved the whole batch
+# (these entries too) to the device, so the step itself must not read them.
 HOST_KEYS = ("lengths",)
 
 
