@@ -323,3 +323,12 @@ def test_a_scripted_rater_in_chromium_ranks_two_games_through_a_reload(runs, tmp
     assert result["rankings"] == {d: 2 for d in DIMENSIONS} and result["raters"]["carol"]["rankings"] == 12
     assert "| Overall | 7.00 ± 1.41 | 8.50 | not judged | 5.50 | not judged | 7.00 | 2 | - |" in \
         (out / REPORT_FILE).read_text()
+
+
+def test_the_same_folder_twice_is_refused(runs, tmp_path):
+    """Two names for one folder (or two spellings of its path): refused before anything is served."""
+    from animegamer.errors import UserError
+
+    other_spelling = Path(runs[0]).parent / "." / Path(runs[0]).name
+    with pytest.raises(UserError, match="same evaluation folder more than once"):
+        load_runs([runs[0], other_spelling], ["first", "second"])

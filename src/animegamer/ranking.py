@@ -95,6 +95,11 @@ def load_runs(folders: Sequence[str | Path], names: Optional[Sequence[str]] = No
         raise UserError(f"--names gives {len(names)} names for {len(folders)} runs")
     if len(set(names)) != len(names):
         raise UserError(f"run names {names} are not distinct: name each run with --names")
+    resolved = [Path(f).resolve() for f in folders]
+    twice = sorted({str(f) for f in resolved if resolved.count(f) > 1})
+    if twice:
+        raise UserError(f"--runs names the same evaluation folder more than once ({', '.join(twice)}): a run "
+                        "ranked against itself tells nothing")
     return [load_run(folder, name) for folder, name in zip(folders, names)]
 
 
