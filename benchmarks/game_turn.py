@@ -2,6 +2,7 @@
 
     python benchmarks/game_turn.py --tokenizer ../shared/reference/animegamer_tokenizer   # paper sizes, CUDA
     python benchmarks/game_turn.py --tiny                                                  # CPU smoke test
+    python benchmarks/game_turn.py --sides framework --compile --attention fa4 --fp8 tensorwise   # FP8 + FA4 turn
 
 A turn is split into the three stages ``Game.play_turn`` times:
 
@@ -67,6 +68,7 @@ from _device import (building, compare, default_tokenizer, mfu, official_tokeniz
 from animegamer.config.compose import compose_config
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
+from animegamer.models.fp8 import FP8_RECIPES, OFF as FP8_OFF
 
 TOKENIZER = default_tokenizer()
 LEVEL_FLOW = {1: 0.5, 2: 2.5, 3: 10.0, 4: 15.0, 5: 40.0}
@@ -131,6 +133,8 @@ def compose(args):
         overrides.append("model.encoders.vae.compile=true")
     if args.mllm_compile:
         overrides.append("model.mllm.compile=true")
+    if getattr(args, "fp8", None):  # FP8 matmuls for the decoder's frozen linears (samples change: see fp8_decoder.py)
+        overrides.append(f"model.decoder.fp8={args.fp8}")
     if getattr(args, "cache", None) is not None:  # the step cache (game_turn.py --cache): samples change
         overrides += ["model.diffusion.cache=first_block", f"model.diffusion.cache_threshold={args.cache}"]
     if args.tiny:
@@ -481,6 +485,9 @@ def main() -> None:
     parser.add_argument("--cache", type=float, default=None, metavar="THRESHOLD",
                         help="framework side: model.diffusion.cache=first_block at this threshold "
                              "(benchmarks/step_cache.py measures what it changes)")
+    parser.add_argument("--fp8", default=None, choices=[r for r in FP8_RECIPES if r != FP8_OFF],
+                        help="framework side: model.decoder.fp8 (torchao float8 for the frozen base linears; "
+                             "benchmarks/fp8_decoder.py measures what it changes)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
@@ -522,7 +529,8 @@ def main() -> None:
         compiled = "compile" if args.compile_mode == "default" else f"compile={args.compile_mode}"
         options = [flag for flag, on in ((compiled, args.compile), ("mllm-compile", args.mllm_compile),
                                          ("vae-cudnn-benchmark", args.vae_cudnn_benchmark),
-                                         ("vae-compile", args.vae_compile)) if on]
+                                         ("vae-compile", args.vae_compile),
+                                         (f"fp8={args.fp8}", args.fp8)) if on]
         if side == "framework" and (args.attention or options):  # a variant: its own row
             name += f"[{'+'.join([*(args.attention or ['config']), *options])}]"
         record = results["runs"][name] = {}

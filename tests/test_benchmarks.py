@@ -152,12 +152,13 @@ def test_game_turn_switches_reach_the_config(monkeypatch):
     for on in (False, True):
         cfg = compose(Namespace(tokenizer=None, attention=None, tiny=True, compile=on, mllm_compile=on,
                                 vae_cudnn_benchmark=on, vae_compile=on, compile_mode="reduce-overhead" if on else "default",
-                                cache=0.1 if on else None))
+                                cache=0.1 if on else None, fp8="rowwise" if on else None))
         assert (cfg.model.decoder.compile, cfg.model.mllm.compile, cfg.model.encoders.vae.cudnn_benchmark,
                 cfg.model.encoders.vae.compile) == (on,) * 4
         assert cfg.model.decoder.compile_mode == ("reduce-overhead" if on else "default")
         assert (cfg.model.diffusion.cache, cfg.model.diffusion.cache_threshold) == (
             ("first_block", 0.1) if on else ("none", 0.05))
+        assert cfg.model.decoder.fp8 == ("rowwise" if on else "off")
 
 
 def test_memory_batch_lists_are_sorted_unique_and_name_known_phases(monkeypatch):
