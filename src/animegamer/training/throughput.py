@@ -33,7 +33,8 @@ def add_pause(trainer, seconds: float) -> None:
 
 @contextmanager
 def pausing(trainer) -> Iterator[None]:
-    """:func:`add_pause` for the time the block takes (wall time: what it launched on the GPU has run)."""
+    """:func:`add_pause` for the block's wall time (the blocks wrapped here, saves and videos, read their
+    results back to the host, so their GPU work is inside it)."""
     started = time.perf_counter()
     try:
         yield
@@ -60,7 +61,7 @@ class Throughput(L.Callback):
     """Logs ``perf/*`` every ``every`` optimiser steps, averaged over those steps (rank 0's view).
 
     The time between one step's end and the next one's start is waiting for data, less the pauses
-    recorded by :func:`add_pause` (saves, validation): those are logged apart as ``perf/paused_s`` and
+    recorded by :func:`add_pause` (saves, validation, validation videos): those are logged apart as ``perf/paused_s`` and
     left out of the step time, so a checkpoint step does not read as a data-bound one.
     """
 
