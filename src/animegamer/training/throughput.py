@@ -61,8 +61,8 @@ class Throughput(L.Callback):
     """Logs ``perf/*`` every ``every`` optimiser steps, averaged over those steps (rank 0's view).
 
     The time between one step's end and the next one's start is waiting for data, less the pauses
-    recorded by :func:`add_pause` (saves, validation, validation videos): those are logged apart as ``perf/paused_s`` and
-    left out of the step time, so a checkpoint step does not read as a data-bound one.
+    recorded by :func:`add_pause` (saves, validation, validation videos): those are logged apart as
+    ``perf/paused_s`` and left out of the step time, so a checkpoint step does not read as a data-bound one.
     """
 
     def __init__(self, peak_tflops: float = 0.0, every: int = 10) -> None:
