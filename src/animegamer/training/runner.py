@@ -35,7 +35,7 @@ from animegamer.training.sweep import job_output_dir
 from animegamer.training.sync_sites import SyncSites
 from animegamer.training.throughput import Throughput
 from animegamer.utils.folder_lock import folder_lock
-from animegamer.utils.logging import is_global_zero, setup_logging
+from animegamer.utils.logging import DropPrefix, is_global_zero, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +104,14 @@ _EXPECTED_WARNINGS = (
 )
 
 
-def _not_a_tip(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_LIGHTNING_TIPS)
+_NOT_A_TIP = DropPrefix(_LIGHTNING_TIPS)
 
 
 def quiet_lightning() -> None:
     """Drop what Lightning prints at every start that is expected and needs nothing from the user."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         tips = logging.getLogger(name)  # rank_zero_info logs through whichever was imported last
-        if _not_a_tip not in tips.filters:
-            tips.addFilter(_not_a_tip)
+        tips.addFilter(_NOT_A_TIP)  # once: the same filter object is not added twice
     for message in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
 

@@ -49,13 +49,20 @@ def is_global_zero() -> bool:
     return global_rank() == 0 and os.environ.get("NODE_RANK", "0") in ("", "0")
 
 
-class _DropNotice(logging.Filter):
+class DropPrefix(logging.Filter):
+    """Drops the records whose message starts with ``start``. Build one per prefix and keep it: adding
+    the same filter object to a logger twice is a no-op, so setting up again adds nothing."""
+
     def __init__(self, start: str) -> None:
         super().__init__()
         self.start = start
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(self.start)
+
+
+# One filter object per notice, built once (see DropPrefix).
+_IMPORT_NOTICE_FILTERS = tuple((name, DropPrefix(start)) for name, start in _IMPORT_NOTICES)
 
 
 class _RankFilter(logging.Filter):
@@ -117,7 +124,5 @@ def setup_logging(level: str | int = "INFO") -> None:
     _route_lightning()
     for chatty in _CHATTY_LIBRARIES:
         logging.getLogger(chatty).setLevel(max(numeric, logging.WARNING))
-    for name, start in _IMPORT_NOTICES:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropNotice) and f.start == start for f in logger.filters):
-            logger.addFilter(_DropNotice(start))
+    for name, notice in _IMPORT_NOTICE_FILTERS:
+        logging.getLogger(name).addFilter(notice)
