@@ -251,6 +251,6 @@ def test_paper_size_benchmarks_need_the_official_tokenizer_or_byte_by_name(monke
             official_tokenizer(missing, tiny=False)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "phase_b_gap.py"), "--parts", "a",
                            "--tokenizer", str(tmp_path / "missing"), "--work", str(tmp_path / "work")],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          capture_output=True, text=True, env=ENV, cwd=ROOT)
     assert done.returncode != 0 and f"--tokenizer {tmp_path / 'missing'}: no such folder" in done.stderr
     assert not (tmp_path / "work").exists()  # stopped before any data was written
