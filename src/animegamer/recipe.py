@@ -72,7 +72,7 @@ def train_stage(overrides: list[str]) -> dict:
 
     A stage whose folder holds checkpoints trained on other shards (an earlier stage trained again, and
     the shards made from its export with it) starts afresh, since what it trained on is gone; the earlier
-    run is kept beside it (:func:`set_aside`), never deleted. A changed setting that alters the training
+    run is kept beside it (:func:`supersede`), never deleted. A changed setting that alters the training
     still stops the stage, as it stops ``train.py``, with the two ways on."""
     from animegamer.training.run_record import RunFolderChanged, only_data_changed
     from animegamer.training.runner import run
@@ -83,21 +83,20 @@ def train_stage(overrides: list[str]) -> dict:
     except RunFolderChanged as changed:
         if not only_data_changed(changed):
             raise
-        kept = set_aside(Path(composed.output_dir), composed.lock_wait_seconds)
+        kept = supersede(Path(composed.output_dir), composed.lock_wait_seconds)
         log.warning("%s: the shards it trained on changed since its checkpoints (%s); the stage starts afresh, its "
                     "earlier run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
         return run(composed)
 
 
-def set_aside(folder: Path, wait_seconds: float) -> Path:
+def supersede(folder: Path, wait_seconds: float) -> Path:
     """Move what ``folder`` holds into the first free ``<folder>.superseded-N`` and return that path. The
     folder's lock is held meanwhile (the lock file itself stays), so no run starts in it half-moved."""
     from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
+    from animegamer.utils.io import first_free
 
     with folder_lock(folder, wait_seconds):
-        n = 1
-        while (kept := folder.with_name(f"{folder.name}{SUPERSEDED}{n}")).exists():
-            n += 1
+        kept = first_free(lambda n: folder.with_name(f"{folder.name}{SUPERSEDED}{n}"))
         kept.mkdir()
         for entry in folder.iterdir():
             if entry.name != LOCK_FILE:

@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from animegamer.utils.io import read_json, sha256_file
+from animegamer.utils.io import first_free, read_json, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,7 @@ def damage(checkpoint: Path) -> str | None:
 
 def set_aside(checkpoint: Path) -> Path:
     """Rename a damaged checkpoint (and its record) to ``<name>.damaged`` (``.damaged-2``, ... when taken)."""
-    target, count = checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX), 1
-    while target.exists():
-        count += 1
-        target = checkpoint.with_name(f"{checkpoint.name}{DAMAGED_SUFFIX}-{count}")
+    target = first_free(lambda n: checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX + (f"-{n}" if n > 1 else "")))
     os.replace(checkpoint, target)
     if record_path(checkpoint).exists():
         os.replace(record_path(checkpoint), record_path(target))

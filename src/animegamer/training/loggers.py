@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from animegamer.config.schema import RunConfig
+from animegamer.utils.io import first_free
 
 # Lightning's loggers are imported where a run makes one, so that this module's choices can be read
 # (configuration checks) without loading Lightning.
@@ -18,10 +19,7 @@ def keep_earlier_attempt(path: Path) -> None:
 
     if rank_zero_only.rank != 0 or not path.is_file():
         return
-    attempt = 1
-    while path.with_name(f"{path.stem}.attempt-{attempt}{path.suffix}").exists():
-        attempt += 1
-    path.rename(path.with_name(f"{path.stem}.attempt-{attempt}{path.suffix}"))
+    path.rename(first_free(lambda n: path.with_name(f"{path.stem}.attempt-{n}{path.suffix}")))
 
 
 def make_logger(cfg: RunConfig):

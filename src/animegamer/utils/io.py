@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -21,6 +21,15 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def first_free(name_for: Callable[[int], Path], start: int = 1) -> Path:
+    """The first of ``name_for(start)``, ``name_for(start + 1)``, ... that does not exist: where an earlier
+    file or folder is kept beside its successor (``.superseded-N``, ``.attempt-N``, ``.damaged-N``)."""
+    n = start
+    while (path := name_for(n)).exists():
+        n += 1
+    return path
 
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str:
