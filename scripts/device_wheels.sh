@@ -1,7 +1,8 @@
 #!/bin/bash
 # .device_wheels/ for the GPU machine, which has torch, transformers, peft, lightning and accelerate but no
 # network and none of the project's other packages: their wheels for its Python 3.12 (pure Python, or
-# manylinux x86_64), DeepSpeed built here as a wheel (PyPI has only its source), and the official tokenizer
+# manylinux x86_64; peft too, pinned to the version the project is tested with, over the image's own),
+# DeepSpeed built here as a wheel (PyPI has only its source), and the official tokenizer
 # from ../shared/reference (the benchmarks refuse paper-size MLLM runs without it). About 13 MB: carry it
 # with `carry: [".device_wheels"]`; scripts/device_env.sh installs it on the device.
 #   bash scripts/device_wheels.sh      # after scripts/setup.sh (DeepSpeed's wheel is built with .venv's torch)

@@ -19,7 +19,7 @@ install)
             .fa4_wheels/*.whl \
         && cp -a /tmp/cu13/. /tmp/site/ \
         && export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/src \
-            NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 ;;
+        && source scripts/device_env.sh ;;  # finds the packages installed; sets $PYTHON and NVLink multicast off
 *)
     echo "usage: bash scripts/fa4_device.sh keep | source scripts/fa4_device.sh install" >&2
     return 2 2>/dev/null || exit 2 ;;
