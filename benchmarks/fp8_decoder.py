@@ -29,6 +29,9 @@ fp8 built through ``model.decoder.fp8`` so the conversion is the framework's own
    denominator, so they can pass what bf16 can reach. Peak memory is ``max_memory_allocated`` since
    the build.
 
+Also, after bf16's samples: the same sample through play's FP8 (the game's and evaluation's path: a copy
+with the LoRA merged and the base weights stored in float8 once; GPU only), ``play_fp8`` in the JSON.
+
 Reported: the fp8 step-time speed-up over bf16, the losses' relative deviation per step (max and mean
 over the common steps), and the sampled latents' relative L2 (fp8 vs bf16, and bf16 vs bf16 with
 the other attention order). ``--budget-s`` bounds the whole run: training of each variant stops early
@@ -38,6 +41,7 @@ when its share is spent (both then compare over the steps both ran). Output:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -58,7 +62,7 @@ import phase_a as bench_a  # noqa: E402  (benchmarks/ on sys.path)
 from _device import mfu, peaks, run_stamp  # noqa: E402
 from animegamer.models.attention_kernels import FA4  # noqa: E402
 
-BF16, FP8 = "bf16", "fp8"
+BF16, FP8, PLAY = "bf16", "fp8", "play_fp8"
 CUDNN_FIRST = ["cudnn", "flash", "efficient", "math"]  # the config's default order
 FLASH_FIRST = ["flash", "cudnn", "efficient", "math"]  # the yardstick: same maths, other kernels
 FLASH_SLOT = ("flash", FA4)  # fa4 takes SDPA's flash slot: a flash-first yardstick would rerun its kernel
@@ -111,13 +115,8 @@ def sample_and_loss(built, cfg, shapes, device: torch.device, steps: int, order:
     module = built.module
     with_attention(module.model.decoder, order)
     module.eval()
-    batch = bench_a.synthetic_batch(shapes, device, torch.bfloat16)
-    clips = module.to_clip_batch(batch)
-    generator = torch.Generator(device="cpu").manual_seed(SAMPLE_SEED)
-    t0 = time.perf_counter()
-    latents = module.model.reconstruct(clips, cfg.model.diffusion, generator, torch.bfloat16, steps=steps)
-    sync(device)
-    seconds = time.perf_counter() - t0
+    clips = clip_batch(built, shapes, device)
+    latents, seconds = timed_sample(module.model, clips, cfg, device, steps)
     losses = []
     for t in LOSS_TIMESTEPS:  # the validation loss: fixed noise per timestep, no CFG dropout
         draw = validation_draw(cfg.seed, t, 0, shapes.batch, device)
@@ -125,7 +124,7 @@ def sample_and_loss(built, cfg, shapes, device: torch.device, steps: int, order:
         losses.append(float(module.diffusion_loss(clips, draw, timesteps, dropout=False)))
     module.train()
     with_attention(module.model.decoder, cfg.model.decoder.attention_backends)  # training's order
-    return {"latents": latents.float().cpu(), "seconds": seconds, "losses": losses}
+    return {"latents": latents, "seconds": seconds, "losses": losses}
 
 
 def compile_in_place(built, how: str) -> None:
@@ -179,6 +178,34 @@ def deviation(a: list[float], b: list[float]) -> dict:
     n = min(len(a), len(b))
     rel = [abs(x - y) / abs(y) for x, y in zip(a[:n], b[:n]) if y]
     return {"steps": n, "max": max(rel), "mean": statistics.fmean(rel), "last10_mean": statistics.fmean(rel[-10:])}
+
+
+def clip_batch(built, shapes, device: torch.device):
+    return built.module.to_clip_batch(bench_a.synthetic_batch(shapes, device, torch.bfloat16))
+
+
+def timed_sample(model, clips, cfg, device: torch.device, steps: int) -> tuple[torch.Tensor, float]:
+    """``model`` (a ReconstructionModel) sampling ``clips`` from the fixed noise: latents (on the host), seconds."""
+    generator = torch.Generator(device="cpu").manual_seed(SAMPLE_SEED)
+    t0 = time.perf_counter()
+    latents = model.reconstruct(clips, cfg.model.diffusion, generator, torch.bfloat16, steps=steps)
+    sync(device)
+    return latents.float().cpu(), time.perf_counter() - t0
+
+
+@torch.no_grad()
+def play_sample(built, cfg, shapes, device: torch.device, steps: int, recipe: str) -> dict:
+    """The same sample through play's FP8 (``apply_play_fp8``: a copy of the decoder with its LoRA merged and
+    its base weights stored in float8 once, as the game and evaluation hold it)."""
+    from animegamer.models.fp8 import quantize_for_play
+
+    model = copy.deepcopy(built.module.model).eval()
+    if model.decoder.has_lora:  # a fresh adapter (B = 0): merging adds nothing
+        model.decoder.merge_lora()
+    names = quantize_for_play(model.decoder.transformer, recipe)
+    latents, seconds = timed_sample(model, clip_batch(built, shapes, device), cfg, device, steps)
+    del model
+    return {"latents": latents, "seconds": seconds, "float8_weights": len(names)}
 
 
 def main(argv=None) -> int:
@@ -247,6 +274,11 @@ def main(argv=None) -> int:
                 second = sample_and_loss(built, cfg, shapes, device, args.sample_steps, other)
                 samples["bf16-other"] = second["latents"]
                 row["fixed_t_losses_other_order"] = second["losses"]
+                if not args.tiny:  # torchao's float8 inference refuses CPUs
+                    play = play_sample(built, cfg, shapes, device, args.sample_steps, args.recipe)
+                    samples[PLAY] = play.pop("latents")
+                    report["variants"][PLAY] = {"recipe": args.recipe, "sample_s": play["seconds"],
+                                                "float8_weights": play["float8_weights"]}
             print(f"   sampled {args.sample_steps} steps in {first['seconds']:.1f} s; fixed-t losses "
                   f"{[round(x, 5) for x in first['losses']]}", flush=True)
             if device.type == "cuda":
@@ -283,6 +315,8 @@ def main(argv=None) -> int:
         compare["latents_rel_l2_bf16_vs_bf16_other_order"] = relative(samples["bf16-other"], samples[BF16])
     if FP8 in samples and BF16 in samples:
         compare["latents_rel_l2_fp8_vs_bf16"] = relative(samples[FP8], samples[BF16])
+    if PLAY in samples and BF16 in samples:
+        compare["latents_rel_l2_play_fp8_vs_bf16"] = relative(samples[PLAY], samples[BF16])
     rows = report["variants"]
     if "fixed_t_losses" in rows.get(FP8, {}) and "fixed_t_losses" in rows[BF16]:
         compare["fixed_t_loss_rel_fp8_vs_bf16"] = deviation(rows[FP8]["fixed_t_losses"], rows[BF16]["fixed_t_losses"])

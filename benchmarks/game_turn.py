@@ -223,7 +223,7 @@ class PredictOrFixed:
 
 def build_framework(args, cfg):
     """The framework's ``GameModels`` at ``cfg``'s sizes, random weights, on ``args.device`` in ``args.dtype``."""
-    from animegamer.game_models import GameModels, merge_for_play
+    from animegamer.game_models import GameModels, merge_for_play, renderer_for_play
     from animegamer.models.frozen_encoders import FrozenVAE
     from animegamer.models.reconstruction import ReconstructionModel
     from animegamer.phases.phase_b import PhaseB
@@ -234,9 +234,8 @@ def build_framework(args, cfg):
         renderer.decoder.add_lora()
         vae = FrozenVAE(cfg.model.encoders.vae, seed=cfg.model.encoders.seed, dtype=args.dtype)
     merge_for_play(mllm.model)  # what load_game_models does before play
-    merge_for_play(renderer.decoder)
     mllm = mllm.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
-    renderer = renderer.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
+    renderer, _ = renderer_for_play(renderer, args.device, args.dtype)  # model.decoder.fp8 included
     vae = vae.to(device=args.device, dtype=args.dtype)
     return GameModels(mllm=mllm, renderer=renderer, vae=vae, level_flow=LEVEL_FLOW, cfg=cfg,
                       sources={"benchmark": "random weights"})

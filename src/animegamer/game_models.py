@@ -105,6 +105,23 @@ def _frozen(module: torch.nn.Module, device, dtype) -> torch.nn.Module:
     return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
+def renderer_for_play(renderer, device, dtype, replica_device=None):
+    """``(renderer, replica)`` ready to play: the decoder's LoRA merged, frozen on ``device`` in ``dtype``,
+    a copy of the decoder on ``replica_device`` for the second guidance branch (None: no copy), then under
+    ``model.decoder.fp8`` each decoder's base weights stored in float8 (the copy is quantized on its own
+    device rather than copied in float8)."""
+    from animegamer.diffusion.cfg_parallel import replicate
+    from animegamer.models.fp8 import apply_play_fp8
+
+    merge_for_play(renderer.decoder)
+    renderer = _frozen(renderer, device, dtype)
+    replica = replicate(renderer.decoder, replica_device) if replica_device is not None else None
+    for decoder in (renderer.decoder, replica):
+        if decoder is not None:
+            apply_play_fp8(decoder)
+    return renderer, replica
+
+
 @torch.no_grad()
 def load_game_mllm(cfg: RunConfig, exports: Sequence[str | Path], device: torch.device, dtype: torch.dtype):
     """The game-state MLLM of ``cfg`` with ``exports`` loaded over it, ready to play (LoRA merged,
@@ -131,17 +148,19 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     eval mode, on ``device`` (CUDA when available) in ``dtype`` (bfloat16 on CUDA, float32 on CPU).
     """
     from animegamer.config.validate import ConfigError
-    from animegamer.diffusion.cfg_parallel import cfg_devices, replicate
+    from animegamer.diffusion.cfg_parallel import cfg_devices
     from animegamer.diffusion.step_cache import caching, check_sampling_cache
     from animegamer.models.decoder import check_decoder_compile
+    from animegamer.models.fp8 import check_decoder_fp8
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.models.reconstruction import build_reconstruction
 
     problems = check_decoder_compile(cfg.model.decoder, training=False)
     problems += check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
+    device = torch.device(device or default_device())
+    problems += check_decoder_fp8(cfg.model.decoder, device)
     if problems:
         raise ConfigError(problems)
-    device = torch.device(device or default_device())
     # refused here, before any build; with the step cache one GPU runs both branches (diffusion/step_cache.py)
     branch_devices = None if caching(cfg.model.diffusion) else cfg_devices(cfg.model.decoder.cfg_parallel, device)
     if dtype is None:
@@ -159,10 +178,8 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     renderer_exports = _as_list(renderer_export)
     if not renderer_exports and not cfg.model.decoder.official_checkpoint:
         raise ValueError("no renderer weights: give a phase (a) export or set model.decoder.official_checkpoint")
-    renderer = build_reconstruction(cfg, renderer_exports)
-    merge_for_play(renderer.decoder)
-    renderer = _frozen(renderer, device, dtype)
-    replica = replicate(renderer.decoder, branch_devices[1]) if branch_devices else None
+    renderer = build_reconstruction(cfg, renderer_exports, play=True)
+    renderer, replica = renderer_for_play(renderer, device, dtype, branch_devices[1] if branch_devices else None)
 
     vae = build_frozen_encoders(cfg.model.encoders, device=device, dtype=dtype, which=("vae",)).vae
     sources = {"mllm": mllm_exports, "renderer": renderer_exports, "device": str(device),

@@ -21,6 +21,13 @@ LoRA for play folds into the high-precision weight that ``Float8Linear`` keeps, 
 scales each row (CUTLASS's kernel, power-of-two scales; more accurate, slower). Float8 tensor cores
 need CUDA compute capability 8.9 (Ada, Hopper) or above; ``torch._scaled_mm`` needs the weight's
 sizes to be multiples of 16.
+
+Play (the game, evaluation) never trains, so it does not keep the bf16 weight and cast it at every call
+as ``Float8Linear`` does: :func:`apply_play_fp8` stores the same linears' weights in float8 once, after
+the LoRA merge and the cast (torchao's float8 inference: a weight with its scale, per tensor or per row,
+and the activation scaled at each call), which saves reading the bf16 weights and casting them every
+denoising step. The two paths round differently (e.g. per-row scales are not powers of two in play), so
+play's samples are measured against bf16 on their own (``benchmarks/fp8_decoder.py``'s ``play`` sample).
 """
 from __future__ import annotations
 
@@ -129,6 +136,49 @@ def convert_to_fp8(transformer: nn.Module, recipe: str, emulate: bool = False) -
 
     convert_to_float8_training(transformer, module_filter_fn=keep, config=float8_config(recipe, emulate))
     return chosen
+
+
+def play_granularity(recipe: str):
+    """torchao's inference granularity for ``recipe``: one scale per tensor or one per row."""
+    from torchao.quantization import PerRow, PerTensor
+
+    if recipe not in FP8_RECIPES or recipe == OFF:
+        raise ValueError(f"float8 recipe {recipe!r} is not one of {FP8_RECIPES[1:]}")
+    return PerTensor() if recipe == "tensorwise" else PerRow()
+
+
+def quantize_for_play(transformer: nn.Module, recipe: str) -> list[str]:
+    """Store the weights of the linears :func:`converts` picks as float8 (static, with their scales), in
+    place; returns their names. For frozen use only: the weights are no longer trainable parameters.
+    ``set_inductor_config=False``: torchao would otherwise switch on inductor's coordinate-descent tuning
+    for the whole process (longer compiles, for every model compiled after)."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, quantize_
+
+    chosen: list[str] = []
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if isinstance(module, nn.Linear) and converts(fqn):
+            chosen.append(fqn)
+            return True
+        return False
+
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=play_granularity(recipe), set_inductor_config=False)
+    quantize_(transformer, config, filter_fn=keep)
+    return chosen
+
+
+def apply_play_fp8(decoder: nn.Module) -> None:
+    """Play's ``model.decoder.fp8``: refuse where float8 cannot run, then quantize the frozen decoder's base
+    weights once. Called after the LoRA merge and the move to the playing device and dtype."""
+    dec = decoder.cfg
+    if not fp8_enabled(dec):
+        return
+    device = next(decoder.parameters()).device
+    problems = check_decoder_fp8(dec, device)
+    if problems:
+        raise ConfigError(problems)
+    names = quantize_for_play(decoder.transformer, dec.fp8)
+    logger.info("decoder: %d frozen linears hold float8 weights for play (%s scaling)", len(names), dec.fp8)
 
 
 def apply_decoder_fp8(decoder: nn.Module) -> None:

@@ -88,14 +88,15 @@ def export_holds_lora(export: str | Path) -> bool:
 
 
 def build_reconstruction(cfg: RunConfig, exports: Sequence[str | Path] = (),
-                         with_lora: Optional[bool] = None) -> ReconstructionModel:
+                         with_lora: Optional[bool] = None, play: bool = False) -> ReconstructionModel:
     """The reconstruction model of ``cfg``: seeded construction, the decoder's LoRA adapter when
     ``with_lora`` (None: when one of ``exports`` holds LoRA tensors), the official decoder checkpoint
     when the config names one, then each export (phase (a) or (c)) in order, each over the last.
 
     The adapter comes before the official import so that the official LoRA is kept as an adapter (not
     merged), and the exports come last because they hold what training changed. ``model.decoder.fp8``
-    converts the decoder's frozen base linears after all of them (:mod:`.fp8`)."""
+    converts the decoder's frozen base linears after all of them (:mod:`.fp8`), except for ``play``, where
+    the game's loader stores them in float8 once the LoRA is merged (:func:`.fp8.apply_play_fp8`)."""
     model = ReconstructionModel(cfg)
     if with_lora is None:
         with_lora = any(export_holds_lora(export) for export in exports)
@@ -105,7 +106,8 @@ def build_reconstruction(cfg: RunConfig, exports: Sequence[str | Path] = (),
         import_official_decoder(model, cfg.model.decoder.official_checkpoint)
     for export in exports:
         load_export(export, model)
-    apply_decoder_fp8(model.decoder)  # last: the LoRA wrappers and every weight are in place
+    if not play:
+        apply_decoder_fp8(model.decoder)  # last: the LoRA wrappers and every weight are in place
     return model
 
 
