@@ -35,6 +35,12 @@ def default_tokenizer() -> str:
     return str(next((p for p in TOKENIZER_PLACES if p.is_dir()), TOKENIZER_PLACES[0]))
 
 
+def add_tokenizer_argument(parser) -> None:
+    """``--tokenizer``, the same in every paper-size MLLM benchmark; :func:`official_tokenizer` checks it."""
+    parser.add_argument("--tokenizer", default=default_tokenizer(),
+                        help=f"official tokenizer folder (vocabulary 32,284), or '{BYTE_TOKENIZER}'")
+
+
 def official_tokenizer(given, tiny: bool, needed: bool = True) -> str:
     """The tokenizer folder of a paper-size run, or '' (the byte tokenizer) for tiny runs, ``--tokenizer
     byte`` and runs that build no MLLM (``needed`` false). A missing folder stops the benchmark: falling

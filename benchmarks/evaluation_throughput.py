@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _device import official_tokenizer, run_stamp  # noqa: E402
-from game_turn import (HISTORY_TURNS, STATES, TOKENIZER, SideTimeout, build_framework, compose,  # noqa: E402
+from _device import add_tokenizer_argument, official_tokenizer, run_stamp  # noqa: E402
+from game_turn import (HISTORY_TURNS, STATES, SideTimeout, build_framework, compose,  # noqa: E402
                        instruction, time_limit)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds (one turn of every game) per batch")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--deadline", type=int, default=220, help="seconds for the whole run, building included")
-    parser.add_argument("--tokenizer", default=TOKENIZER, help="official tokenizer folder, or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)

@@ -63,14 +63,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from _device import (building, compare, default_tokenizer, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
+from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
 from animegamer.config.compose import compose_config
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
 from animegamer.models.fp8 import FP8_RECIPES, OFF as FP8_OFF
 
-TOKENIZER = default_tokenizer()
 LEVEL_FLOW = {1: 0.5, 2: 2.5, 3: 10.0, 4: 15.0, 5: 40.0}
 STAGES = ("mllm", "sample", "vae_decode", "total")
 HISTORY_TURNS = 4  # + the new turn = the 5-turn window of phase (b)
@@ -467,7 +466,7 @@ def main() -> None:
     parser.add_argument("--side-timeout", type=int, default=0, help="seconds per side, building included")
     parser.add_argument("--deadline", type=int, default=0,
                         help="seconds for the whole run: a side also stops when it would pass this")
-    parser.add_argument("--tokenizer", default=TOKENIZER, help="official tokenizer folder (vocab 32284), or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--attention", nargs="+", default=None, choices=ATTENTION_BACKENDS,

@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _device import building, official_tokenizer, peaks, run_stamp  # noqa: E402
-from game_turn import (HISTORY_TURNS, STAGES, TOKENIZER, SideTimeout, build_framework, compose, instruction,  # noqa: E402
+from _device import add_tokenizer_argument, building, official_tokenizer, peaks, run_stamp  # noqa: E402
+from game_turn import (HISTORY_TURNS, STAGES, SideTimeout, build_framework, compose, instruction,  # noqa: E402
                        new_game, summarise, time_limit)
 
 from animegamer.diffusion.cfg_parallel import TwoDeviceCFG, replicate  # noqa: E402
@@ -305,7 +305,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also the compiled phase (and the VAE's)")
     parser.add_argument("--vae-reps", type=int, default=3)
     parser.add_argument("--deadline", type=int, default=200, help="seconds for the whole run (after imports)")
-    parser.add_argument("--tokenizer", default=TOKENIZER, help="official tokenizer folder, or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--reserve", type=int, default=60,
                         help="with --compile: seconds kept for the eager and VAE phases after the compiled one")
     parser.add_argument("--vae-only", action="store_true",

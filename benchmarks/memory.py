@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _device import default_tokenizer, official_tokenizer  # noqa: E402
+from _device import add_tokenizer_argument, official_tokenizer  # noqa: E402
 from strategies import PHASE_B, PRESETS, make_data, on_free_gpus, perf, save, stop_children, train  # noqa: E402  (benchmarks/ is not a package)
 
 BUDGETS_GB = (24, 48, 80, 141)
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--run-timeout", type=float, default=300)
     parser.add_argument("--work", type=Path, default=Path("/tmp/memory"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "memory.json")

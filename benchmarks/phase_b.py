@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from _device import (building, compare, default_tokenizer, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
+from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
 from animegamer.config.compose import compose_config
 from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
@@ -52,7 +52,6 @@ from animegamer.mllm.sequence import IGNORE_INDEX, Turn
 from animegamer.models.encoder import representation_tokens
 from animegamer.phases.common import make_optimizer
 
-TOKENIZER = default_tokenizer()
 PLAIN = ("plain", "plain+compile")  # eager with PyTorch's kernel order; the best plain configuration
 
 
@@ -255,8 +254,7 @@ def main() -> None:
                                                           "framework-sdpa:8:1", "framework-flex:4:0", "framework-flex:8:1"],
                         help="name:batch:gc triples; plain, plain+compile or framework-<attention>[+compile][+pack]")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--tokenizer", default=TOKENIZER,
-                        help="official tokenizer folder (its vocabulary, with the AnimeGamer tokens), or 'byte'")
+    add_tokenizer_argument(parser)
     args = parser.parse_args()
     args.tokenizer = official_tokenizer(args.tokenizer, args.tiny)
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"

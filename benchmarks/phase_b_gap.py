@@ -435,13 +435,13 @@ def save_part(args, key: str, value: dict) -> None:
 
 
 def main() -> None:
-    from _device import default_tokenizer, official_tokenizer
+    from _device import add_tokenizer_argument, official_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b", "c"])
     parser.add_argument("--tiny", action="store_true", help="CPU, tiny models: the logic of every part")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)  # part (a)'s loop process
-    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--data", type=Path, default=None, help="phase (b) shards (default: written under --work)")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)

@@ -211,7 +211,7 @@ def compare(reference: dict[int, float], other: dict[int, float]) -> dict:
 
 
 def main() -> None:
-    from _device import default_tokenizer, official_tokenizer
+    from _device import add_tokenizer_argument, official_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phases", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--batch", nargs="+", default=["a_joint=2", "b=4", "c=2"], help="global batch per phase")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--peak", type=float, default=0.0, help="bf16 TFLOP/s (0 = measure)")
-    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--run-timeout", type=float, default=900)
     parser.add_argument("--work", type=Path, default=Path("/tmp/strategies"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "strategies.json")

@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "benchmarks"), str(ROOT
 
 import strategies  # noqa: E402  (benchmarks/strategies.py: shards, overrides, launches, throughput)
 import two_nodes  # noqa: E402
-from _device import default_tokenizer, official_tokenizer, run_stamp  # noqa: E402
+from _device import add_tokenizer_argument, official_tokenizer, run_stamp  # noqa: E402
 from animegamer.training.checkpointing import checkpoint_step  # noqa: E402
 
 log = logging.getLogger("multinode_rehearsal")
@@ -265,7 +265,7 @@ def main() -> None:
                              "first (its save and resumed start-up times are recorded); 0: no kill")
     parser.add_argument("--steps", type=int, default=20, help="steps of each weak-scaling run")
     parser.add_argument("--samples", type=int, default=32)
-    parser.add_argument("--tokenizer", default=default_tokenizer(), help="official tokenizer folder, or 'byte'")
+    add_tokenizer_argument(parser)
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole driver")
     parser.add_argument("--estimate", type=float, default=90.0, help="seconds a weak-scaling run is assumed to take")
     parser.add_argument("--run-timeout", type=float, default=400.0)

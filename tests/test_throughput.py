@@ -172,3 +172,30 @@ def test_validation_videos_are_a_pause(monkeypatch):
     trainer = _fake_trainer(TrainerFn.FITTING)
     videos.on_train_batch_end(trainer, None, None, None, 0)
     assert paused_seconds(trainer) >= 0.2
+
+
+def test_per_step_numbers_are_logged_as_host_tensors():
+    """Lightning copies a logged Python number to the module's device, and the host waits for the GPU at
+    each copy: the throughput metrics and the skipped-sample count go to ``log`` as CPU tensors."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from animegamer.training.bad_data import BadDataBudget
+    from animegamer.training.throughput import Throughput
+
+    logged = {}
+
+    def log(name, value, **_kwargs):
+        logged[name] = value
+
+    module = SimpleNamespace(log=log, log_dict=lambda metrics, **kw: [log(k, v) for k, v in metrics.items()])
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[], global_step=3,
+                              strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
+    Throughput._emit(trainer, module, {"perf/step_s": 0.551, "perf/alloc_retries": 2})
+    BadDataBudget(budget=5).on_train_batch_start(trainer, module, {}, 0)
+    assert set(logged) == {"perf/step_s", "perf/alloc_retries", "data/skipped"}
+    for name, value in logged.items():
+        assert isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dtype == torch.float64, name
+    assert (float(logged["perf/step_s"]), float(logged["perf/alloc_retries"]), float(logged["data/skipped"])) == (
+        0.551, 2.0, 0.0)

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 from lightning.pytorch.callbacks import Callback
 
 from animegamer.data.indexed import SKIPPED
+from animegamer.training.host_values import host_scalar
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class BadDataBudget(Callback):
         # Any rank over budget stops all of them together (a lone rank raising would hang the rest).
         if trainer.strategy.reduce_boolean_decision(self.exceeded(), all=False):
             raise self.error()
-        pl_module.log("data/skipped", float(self.count), on_step=True, on_epoch=False, batch_size=1)
+        pl_module.log("data/skipped", host_scalar(self.count), on_step=True, on_epoch=False, batch_size=1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"budget": self.budget,

@@ -18,6 +18,8 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
+from animegamer.training.host_values import host_scalars
+
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (2 x forward)
 STARTUP_SECONDS, RESUMED = "perf/startup_s", "perf/resumed"
 PAUSED_SECONDS = "perf/paused_s"
@@ -138,7 +140,7 @@ class Throughput(L.Callback):
     def _emit(trainer, module, metrics: dict) -> None:
         # Straight to the loggers at this step (Lightning's own flush runs on its log_every_n_steps
         # cadence, which after a resume need not meet this one); callback_metrics get them too.
-        module.log_dict(metrics, rank_zero_only=True, logger=False)
+        module.log_dict(host_scalars(metrics), rank_zero_only=True, logger=False)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
