@@ -1,7 +1,8 @@
 #!/bin/bash
 # .device_wheels/ for the GPU machine, which has torch, transformers, peft, lightning and accelerate but no
 # network and none of the project's other packages: their wheels for its Python 3.12 (pure Python, or
-# manylinux x86_64; peft too, pinned to the version the project is tested with, over the image's own),
+# manylinux x86_64; peft too, pinned to the version the project is tested with, over the image's own;
+# torchao for model.decoder.fp8),
 # DeepSpeed built here as a wheel (PyPI has only its source), and the official tokenizer
 # from ../shared/reference (the benchmarks refuse paper-size MLLM runs without it). About 13 MB: carry it
 # with `carry: [".device_wheels"]`; scripts/device_env.sh installs it on the device.
@@ -15,7 +16,7 @@ WHERE=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -
 mkdir -p "$OUT"
 "$PIP" download -q "${WHERE[@]}" -d "$OUT" diffusers==0.42.1 hydra-core==1.3.8 omegaconf==2.3.1 peft==0.21.2 \
     importlib_metadata==8.7.0 webdataset==1.0.2 braceexpand==0.1.7 hjson==3.1.0 pydantic==2.14.4 \
-    pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5
+    pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 torchao==0.18.0
 # source-only on PyPI: built here; both are pure Python
 "$PIP" wheel -q --no-deps -w "$OUT" antlr4-python3-runtime==4.9.3
 "$PIP" wheel -q --no-deps --no-build-isolation -w "$OUT" deepspeed==0.19.8
