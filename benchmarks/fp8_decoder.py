@@ -190,22 +190,39 @@ def timed_sample(model, clips, cfg, device: torch.device, steps: int) -> tuple[t
     t0 = time.perf_counter()
     latents = model.reconstruct(clips, cfg.model.diffusion, generator, torch.bfloat16, steps=steps)
     sync(device)
-    return latents.float().cpu(), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    return latents.float().cpu(), seconds
 
 
 @torch.no_grad()
 def play_sample(built, cfg, shapes, device: torch.device, steps: int, recipe: str) -> dict:
-    """The same sample through play's FP8 (``apply_play_fp8``: a copy of the decoder with its LoRA merged and
-    its base weights stored in float8 once, as the game and evaluation hold it)."""
-    from animegamer.models.fp8 import quantize_for_play
+    """The same sample through play's FP8: a copy of the model held as the game holds its renderer
+    (``renderer_for_play``: LoRA merged, then ``apply_play_fp8`` stores the base weights in float8 once)."""
+    from torchao.quantization import Float8Tensor
 
-    model = copy.deepcopy(built.module.model).eval()
-    if model.decoder.has_lora:  # a fresh adapter (B = 0): merging adds nothing
-        model.decoder.merge_lora()
-    names = quantize_for_play(model.decoder.transformer, recipe)
+    from animegamer.game_models import renderer_for_play
+
+    model = copy.deepcopy(built.module.model)  # a fresh adapter (B = 0): merging it adds nothing
+    model.decoder.cfg = replace(model.decoder.cfg, fp8=recipe)
+    model, _ = renderer_for_play(model, device, torch.bfloat16)
+    stored = sum(isinstance(p, Float8Tensor) for p in model.decoder.transformer.parameters())
     latents, seconds = timed_sample(model, clip_batch(built, shapes, device), cfg, device, steps)
     del model
-    return {"latents": latents, "seconds": seconds, "float8_weights": len(names)}
+    return {"latents": latents, "seconds": seconds, "float8_weights": stored}
+
+
+def play_row(report: dict, built, cfg, shapes, device: torch.device, args) -> dict:
+    """``report["variants"][PLAY]`` from :func:`play_sample`; its latents by name, none if it failed (the
+    bf16 variant's training goes on either way)."""
+    row = report["variants"][PLAY] = {"recipe": args.recipe}
+    try:
+        play = play_sample(built, cfg, shapes, device, args.sample_steps, args.recipe)
+    except Exception as error:  # noqa: BLE001 - keep the other variants' numbers
+        traceback.print_exc()
+        row["error"] = repr(error)
+        return {}
+    row.update(sample_s=play["seconds"], float8_weights=play["float8_weights"])
+    return {PLAY: play["latents"]}
 
 
 def main(argv=None) -> int:
@@ -275,10 +292,7 @@ def main(argv=None) -> int:
                 samples["bf16-other"] = second["latents"]
                 row["fixed_t_losses_other_order"] = second["losses"]
                 if not args.tiny:  # torchao's float8 inference refuses CPUs
-                    play = play_sample(built, cfg, shapes, device, args.sample_steps, args.recipe)
-                    samples[PLAY] = play.pop("latents")
-                    report["variants"][PLAY] = {"recipe": args.recipe, "sample_s": play["seconds"],
-                                                "float8_weights": play["float8_weights"]}
+                    samples.update(play_row(report, built, cfg, shapes, device, args))
             print(f"   sampled {args.sample_steps} steps in {first['seconds']:.1f} s; fixed-t losses "
                   f"{[round(x, 5) for x in first['losses']]}", flush=True)
             if device.type == "cuda":

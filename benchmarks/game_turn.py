@@ -220,8 +220,10 @@ class PredictOrFixed:
         return Prediction(states, rep, tokens)
 
 
-def build_framework(args, cfg):
-    """The framework's ``GameModels`` at ``cfg``'s sizes, random weights, on ``args.device`` in ``args.dtype``."""
+def build_framework(args, cfg, replica_device=None):
+    """The framework's ``GameModels`` at ``cfg``'s sizes, random weights, on ``args.device`` in ``args.dtype``;
+    with ``replica_device``, the decoder's copy for the second guidance branch there (``cfg_replica``), as
+    ``load_game_models`` makes it."""
     from animegamer.game_models import GameModels, merge_for_play, renderer_for_play
     from animegamer.models.frozen_encoders import FrozenVAE
     from animegamer.models.reconstruction import ReconstructionModel
@@ -234,10 +236,10 @@ def build_framework(args, cfg):
         vae = FrozenVAE(cfg.model.encoders.vae, seed=cfg.model.encoders.seed, dtype=args.dtype)
     merge_for_play(mllm.model)  # what load_game_models does before play
     mllm = mllm.to(device=args.device, dtype=args.dtype).eval().requires_grad_(False)
-    renderer, _ = renderer_for_play(renderer, args.device, args.dtype)  # model.decoder.fp8 included
+    renderer, replica = renderer_for_play(renderer, args.device, args.dtype, replica_device)  # fp8 included
     vae = vae.to(device=args.device, dtype=args.dtype)
     return GameModels(mllm=mllm, renderer=renderer, vae=vae, level_flow=LEVEL_FLOW, cfg=cfg,
-                      sources={"benchmark": "random weights"})
+                      sources={"benchmark": "random weights"}, cfg_replica=replica)
 
 
 def new_game(args, cfg, models):

@@ -54,7 +54,7 @@ from _device import add_tokenizer_argument, building, official_tokenizer, peaks,
 from game_turn import (HISTORY_TURNS, STAGES, SideTimeout, build_framework, compose, instruction,  # noqa: E402
                        new_game, summarise, time_limit)
 
-from animegamer.diffusion.cfg_parallel import TwoDeviceCFG, replicate  # noqa: E402
+from animegamer.diffusion.cfg_parallel import TwoDeviceCFG  # noqa: E402
 from animegamer.diffusion.sampler import sample  # noqa: E402
 from animegamer.models.frozen_encoders import conv3d_memory_format  # noqa: E402
 
@@ -348,8 +348,8 @@ def main() -> None:
     args.save = save
     cfg = compose(args)
     t0 = time.perf_counter()
-    models = build_vae(args, cfg) if args.vae_only else build_framework(args, cfg)
-    replica = None if args.vae_only else replicate(models.renderer.decoder, args.devices[1])
+    models = build_vae(args, cfg) if args.vae_only else build_framework(args, cfg, replica_device=args.devices[1])
+    replica = None if args.vae_only else models.cfg_replica
     sync_all(args.devices)
     results["build_s"] = round(time.perf_counter() - t0, 1)
     save()

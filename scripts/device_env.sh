@@ -2,7 +2,7 @@
 # the wheels in $WHEELS (default .device_wheels, built by scripts/device_wheels.sh) into /tmp/site, and
 # keep NVLink multicast off (on a shared host it can take every GPU out of service). Sets $PYTHON.
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import hydra, omegaconf, diffusers, webdataset, deepspeed" 2>/dev/null; then
+if ! "$PYTHON" -c "import hydra, omegaconf, diffusers, webdataset, deepspeed, torchao" 2>/dev/null; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         "${WHEELS:-.device_wheels}"/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

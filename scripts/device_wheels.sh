@@ -4,7 +4,7 @@
 # manylinux x86_64; peft too, pinned to the version the project is tested with, over the image's own;
 # torchao for model.decoder.fp8),
 # DeepSpeed built here as a wheel (PyPI has only its source), and the official tokenizer
-# from ../shared/reference (the benchmarks refuse paper-size MLLM runs without it). About 13 MB: carry it
+# from ../shared/reference (the benchmarks refuse paper-size MLLM runs without it). About 16 MB: carry it
 # with `carry: [".device_wheels"]`; scripts/device_env.sh installs it on the device.
 #   bash scripts/device_wheels.sh      # after scripts/setup.sh (DeepSpeed's wheel is built with .venv's torch)
 set -euo pipefail

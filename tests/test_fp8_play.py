@@ -96,19 +96,61 @@ def test_play_stores_exactly_the_frozen_base_weights_in_float8(recipe, cpu_float
     assert 1e-3 < relative(out, ref) < 0.05
 
 
-def test_the_guidance_replica_is_quantized_on_its_own(cpu_float8):
+def test_the_guidance_replica_is_quantized_on_its_own(cpu_float8, monkeypatch):
+    """The replica is copied from the bf16 decoder and quantized where it lives (not a deep copy of float8
+    weights), and holds the same float8 values and scales: both branches compute what one device would."""
+    from animegamer.diffusion import cfg_parallel
+
+    copied = []
+    real_replicate = cfg_parallel.replicate
+
+    def spy(decoder, device):
+        copied.append(sum(isinstance(p, Float8Tensor) for p in decoder.parameters()))
+        return real_replicate(decoder, device)
+
+    monkeypatch.setattr(cfg_parallel, "replicate", spy)
     model, _, renderer_for_play = merged_renderer("tensorwise")
     renderer, replica = renderer_for_play(model, "cpu", torch.bfloat16, replica_device="cpu")
+    assert copied == [0]  # copied before any weight was float8
     assert replica is not None and replica is not renderer.decoder
     ours = dict(renderer.decoder.named_parameters())
     theirs = dict(replica.named_parameters())
     assert ours.keys() == theirs.keys()
     quantized = [n for n, p in theirs.items() if isinstance(p, Float8Tensor)]
     assert len(quantized) == 12 and all(isinstance(ours[n], Float8Tensor) for n in quantized)
-    for name in quantized:  # the same float8 values and scales: both branches compute what one device would
+    for name in quantized:
         assert ours[name].qdata is not theirs[name].qdata
         assert torch.equal(ours[name].qdata.view(torch.uint8), theirs[name].qdata.view(torch.uint8))
         assert torch.equal(ours[name].scale, theirs[name].scale)
+
+
+def test_quantize_for_play_names_only_the_weights_it_stored(cpu_float8):
+    """torchao leaves a weight ``torch._scaled_mm`` cannot take (a size not a multiple of 16) in its dtype:
+    such a linear is not reported as float8."""
+    block = nn.ModuleDict({"transformer_blocks": nn.ModuleList([nn.ModuleDict({
+        "ff": nn.ModuleDict({"net": nn.ModuleList([nn.ModuleDict({"proj": nn.Linear(32, 48)}), nn.Identity(),
+                                                   nn.Linear(48, 40)])})})])}).bfloat16()
+    assert fp8.quantize_for_play(block, "tensorwise") == ["transformer_blocks.0.ff.net.0.proj"]
+    assert not isinstance(block.transformer_blocks[0].ff.net[2].weight, Float8Tensor)  # 40 rows: left as it was
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rowwise_play_refuses_other_dtypes_than_bfloat16(dtype, cpu_float8):
+    dec = tiny_cfg("model.decoder.fp8=rowwise").model.decoder
+    assert fp8.check_play_fp8(dec, [torch.device("cuda")], dtype) == [
+        f"model.decoder.fp8='rowwise' plays with bfloat16 weights (torchao's per-row float8), not "
+        f"{str(dtype).removeprefix('torch.')}; play in bfloat16 or use tensorwise"]
+    assert fp8.check_play_fp8(dec, [torch.device("cuda")], torch.bfloat16) == []
+    assert fp8.check_play_fp8(replace_fp8(dec, "tensorwise"), [torch.device("cuda")], dtype) == []
+    model, _, renderer_for_play = merged_renderer("rowwise")
+    with pytest.raises(ConfigError, match="plays with bfloat16 weights"):
+        renderer_for_play(model, "cpu", dtype)
+
+
+def replace_fp8(dec, recipe: str):
+    from dataclasses import replace
+
+    return replace(dec, fp8=recipe)
 
 
 def test_play_without_fp8_keeps_bf16_weights():
@@ -133,8 +175,8 @@ def test_game_loader_refuses_fp8_on_cpu_before_building(monkeypatch):
     monkeypatch.setattr(reconstruction, "build_reconstruction", lambda *a, **k: pytest.fail("built before refusing"))
     with pytest.raises(ConfigError) as refused:
         load_game_models(tiny_cfg("model.decoder.fp8=rowwise"), None, None, LEVEL_FLOW, device="cpu")
-    assert "model.decoder.fp8='rowwise': float8 matmuls need a CUDA GPU (found none); set model.decoder.fp8=off" \
-        in str(refused.value)
+    assert "model.decoder.fp8='rowwise': float8 matmuls need a CUDA GPU (this run plays on cpu); set " \
+        "model.decoder.fp8=off" in str(refused.value)
 
 
 def test_game_turn_benchmark_plays_with_the_loaders_fp8(monkeypatch, cpu_float8):

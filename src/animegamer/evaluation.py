@@ -202,16 +202,20 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
 
     from animegamer.data.phase_a import FEATURES, phase_a_dataset
     from animegamer.metrics.setup import describe_setup
+    from animegamer.game_models import default_device, play_dtype, renderer_for_play
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.models.reconstruction import ClipBatch, build_reconstruction
     from animegamer.utils.randomness import step_generator
 
     e = cfg.evaluation
-    model = build_reconstruction(cfg, [e.reconstruction_export]).eval()
+    # held as the game holds its renderer: on the playing device, LoRA merged, model.decoder.fp8 as in play
+    device = torch.device(default_device())
+    model, _ = renderer_for_play(build_reconstruction(cfg, [e.reconstruction_export], play=True), device,
+                                 play_dtype(device))
     param = next(model.parameters())
     # The held-out clips' feature shards, read as phase (a) reads them (whichever phase cfg names).
     run = replace(cfg, phase=PhaseAConfig(input=FEATURES))
-    vae = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae
+    vae = build_frozen_encoders(cfg.model.encoders, device=device, dtype=param.dtype, which=("vae",)).vae
     dataset = phase_a_dataset(run, "val")
     count = min(e.reconstruction_clips, len(dataset))
     keys = [dataset.locations[i].key for i in range(count)]
@@ -219,13 +223,14 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     items = [dataset[index] for index in range(count)]
 
     def pixels(latents: torch.Tensor) -> np.ndarray:
-        return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+        return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
 
     def reconstructed(index: int, source: int) -> torch.Tensor:
         """Latents (1, T', C, H, W) of clip ``index`` (its latent shape, motion scope and noise) sampled from
         clip ``source``'s representation: the same noise either way, so only the conditioning differs."""
         own, other = items[index], items[source]
-        clips = ClipBatch(own["latents"][None], other["text"][None], other["image"][None], own["flow"][None])
+        clips = ClipBatch(own["latents"][None], other["text"][None].to(device, param.dtype),
+                          other["image"][None].to(device, param.dtype), own["flow"][None].to(device))
         with torch.no_grad():
             return model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
                                      e.sampling_steps)

@@ -93,6 +93,11 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def play_dtype(device: torch.device) -> torch.dtype:
+    """Play's default dtype: bfloat16 on CUDA, float32 elsewhere."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def merge_for_play(model) -> None:
     """Playing never trains: fold a LoRA adapter (MLLM or decoder) into its weights, in float32 before
     the cast: one matmul per projection instead of three (the unmerged MLLM stage measured 2.2x the
@@ -151,20 +156,20 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     from animegamer.diffusion.cfg_parallel import cfg_devices
     from animegamer.diffusion.step_cache import caching, check_sampling_cache
     from animegamer.models.decoder import check_decoder_compile
-    from animegamer.models.fp8 import check_decoder_fp8
+    from animegamer.models.fp8 import check_play_fp8, fp8_enabled, refuse
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.models.reconstruction import build_reconstruction
 
     problems = check_decoder_compile(cfg.model.decoder, training=False)
     problems += check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
-    device = torch.device(device or default_device())
-    problems += check_decoder_fp8(cfg.model.decoder, device)
     if problems:
         raise ConfigError(problems)
+    device = torch.device(device or default_device())
     # refused here, before any build; with the step cache one GPU runs both branches (diffusion/step_cache.py)
     branch_devices = None if caching(cfg.model.diffusion) else cfg_devices(cfg.model.decoder.cfg_parallel, device)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = dtype or play_dtype(device)
+    if fp8_enabled(cfg.model.decoder):
+        refuse(check_play_fp8(cfg.model.decoder, branch_devices or [device], dtype))
     level_flow = check_level_flow(level_flow)
     from animegamer.config.trained_data import at_clip_size, renderer_clip_size
 

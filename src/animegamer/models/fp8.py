@@ -15,7 +15,8 @@ first call of the compiled transformer (``torch.compile`` traces at the first ca
 float8 modules). torchao's casts are fast only compiled, and only compiled is the weight-gradient
 product of a frozen weight, which torchao's backward always forms, dropped as unused (the backward
 graph of a frozen ``Float8Linear`` holds one product, the input gradient; tests/test_fp8.py). Merging
-LoRA for play folds into the high-precision weight that ``Float8Linear`` keeps, as for a plain Linear.
+LoRA into a converted model folds into the high-precision weight that ``Float8Linear`` keeps, as for a
+plain Linear.
 
 ``tensorwise`` scales each tensor by one factor (cuBLAS's float8 kernel, the fastest); ``rowwise``
 scales each row (CUTLASS's kernel, power-of-two scales; more accurate, slower). Float8 tensor cores
@@ -27,14 +28,15 @@ as ``Float8Linear`` does: :func:`apply_play_fp8` stores the same linears' weight
 the LoRA merge and the cast (torchao's float8 inference: a weight with its scale, per tensor or per row,
 and the activation scaled at each call), which saves reading the bf16 weights and casting them every
 denoising step. The two paths round differently (e.g. per-row scales are not powers of two in play), so
-play's samples are measured against bf16 on their own (``benchmarks/fp8_decoder.py``'s ``play`` sample).
+play's samples are measured against bf16 on their own (``benchmarks/fp8_decoder.py``'s ``play_fp8``
+sample). torchao's per-row weights must be bfloat16, so ``rowwise`` play refuses other dtypes.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import logging
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -72,7 +74,9 @@ def converted_widths(dec: "DecoderConfig") -> dict[str, int]:
 
 def fp8_device_problem(device: Optional[torch.device] = None) -> Optional[str]:
     """Why float8 matmuls cannot run on ``device`` (default: the current CUDA device), or None."""
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+    if device is not None and torch.device(device).type != "cuda":
+        return f"float8 matmuls need a CUDA GPU (this run plays on {torch.device(device)})"
+    if not torch.cuda.is_available():
         return "float8 matmuls need a CUDA GPU (found none)"
     index = torch.device(device).index if device is not None else None
     capability = torch.cuda.get_device_capability(index)
@@ -101,12 +105,38 @@ def check_decoder_fp8(dec: "DecoderConfig", device: Optional[torch.device] = Non
     return problems
 
 
+def check_play_fp8(dec: "DecoderConfig", devices: Sequence[torch.device], dtype: torch.dtype) -> list[str]:
+    """:func:`check_decoder_fp8` for every device a decoder plays on, and ``rowwise``'s bfloat16 weights."""
+    problems = [p for device in devices for p in check_decoder_fp8(dec, device)]
+    if dec.fp8 == "rowwise" and dtype != torch.bfloat16:
+        problems.append(f"model.decoder.fp8='rowwise' plays with bfloat16 weights (torchao's per-row float8), "
+                        f"not {str(dtype).removeprefix('torch.')}; play in bfloat16 or use tensorwise")
+    return list(dict.fromkeys(problems))  # the same device twice is one problem
+
+
 def converts(fqn: str) -> bool:
     """Whether the Linear at ``fqn`` (inside the diffusers transformer) is one of the converted ones."""
     if not fqn.startswith(BLOCKS) or is_lora_name(fqn):
         return False
     path = fqn.removesuffix(PEFT_BASE.rstrip("."))  # peft keeps the wrapped Linear as ``<target>.base_layer``
     return path.endswith(tuple("." + target for target in BLOCK_TARGETS))
+
+
+def checked_recipe(recipe: str) -> str:
+    if recipe not in FP8_RECIPES or recipe == OFF:
+        raise ValueError(f"float8 recipe {recipe!r} is not one of {FP8_RECIPES[1:]}")
+    return recipe
+
+
+def picker(chosen: list[str]) -> Callable[[nn.Module, str], bool]:
+    """torchao's module filter for the linears :func:`converts` names, noting each in ``chosen``."""
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if isinstance(module, nn.Linear) and converts(fqn):
+            chosen.append(fqn)
+            return True
+        return False
+
+    return keep
 
 
 def float8_config(recipe: str, emulate: bool = False):
@@ -124,17 +154,9 @@ def convert_to_fp8(transformer: nn.Module, recipe: str, emulate: bool = False) -
     names (module paths). Parameters and their names are unchanged."""
     from torchao.float8 import convert_to_float8_training
 
-    if recipe not in FP8_RECIPES or recipe == OFF:
-        raise ValueError(f"float8 recipe {recipe!r} is not one of {FP8_RECIPES[1:]}")
     chosen: list[str] = []
-
-    def keep(module: nn.Module, fqn: str) -> bool:
-        if converts(fqn):
-            chosen.append(fqn)
-            return True
-        return False
-
-    convert_to_float8_training(transformer, module_filter_fn=keep, config=float8_config(recipe, emulate))
+    convert_to_float8_training(transformer, module_filter_fn=picker(chosen),
+                               config=float8_config(checked_recipe(recipe), emulate))
     return chosen
 
 
@@ -142,29 +164,21 @@ def play_granularity(recipe: str):
     """torchao's inference granularity for ``recipe``: one scale per tensor or one per row."""
     from torchao.quantization import PerRow, PerTensor
 
-    if recipe not in FP8_RECIPES or recipe == OFF:
-        raise ValueError(f"float8 recipe {recipe!r} is not one of {FP8_RECIPES[1:]}")
-    return PerTensor() if recipe == "tensorwise" else PerRow()
+    return PerTensor() if checked_recipe(recipe) == "tensorwise" else PerRow()
 
 
 def quantize_for_play(transformer: nn.Module, recipe: str) -> list[str]:
     """Store the weights of the linears :func:`converts` picks as float8 (static, with their scales), in
-    place; returns their names. For frozen use only: the weights are no longer trainable parameters.
+    place; returns the names of those whose weight is float8 now (torchao leaves a weight whose sizes
+    ``torch._scaled_mm`` cannot take as it was). For frozen use only: the weights no longer train.
     ``set_inductor_config=False``: torchao would otherwise switch on inductor's coordinate-descent tuning
     for the whole process (longer compiles, for every model compiled after)."""
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, quantize_
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8Tensor, quantize_
 
     chosen: list[str] = []
-
-    def keep(module: nn.Module, fqn: str) -> bool:
-        if isinstance(module, nn.Linear) and converts(fqn):
-            chosen.append(fqn)
-            return True
-        return False
-
     config = Float8DynamicActivationFloat8WeightConfig(granularity=play_granularity(recipe), set_inductor_config=False)
-    quantize_(transformer, config, filter_fn=keep)
-    return chosen
+    quantize_(transformer, config, filter_fn=picker(chosen))
+    return [name for name in chosen if isinstance(transformer.get_submodule(name).weight, Float8Tensor)]
 
 
 def apply_play_fp8(decoder: nn.Module) -> None:
@@ -173,12 +187,15 @@ def apply_play_fp8(decoder: nn.Module) -> None:
     dec = decoder.cfg
     if not fp8_enabled(dec):
         return
-    device = next(decoder.parameters()).device
-    problems = check_decoder_fp8(dec, device)
-    if problems:
-        raise ConfigError(problems)
+    weight = next(decoder.transformer.parameters())
+    refuse(check_play_fp8(dec, [weight.device], weight.dtype))
     names = quantize_for_play(decoder.transformer, dec.fp8)
     logger.info("decoder: %d frozen linears hold float8 weights for play (%s scaling)", len(names), dec.fp8)
+
+
+def refuse(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(problems)
 
 
 def apply_decoder_fp8(decoder: nn.Module) -> None:
@@ -187,9 +204,7 @@ def apply_decoder_fp8(decoder: nn.Module) -> None:
     dec = decoder.cfg
     if not fp8_enabled(dec):
         return
-    problems = check_decoder_fp8(dec)
-    if problems:
-        raise ConfigError(problems)
+    refuse(check_decoder_fp8(dec))
     names = convert_to_fp8(decoder.transformer, dec.fp8)
     logger.info("decoder: %d frozen linears run float8 matmuls (%s scaling)", len(names), dec.fp8)
     if not dec.compile:
