@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.schema import NUM_MOTION_LEVELS, EncodersConfig, PipelineConfig
 
 # decord 0.6 copies decoded frames with a 16-pixel-aligned line size: other widths fail to decode.
