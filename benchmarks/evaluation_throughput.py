@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _device import add_tokenizer_argument, official_tokenizer, run_stamp  # noqa: E402
+from animegamer.game_models import play_dtype  # noqa: E402
 from game_turn import (HISTORY_TURNS, STATES, SideTimeout, build_framework, compose,  # noqa: E402
                        instruction, time_limit)
 
@@ -157,7 +158,7 @@ def main() -> None:
     args.attention, args.compile, args.compile_mode, args.vae_cudnn_benchmark, args.mllm_compile = (
         None, False, "default", False, False)
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
-    args.dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    args.dtype = play_dtype(args.device)
     if args.tiny:
         args.steps = 2
     folder = Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS

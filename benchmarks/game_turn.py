@@ -65,7 +65,8 @@ from omegaconf import OmegaConf
 
 from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import compose_config  # noqa: E402
+from animegamer.game_models import play_dtype  # noqa: E402
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
 from animegamer.models.fp8 import FP8_RECIPES, OFF as FP8_OFF
@@ -495,7 +496,7 @@ def main() -> None:
         parser.error("--compile-mode applies to --compile only")
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     if args.dtype == "auto":
-        args.dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+        args.dtype = play_dtype(args.device)
     else:
         args.dtype = getattr(torch, args.dtype)
     if args.tiny:

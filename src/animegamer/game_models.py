@@ -156,7 +156,7 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     from animegamer.diffusion.cfg_parallel import cfg_devices
     from animegamer.diffusion.step_cache import caching, check_sampling_cache
     from animegamer.models.decoder import check_decoder_compile
-    from animegamer.models.fp8 import check_play_fp8, fp8_enabled, refuse
+    from animegamer.models.fp8 import check_play_fp8, refuse
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.models.reconstruction import build_reconstruction
 
@@ -168,8 +168,7 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     # refused here, before any build; with the step cache one GPU runs both branches (diffusion/step_cache.py)
     branch_devices = None if caching(cfg.model.diffusion) else cfg_devices(cfg.model.decoder.cfg_parallel, device)
     dtype = dtype or play_dtype(device)
-    if fp8_enabled(cfg.model.decoder):
-        refuse(check_play_fp8(cfg.model.decoder, branch_devices or [device], dtype))
+    refuse(check_play_fp8(cfg.model.decoder, branch_devices or [device], dtype))  # nothing to check when off
     level_flow = check_level_flow(level_flow)
     from animegamer.config.trained_data import at_clip_size, renderer_clip_size
 
