@@ -1,6 +1,6 @@
 # Sourced by the known-answer device scripts (scripts/known_answer_gpu*.sh): installs the wheels the H200 host
-# lacks from WHEELS (default .device_wheels_ka, git-ignored; see scripts/known_answer_gpu.sh for the list
-# and how to download them) and checks that every package the benchmark imports is there.
+# lacks from WHEELS (default .device_wheels_ka, git-ignored; written by
+# `bash scripts/device_wheels.sh known_answer`) and checks that every package the benchmark imports is there.
 WHEELS=${WHEELS:-.device_wheels_ka}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$WHEELS"/*.whl || exit 1

@@ -2,9 +2,7 @@
 # The known-answer learning benchmark on one GPU of the lent H200 machine, in two calls (see below):
 #   bash scripts/known_answer_gpu.sh [overrides for every stage, e.g. phase.max_steps=800]
 # carrying WHEELS (default .device_wheels_ka, git-ignored): the wheels the device lacks, for Python 3.12
-# (diffusers, hydra-core, omegaconf, antlr4-python3-runtime, webdataset, braceexpand, decord, peft,
-# importlib-metadata, av, scenedetect, platformdirs; `pip download --no-deps --only-binary=:all:
-# --python-version 3.12 --platform manylinux_2_28_x86_64 -d .device_wheels_ka NAME==VERSION`, 55 MB). Writes to $OUT (at most 8 files): known_answer.json,
+# (55 MB, written by `bash scripts/device_wheels.sh known_answer`). Writes to $OUT (at most 8 files): known_answer.json,
 # known_answer.md, curves.png, gallery.png, the VAE's training.json, the evaluation's metrics.json and
 # report.md, and the log (of this call: known_answer.json is written once the benchmark finishes). Stage lengths: configs/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps)
 # and the VAE's max_seconds (animegamer/known_answer.py, SIZES["gpu"]); docs/plans/known_answer.md
