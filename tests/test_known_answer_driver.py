@@ -143,3 +143,15 @@ def test_rows_over_the_same_items_are_compared_item_by_item() -> None:
     rows[-1]["items"]["acc_f"]["targets"] = [4, 3, 2, 1]
     entry = comparisons(rows, {TRAINED: 4, RECONSTRUCTION: 0})["trained game: acc_f"]["other renderer"]
     assert entry["noise_kind"] == "independent" and entry["noise"] == pytest.approx((2 * 0.75 * 0.25 / 4) ** 0.5)
+
+
+def test_the_step_cache_compares_typical_turns_and_reads_older_evaluations() -> None:
+    """The cached and uncached games run in other processes: their median turns are compared, so the
+    first turn's warm-up does not count as a speed-up; an evaluation
+    written before medians were kept gives its mean."""
+    from animegamer.known_answer import typical_turn
+
+    median = {"mllm": 0.05, "sample": 0.15, "vae_decode": 0.01, "total": 0.21}
+    mean = {"mllm": 0.12, "sample": 0.16, "vae_decode": 0.02, "total": 0.30}
+    assert typical_turn({"seconds_per_stage": mean, "seconds_per_stage_median": median}) == median
+    assert typical_turn({"seconds_per_stage": mean}) == mean

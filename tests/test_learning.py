@@ -123,6 +123,7 @@ def test_the_step_cache_row_compares_its_clips_with_the_uncached_game(benchmark:
     record = benchmark["step_cache"]
     against = record["against_uncached"]
     assert against["turns"] == benchmark["turns"] and against["psnr_min"] == PSNR_CAP_DB, against
+    assert against["identical_turns"] == against["turns"], against
     assert _row(benchmark, STEP_CACHE.format(threshold=0.0)) == _row(benchmark, TRAINED)
     assert record["turn_speedup"] > 0 and record["seconds_per_stage"]["cached"]["sample"] > 0, record
 

@@ -187,9 +187,12 @@ def aggregate(cfg: RunConfig, turns: list, bins: dict, truth: dict[str, np.ndarr
         states = state_accuracy([t["result"].predicted for t in turns], [t["truth"]["states"] for t in turns])
         metrics.update(motion=motion, states=states, acc_f=available(motion["acc_f"]), mae_f=available(motion["mae_f"]),
                        acc_s=available(states["acc_s"]), mae_s=available(states["mae_s"]))
-        seconds = {s: statistics.mean(t["result"].timings.get(s, 0.0) for t in turns) for s in STAGES}
+        timings = {s: [t["result"].timings.get(s, 0.0) for t in turns] for s in STAGES}
+        seconds = {s: statistics.mean(values) for s, values in timings.items()}
         metrics["seconds_per_turn"] = available(seconds["total"])
         metrics["seconds_per_stage"] = seconds
+        # the typical turn: the first turns of a process also pay for warm-up (kernel choice, compiling)
+        metrics["seconds_per_stage_median"] = {s: statistics.median(values) for s, values in timings.items()}
     return metrics
 
 
