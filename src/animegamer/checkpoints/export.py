@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from animegamer.config.trained_data import TRAINED_DATA_KEY, trained_data_record
-from animegamer.utils.io import atomic_dir
+from animegamer.utils.io import atomic_dir, save_tensors
 from animegamer.utils.state import clean_name, require
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[
     config = meta.get("config")
     trained = trained_data_record(config) if isinstance(config, dict) else None
     with atomic_dir(folder) as tmp:
-        save_file(state, str(tmp / TRAINED_FILE))
+        save_tensors(state, tmp / TRAINED_FILE)
         record = {"format_version": FORMAT_VERSION, "tensors": len(state),
                   "parameters": int(sum(t.numel() for t in state.values())),
                   **({TRAINED_DATA_KEY: trained} if trained else {}), **meta}

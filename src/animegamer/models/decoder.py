@@ -314,7 +314,8 @@ class MotionScopeDecoder(nn.Module):
         ``state``: whole tensors gathered elsewhere (FSDP saves) under this module's parameter names,
         read instead of the (sharded) parameters; it must hold every tensor of the transformer."""
         from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
-        from safetensors.torch import save_file
+
+        from animegamer.utils.io import save_tensors
 
         if self.cfg.motion_scope or self.has_lora:
             raise RuntimeError("only a plain transformer is saved as a base: build it with "
@@ -333,7 +334,7 @@ class MotionScopeDecoder(nn.Module):
         config["text_embed_dim"] = self.hidden  # the identity projection's input width
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(folder / SAFETENSORS_WEIGHTS_NAME), metadata={"format": "pt"})
+        save_tensors(tensors, folder / SAFETENSORS_WEIGHTS_NAME, metadata={"format": "pt"})
         (folder / _DIFFUSERS_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         logger.info("decoder base -> %s (%d tensors)", folder, len(tensors))
         return folder

@@ -102,12 +102,12 @@ def save_adapter(peft_module: nn.Module, folder: str | Path, names: Iterable[str
     ``names``: the LoRA parameters that must be saved. ``state``: whole tensors gathered elsewhere (FSDP
     saves) under ``prefix`` + the module's parameter names, read instead of the (sharded) parameters.
     ``peft_kwargs`` go to peft's ``get_peft_model_state_dict``."""
-    from safetensors.torch import save_file
+    from animegamer.utils.io import save_tensors
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = peft_adapter_state(peft_module, ADAPTER, state, prefix, names, **peft_kwargs)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(folder / WEIGHTS_FILE))
+    save_tensors({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, folder / WEIGHTS_FILE)
     peft_module.peft_config[ADAPTER].save_pretrained(str(folder))
     return folder
 

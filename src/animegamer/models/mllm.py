@@ -596,7 +596,7 @@ class GameStateMLLM(nn.Module):
         whole tensors gathered elsewhere (FSDP saves) under this module's clean parameter names, read
         instead of the (sharded) parameters.
         """
-        from safetensors.torch import save_file
+        from animegamer.utils.io import save_tensors
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -607,7 +607,7 @@ class GameStateMLLM(nn.Module):
         params = dict(self.named_parameters()) if state is None else state
         require(params, saved)
         modules = {canonical_name(clean_name(n)): params[clean_name(n)].detach().contiguous().cpu() for n in saved}
-        save_file(modules, str(folder / MODULES_FILE))
+        save_tensors(modules, folder / MODULES_FILE)
         meta = dict(rep_width=self.rep_width, num_query_tokens=self.num_query_tokens, vocab_size=self.vocab_size,
                     hidden_size=self.hidden, lora=self.has_lora, train_norms=self.cfg.train_norms,
                     train_embeddings=self.cfg.train_embeddings, train_base=self.cfg.train_base)

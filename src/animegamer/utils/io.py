@@ -15,6 +15,7 @@ import numpy as np
 
 _HASH_CHUNK = 1 << 20
 _FILE_MODE = 0o666
+_DIR_MODE = 0o777
 
 
 def _umask() -> int:
@@ -71,20 +72,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def share(folder: Path) -> None:
+    """``folder`` and what it holds readable as the umask allows: ``mkdtemp`` makes folders 0700 and
+    safetensors (diffusers' ``save_pretrained`` too) files 0600, which would hide exports from other users."""
+    mask = _umask()
+    for root, _, files in os.walk(folder):
+        os.chmod(root, _DIR_MODE & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), _FILE_MODE & ~mask)
+
+
 @contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Like :func:`atomic_path` for a folder: built under a temp name, renamed when complete."""
+    """Like :func:`atomic_path` for a folder: built under a temp name, renamed when complete (:func:`share`d)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     try:
         yield tmp
+        share(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_tensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file``, readable as the umask allows: safetensors creates its files 0600,
+    which on a shared cluster hides weights and exports from everyone but their writer."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, _FILE_MODE & ~_umask())
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
