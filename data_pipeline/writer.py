@@ -209,4 +209,19 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
         **extra_report,
     }
     write_json_atomic(root / REPORT, report)
+    if not clips:
+        raise_no_clips(root / REPORT, len(films), collected.skipped)
     return report
+
+
+def raise_no_clips(report_path: Path, inputs: int, skipped: list[dict]) -> None:
+    """Stop before any later step reads empty shards: which inputs were skipped and why (the report
+    holds the details); inputs that were read but gave no clip are shorter than one clip's window."""
+    from animegamer.errors import UserError
+
+    why = "; ".join(f"{s.get('path', s.get('film_id'))}: {s.get('reason')}" for s in skipped[:10])
+    read = inputs - len(skipped)
+    raise UserError(f"no clips from {inputs} input(s): {len(skipped)} skipped ({why or 'none'})"
+                    + (f", {read} read but too short or without a long enough shot for one clip "
+                       f"(pipeline.clips settings)" if read else "")
+                    + f"; details in {report_path}")

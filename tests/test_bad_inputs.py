@@ -38,3 +38,17 @@ def test_bad_inputs_reported_and_skipped_good_film_unaffected(toy_film, toy_run,
     assert report["counts"]["films"] == 1 and report["counts"]["skipped_inputs"] == len(bad_files)
     shards = sorted((output / "clips").glob("shard-*.tar"))
     assert [p.read_bytes() for p in shards] == [p.read_bytes() for p in sorted((toy_run[0] / "clips").glob("shard-*.tar"))]
+
+
+def test_only_bad_inputs_stop_with_each_reason_before_later_steps(toy_film, bad_files, tmp_path):
+    """Nothing usable among the inputs: the run stops with the skipped files and their reasons (no
+    traceback from a later step reading empty shards), after writing report.json."""
+    from animegamer.errors import UserError
+
+    output = tmp_path / "run"
+    with pytest.raises(UserError, match="no clips from") as caught:
+        run_pipeline(pipeline_overrides(output, list(bad_files.values()), toy_film.captions_path,
+                                        "pipeline.steps=[process,finalize,sessions]"))
+    message = str(caught.value)
+    assert all(str(p.resolve()) in message for p in bad_files.values()) and "report.json" in message, message
+    assert json.loads((output / "report.json").read_text())["counts"]["skipped_inputs"] == len(bad_files)

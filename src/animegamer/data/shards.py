@@ -57,7 +57,9 @@ def decode_sample(sample: dict, video: bool = True) -> dict:
 
 
 def iter_samples(urls: Sequence[str], video: bool = True) -> Iterator[dict]:
-    """Every sample of ``urls`` once, in order, decoded (precompute, evaluation, tests)."""
+    """Every sample of ``urls`` once, in order, decoded (precompute, evaluation, tests); none without urls."""
+    if not urls:
+        return
     dataset = wds.WebDataset(list(urls), shardshuffle=False, nodesplitter=None, empty_check=False)
     for sample in dataset:
         yield decode_sample(sample, video=video)
