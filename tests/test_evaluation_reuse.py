@@ -68,3 +68,28 @@ def test_a_replay_cut_short_leaves_no_valid_record(played, tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         evaluate_or_reuse(_config(tmp_path, "evaluation.turns=3"))
     assert not (tmp_path / "eval" / RECORD_FILE).exists()  # the old metrics may be half overwritten
+
+
+def test_an_evaluation_played_by_evaluate_py_invalidates_the_record(played, tmp_path, monkeypatch):
+    """``evaluate.py`` plays into the same folder with other settings (e.g. fewer games): the recipe's
+    next run must play again, not read back metrics the record no longer describes."""
+    from omegaconf import OmegaConf
+
+    from animegamer import evaluation
+
+    _export(tmp_path / "c", b"renderer")
+    evaluate_or_reuse(_config(tmp_path))
+    assert (tmp_path / "eval" / RECORD_FILE).exists()
+
+    class Played(Exception):
+        pass
+
+    def stop(*_):  # where the real evaluation starts playing: the record must be gone by then
+        raise Played
+
+    monkeypatch.setattr(evaluation, "held_out_games", stop)
+    with pytest.raises(Played):
+        evaluation.evaluate(OmegaConf.to_object(_config(tmp_path, "evaluation.games=1")))
+    assert not (tmp_path / "eval" / RECORD_FILE).exists()
+    evaluate_or_reuse(_config(tmp_path))
+    assert len(played) == 2  # played again, not read back

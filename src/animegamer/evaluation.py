@@ -356,9 +356,12 @@ def evaluate(cfg: RunConfig) -> dict:
     from animegamer.metrics.judge import judge_report_games
     from animegamer.metrics.report import write_report
 
+    from animegamer.evaluation_reuse import forget_record
+
     e = cfg.evaluation
     out = Path(e.out)
     out.mkdir(parents=True, exist_ok=True)
+    forget_record(out)  # what is played now replaces the metrics an earlier record vouched for
     benchmark = json.loads(Path(e.benchmark).read_text()) if e.benchmark else held_out_games(cfg)
     (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
     manifest = clip_manifest(cfg.data.root, cfg.data.clips)

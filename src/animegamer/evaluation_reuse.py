@@ -45,6 +45,12 @@ def evaluation_fingerprint(composed) -> str:
     return fingerprint(config, exports, clip_manifest_sha256(composed.data.root, composed.data.clips))
 
 
+def forget_record(out: Path) -> None:
+    """Invalidate ``out``'s record: every evaluation played into ``out`` (``evaluate.py`` too) calls this
+    first, so a later reuse never returns metrics another config overwrote."""
+    (out / RECORD_FILE).unlink(missing_ok=True)
+
+
 def evaluate_or_reuse(composed) -> dict:
     """``evaluation.run(composed)``'s result: read back when this evaluation already ran to its end with
     the same fingerprint, else played (and its record written after its metrics)."""
@@ -57,7 +63,7 @@ def evaluate_or_reuse(composed) -> dict:
         log.info("evaluation: reused %s (same config, exports and clips)", out)
         metrics = json.loads((out / METRICS_FILE).read_text())["metrics"]
         return {"metrics": metrics, "files": record["files"], "out": str(out)}
-    (out / RECORD_FILE).unlink(missing_ok=True)  # a replay cut short must not leave the old record valid
+    forget_record(out)  # a replay cut short must not leave the old record valid
     report = run_evaluation(composed)
     write_json_atomic(out / RECORD_FILE, {"fingerprint": fp, "files": report["files"]})
     return report
