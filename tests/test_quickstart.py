@@ -57,7 +57,7 @@ def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
     root, _ = quickstart
     film = make_toy_film(tmp_path / "film_b", film_id="second_film", variant=1)
     summary = finetune(["--film", str(film.video_path), "--captions", str(film.captions_path), "--from", str(root),
-                        "--out", str(tmp_path / "ft"), "--model", "tiny", "--steps", "6", "6", "6", "--constrained-states"])
+                        "--out", str(tmp_path / "ft"), "--steps", "6", "6", "6", "--constrained-states"])  # tiny: read
     assert summary["phase a start"] == str(root / "a_joint" / "export")  # no warm-up: starts from the old export
     clips = read_manifest(summary["clip shards"])
     # Cut at the size the quick start's exports were trained at (96x144), not the tiny preset's 480x720.
@@ -95,3 +95,15 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     assert metrics["reconstruction"]["clip_i"]["available"] and metrics["reconstruction"]["clips"] > 0
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert saved["metrics"]["clip_i"]["value"] == pytest.approx(metrics["clip_i"]["value"])
+
+
+def test_finetune_refuses_a_preset_the_exports_do_not_fit(quickstart, tmp_path):
+    """The quick start's exports are the tiny preset's: ``--model paper`` stops before the pipeline runs."""
+    from animegamer.errors import UserError
+    from animegamer.finetune import main as finetune
+
+    root, _ = quickstart
+    with pytest.raises(UserError, match="trained with model=tiny"):
+        finetune(["--film", str(tmp_path / "none.mp4"), "--captions", str(tmp_path / "c.jsonl"), "--from", str(root),
+                  "--out", str(tmp_path / "ft"), "--model", "paper"])
+    assert not (tmp_path / "ft").exists()

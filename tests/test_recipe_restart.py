@@ -49,3 +49,13 @@ def test_a_changed_setting_still_stops_the_stage(tmp_path, monkeypatch, reasons)
         recipe.train_stage(["phase=c", f"output_dir={out}"])
     assert len(calls) == 1 and (out / "checkpoints" / "step-0000002.ckpt").exists()
     assert not list(tmp_path.glob("c.superseded-*"))
+
+
+def test_an_evaluation_that_played_no_turn_is_an_error_in_the_log(caplog):
+    """A briefly trained MLLM can write every state outside the layout: the run still ends (its report
+    and game say so), but the log says it as an error, with the two ways on."""
+    with caplog.at_level("ERROR", logger=recipe.log.name):
+        assert recipe.say_if_nothing_played({"games": {"planned_turns": 7, "completed_turns": 0}})
+    assert "no turn of 7 was played" in caplog.text and "model.mllm.constrained_states=true" in caplog.text
+    assert not recipe.say_if_nothing_played({"games": {"planned_turns": 7, "completed_turns": 1}})
+    assert not recipe.say_if_nothing_played({})  # an evaluation that planned nothing says so itself

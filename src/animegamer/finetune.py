@@ -1,7 +1,7 @@
 """Fine-tune a trained game on a new film, from existing exports (your own, or the official MLLM).
 
     python -m animegamer.finetune --film new_film.mp4 --captions new_film.jsonl --from outputs/paper \\
-        --model paper --out outputs/new_film [--steps 2000 1500 1000] [hydra overrides...]
+        --out outputs/new_film [--model paper] [--steps 2000 1500 1000] [hydra overrides...]
 
 ``--from`` is a run folder holding ``a_joint/export`` and ``b/export`` (the quick start's or the paper
 experiments' layout); ``--official-mllm`` starts phase (b) from the official release instead. The
@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from animegamer.config.trained_data import trained_clip_size
+from animegamer.config.trained_data import export_config, trained_clip_size
 from animegamer.errors import MissingInputError
 from animegamer.errors import exit_on_user_error
 from animegamer.phases.specs import A_JOINT
@@ -23,15 +23,35 @@ from animegamer.recipe import Recipe, run_recipe
 from animegamer.utils.logging import setup_logging
 
 DEFAULT_STEPS = (2000, 1500, 1000)  # phases a2, b, c: a tenth of the paper's schedules or less
+PRESETS = ("tiny", "paper")
+PAPER = "paper"
 
 
-def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
+def trained_preset(export: Path) -> str | None:
+    """The model preset ``export`` was trained with (its recorded config), None when it records none."""
+    config = export_config(export) or {}
+    name = (config.get("model") or {}).get("name")
+    return str(name) if name else None
+
+
+def check_preset(model: str | None, start: Path) -> None:
+    """``--model`` against the preset ``--from``'s exports were trained with: their weights fit no other."""
+    from animegamer.errors import UserError
+
+    trained = trained_preset(start / A_JOINT / "export")
+    if model and trained and model != trained:
+        raise UserError(f"--model {model}, but {start / A_JOINT / 'export'} was trained with model={trained}: "
+                        f"its weights fit only that preset (leave --model out to use it)")
+
+
+def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str | None, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
     start_a = start / A_JOINT / "export"
     size = trained_clip_size(start_a)
     if size is None:
         raise MissingInputError(f"{start_a}: not an export folder (no export.json); --from names a run folder "
                                 f"holding a_joint/export and b/export")
+    model = model or trained_preset(start_a) or PAPER
     common = ["experiment=finetune_film", f"model={model}", f"pipeline.output={out}/pipeline",
               f"output_dir={out}/" + "${phase.name}", *size.overrides()]
     start_b = "" if official_mllm else str(start / "b" / "export")
@@ -56,13 +76,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--captions", required=True, help="caption-import JSONL of the film (README)")
     parser.add_argument("--from", dest="start", type=Path, required=True, help="run folder with a_joint/ and b/ exports")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", default="paper", choices=("tiny", "paper"))
+    parser.add_argument("--model", default=None, choices=PRESETS,
+                        help="model preset (default: the one --from's exports were trained with, else paper)")
     parser.add_argument("--steps", type=int, nargs=3, default=DEFAULT_STEPS, metavar=("A2", "B", "C"))
     parser.add_argument("--official-mllm", default="", help="official MLLM pytorch_model.bin for phase (b)")
     parser.add_argument("--constrained-states", action="store_true",
                         help="evaluate and play with state decoding constrained to the layout")
     args, overrides = parser.parse_known_args(argv)
     setup_logging("INFO")
+    check_preset(args.model, args.start)
     recipe = finetune_recipe(args.film, args.captions, args.start, args.out, args.model, tuple(args.steps),
                              args.official_mllm, tuple(overrides))
     if args.constrained_states:

@@ -56,7 +56,12 @@ BASE_OVERRIDES = ("phase=a_base", "model.decoder.motion_scope=false")
 # Steps averaged for the base stage's final training loss (one step's is noisy: each draws its own timesteps).
 FINAL_LOSS_STEPS = 20
 # What the summary says for a validation metric when the held-out split had nothing for the phase.
-NOT_VALIDATED = "not measured (no held-out session: see the phase b log)"
+NOT_VALIDATED = ("not measured (no validation ran: no held-out data for the phase, or phase.val_every_n_steps "
+                 "above its steps; see the phase's log)")
+# What a played-nothing evaluation says (a model trained too briefly writes states outside the layout).
+NO_TURN_PLAYED = ("evaluation: no turn of {planned} was played: every state generation was malformed (the log names "
+                  "each); train phase (b) longer, or decode the states within the layout with "
+                  "model.mllm.constrained_states=true (finetune --constrained-states)")
 SUPERSEDED = ".superseded-"  # a stage's earlier run, set aside when it must start afresh: <folder>.superseded-N
 
 
@@ -119,8 +124,19 @@ def check_start_clip_size(phase_a, start: str) -> None:
                            f"leave pipeline.clips at the trained size ({' '.join(trained.overrides())})"])
 
 
-def play_story(composed, out: Path) -> Path:
-    """A demonstration game: the trained game plays the instructions of consecutive clips of the film."""
+def say_if_nothing_played(metrics: dict) -> bool:
+    """Log an error when the evaluation planned turns and played none (its report alone would only show
+    empty tables); returns whether it did."""
+    played = metrics.get("games", {})
+    if played.get("planned_turns") and not played.get("completed_turns"):
+        log.error(NO_TURN_PLAYED.format(planned=played["planned_turns"]))
+        return True
+    return False
+
+
+def play_story(composed, out: Path) -> str:
+    """A demonstration game: the trained game plays the instructions of consecutive clips of the film;
+    returns its page, with why it stopped when it did before its last turn."""
     from omegaconf import OmegaConf
 
     from animegamer.config.trained_data import clip_manifest
@@ -136,7 +152,8 @@ def play_story(composed, out: Path) -> Path:
         play_game(models, story_instructions(cfg, STORY_TURNS), out, seed=cfg.seed, overwrite=True)
     except ValueError as error:  # a malformed state generation ends the game; game.json records it
         log.warning("the demonstration game stopped: %s", error)
-    return out / INDEX_FILE
+        return f"{out / INDEX_FILE} (stopped early: {error})"
+    return str(out / INDEX_FILE)
 
 
 def train_vae_stage(recipe: Recipe) -> dict:
@@ -238,6 +255,7 @@ def run_recipe(recipe: Recipe) -> dict:
             f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
             *extra, f"evaluation.out={root / 'eval'}"])
         report = evaluate_or_reuse(evaluation)
+        say_if_nothing_played(report["metrics"])
         story = play_story(evaluation, root / "game")
     summary = {
         "vae": recipe.vae_out or None,
@@ -252,7 +270,7 @@ def run_recipe(recipe: Recipe) -> dict:
         "sessions": clips.get("sessions", {}).get("output"),
         "phase a start": start_a,
         "phase a2 export": joint["export"],
-        "phase a2 val/loss": joint["metrics"].get("val/loss"),
+        "phase a2 val/loss": joint["metrics"].get("val/loss", NOT_VALIDATED),
         "representations": reps["representations"]["output"],
         "session shards": reps["session_shards"]["output"],
         "phase b export": game["export"],
@@ -260,9 +278,11 @@ def run_recipe(recipe: Recipe) -> dict:
         "adaptation shards": adaptation["adaptation"]["output"],
         "phase c export": adapted["export"],
         "evaluation report": report["files"].get("report_md") if report else None,
+        "evaluation gallery": report["files"].get("gallery_html") if report else None,
         "evaluation games": str(Path(report["out"]) / "games") if report else None,
-        "5-turn game": str(story) if story else None,
+        "5-turn game": story,
     }
     for name, value in summary.items():
-        log.info("%-26s %s", name, value)
+        if value is not None:  # what this recipe has no stage for (a VAE, a decoder base) goes unsaid
+            log.info("%-26s %s", name, value)
     return summary
