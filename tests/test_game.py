@@ -424,6 +424,10 @@ def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeyp
             *common, "--mllm", str(exports.root / "b"), "--renderer", str(tmp_path / "nowhere"),
             "--out", str(tmp_path / "h")],
         "Could not override 'no_such_key'": [*common, *exports_ok, "--out", str(tmp_path / "i"), "no_such_key=1"],
+        # the two exports swapped: each named by its phase, before anything is loaded
+        "is a phase b export, which holds no decoder; --renderer wants a renderer": [
+            *common, "--mllm", str(exports.root / "a"), "--renderer", str(exports.root / "b"),
+            "--out", str(tmp_path / "j")],
     }
     for message, argv in cases.items():
         capfd.readouterr()
@@ -431,4 +435,4 @@ def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeyp
             main(argv)
         err = capfd.readouterr().err
         assert stopped.value.code == USER_ERROR_EXIT_CODE and message in err and "Traceback" not in err, err
-    assert not (tmp_path / "h").exists() and not (tmp_path / "i").exists()
+    assert not any((tmp_path / name).exists() for name in "hij")

@@ -122,6 +122,22 @@ def is_export(folder: str) -> bool:
     return bool(folder) and (Path(folder) / TRAINED_FILE).is_file()
 
 
+# what an export given for a role must hold, and where users find one that does
+EXPORT_ROLES = {"mllm": ("mllm", "the game-state MLLM: a phase (b) export, e.g. b/export"),
+                "renderer": ("decoder", "a renderer: a phase (a) or (c) export, e.g. a_joint/export or c/export")}
+
+
+def check_export_role(key: str, folder: str, role: str) -> list[str]:
+    """``folder`` (given as ``key``) holds what ``role`` needs, by the phase its ``export.json`` names (an
+    MLLM export where a renderer is wanted would otherwise fail while loading, as a traceback)."""
+    record = read_json_object(Path(folder) / EXPORT_FILE) if folder else None
+    phase = (record or {}).get("phase")
+    part, wanted = EXPORT_ROLES[role]
+    if not isinstance(phase, str) or phase not in PHASES or part in export_contract(phase).parts:
+        return []
+    return [f"{key}={folder!r} is a phase {phase} export, which holds no {part}; {key} wants {wanted}"]
+
+
 def check_export_sizes(key: str, folder: str, model, parts: tuple[str, ...] | None = None) -> list[str]:
     """The model sizes an export was trained with (``export.json``'s config) against this config's.
 
@@ -163,8 +179,10 @@ def validate_pipeline_run(cfg) -> None:
         problems += check_encoders(cfg.model.encoders)
         problems += check_weight_folders(cfg.model, ("t5", "clip", "vae"))
     if reps and "representations" in steps:
-        problems += check_export_sizes("pipeline.representations.export", reps, cfg.model, ("encoder",))
+        problems += (check_export_role("pipeline.representations.export", reps, "renderer")
+                     or check_export_sizes("pipeline.representations.export", reps, cfg.model, ("encoder",)))
     if adaptation and "adaptation" in steps:
+        problems += check_export_role("pipeline.adaptation.export", adaptation, "mllm")
         problems += check_mllm(cfg.model)
         problems += check_tokenizer(cfg.model, [("pipeline.adaptation.export", adaptation)])
         problems += check_export_sizes("pipeline.adaptation.export", adaptation, cfg.model)
@@ -350,8 +368,9 @@ def validate_eval_run(cfg) -> None:
     problems += check_cfg_parallel(cfg.model.decoder) + check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
     problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
     problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
-    for key in ("mllm_export", "renderer_export", "reconstruction_export"):
-        problems += check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
+    for key, role in (("mllm_export", "mllm"), ("renderer_export", "renderer"), ("reconstruction_export", "renderer")):
+        role_problems = check_export_role(f"evaluation.{key}", getattr(e, key), role)
+        problems += role_problems or check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
     problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
     if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
         problems += evaluation_problems(cfg)
