@@ -18,8 +18,9 @@ no chance to clean up. Faults (none of them touches the library, only this child
 * ``kill_in_save: n``: on the n-th checkpoint save, ``torch.save`` writes half of the ``.partial``
   file, then SIGKILLs itself.
 * ``pause: {"step": K, "hook": h, "micro": m}``: in hook ``h`` at ``global_step == K`` and micro-batch
-  ``batch_idx % accumulate == m``, write ``<log>.ready`` and wait (at most 60 s) until the SIGTERM the
-  test sends from outside has arrived (and gone to the trainer's handler); then carry on.
+  ``batch_idx % accumulate == m``, write ``<log>.ready`` and wait (at most 60 s) until the signal the
+  test sends from outside (``"signal"``, default SIGTERM) has arrived (and gone to the trainer's
+  handler); then carry on.
 """
 from __future__ import annotations
 
@@ -49,19 +50,20 @@ def _fault_callback(kill: dict | None, pause: dict | None, ready: str):
             if pause and not self.paused and hook == pause["hook"] and step == pause["step"] \
                     and self.batch_idx % trainer.accumulate_grad_batches == pause.get("micro", 0):
                 self.paused = True
-                handler, received = signal.getsignal(signal.SIGTERM), []
+                signum = getattr(signal, pause.get("signal", "SIGTERM"))
+                handler, received = signal.getsignal(signum), []
 
                 def note(signum, frame):  # then whatever handler the trainer has installed
                     received.append(signum)
                     if callable(handler):
                         handler(signum, frame)
 
-                signal.signal(signal.SIGTERM, note)
+                signal.signal(signum, note)
                 open(ready, "w").close()
                 deadline = time.monotonic() + 60
                 while not received and time.monotonic() < deadline:
                     time.sleep(0.005)
-                signal.signal(signal.SIGTERM, handler)
+                signal.signal(signum, handler)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.batch_idx = batch_idx
@@ -116,6 +118,8 @@ def _child(request: dict) -> None:
         os.dup2(fd, 2)
         os.close(fd)
         sys.stdin.close()
+        # as launched from a terminal, whatever the test runner's own SIGINT disposition (a background job ignores it)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from animegamer.config.compose import compose_config
         from animegamer.training.runner import run
 

@@ -209,6 +209,8 @@ PREEMPTIONS = {
     # After Preemption's own on_train_batch_end of step 4's first micro-batch (in a later callback): it
     # used to stop there, saving a mid-step step-3 checkpoint with one micro-batch too many.
     "acc2-late": (2, {"step": 3, "hook": "on_train_batch_end", "micro": 0}, 4),
+    # Ctrl-C: the same save at the step's end (it used to stop in Lightning's KeyboardInterrupt path, unsaved).
+    "acc1-ctrl-c": (1, {"step": 2, "hook": "on_before_optimizer_step", "signal": "SIGINT"}, 3),
 }
 
 
@@ -223,11 +225,12 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     while not ready.exists() and time.monotonic() < deadline and _running(pid):
         time.sleep(0.01)
     assert ready.exists(), driver.logs[pid].read_text()[-4000:]
-    os.kill(pid, signal.SIGTERM)  # from outside, as a scheduler does
+    os.kill(pid, getattr(signal, pause.get("signal", "SIGTERM")))  # from outside, as a scheduler (or a terminal) does
     rc = driver.wait(pid)
     log = driver.logs[pid].read_text()
     assert rc == PREEMPTED_EXIT_CODE, log[-4000:]
     assert f"preempted at step {step}" in log
+    assert ("Ctrl-C: saving a checkpoint" in log) == (pause.get("signal") == "SIGINT")
 
     saved = resume_checkpoint(output / "checkpoints")
     assert saved.name == checkpoint_name(step)
@@ -247,6 +250,29 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     assert f"resuming from {saved}" in log
     _assert_same_result(output, references("a_joint" if accumulate == 1 else "a_joint_acc2"))
     assert json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())[TRAIN_SECONDS] > trained
+
+
+def test_ctrl_c_twice_stops_at_once_and_an_ignored_signal_stays_ignored(tmp_path):
+    """The first Ctrl-C asks for the save at the step's end; the second raises KeyboardInterrupt as
+    Python's own handler would (the run resumes from its last save). A process started with SIGINT
+    ignored (a script's background job) keeps ignoring it."""
+    from animegamer.training.faults import Preemption
+
+    preemption = Preemption(["SIGINT", "SIGTERM"], tmp_path, keep_last=1)
+    preemption._note(signal.SIGINT, None)
+    assert preemption._requested and preemption.received == signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):
+        preemption._note(signal.SIGINT, None)
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        Preemption(["SIGINT", "SIGTERM"], tmp_path, keep_last=1)._install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not term  # the others are taken over
+    finally:
+        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, term)
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

@@ -464,8 +464,9 @@ class TrainerConfig:
     throughput_every_n_steps: int = 10
     # Steps in a row whose gradient norm may be NaN/inf (each one skipped) before the run stops.
     max_nonfinite_in_row: int = 3
-    # Signals that save a checkpoint at the end of the current optimizer step, then exit (preemption).
-    preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # Signals that save a checkpoint at the end of the current optimizer step, then exit (preemption; a
+    # second SIGINT, Ctrl-C pressed again, stops at once).
+    preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     # strategy=fsdp only: FULL_SHARD (least memory: weights re-gathered for the backward) or
     # SHARD_GRAD_OP (weights gathered once per step and kept through the backward: less traffic,
     # ZeRO-2's trade); HYBRID_SHARD shards within a node and replicates across nodes.

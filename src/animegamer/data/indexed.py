@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import signal
 import tarfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -263,6 +264,13 @@ def split_skipped(items: Sequence) -> tuple[list, list[dict]]:
     skipped = [record for item in items if isinstance(item, Mapping) for record in item.get(SKIPPED, ())]
     return [{k: v for k, v in item.items() if k != SKIPPED} if isinstance(item, Mapping) else item
             for item in items], skipped
+
+
+def ignore_interrupt(_worker_id: int) -> None:
+    """A training loader's ``worker_init_fn``: Ctrl-C reaches a terminal's whole process group, and a
+    worker it ended would fail the run before the main process saves at the step's end
+    (``training.faults.Preemption``); the main process alone answers it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class StepSampler(Sampler[int]):

@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, split_skipped
+from animegamer.data.indexed import (SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, ignore_interrupt,
+                                     split_skipped)
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
 from data_pipeline.captioners.base import STATUS_OK
@@ -84,7 +85,8 @@ def train_loader(cfg: RunConfig, dataset, start_step: int, rank: int, world_size
     # Endless: one never-ending epoch, stopped by max_steps, so no epoch boundary can restart it.
     sampler = StepSampler(len(dataset), cfg.seed, rank, world_size, start=start_step * per_step)
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, num_workers=cfg.data.num_workers,
-                      drop_last=True, persistent_workers=cfg.data.num_workers > 0, collate_fn=collate_samples)
+                      drop_last=True, persistent_workers=cfg.data.num_workers > 0, collate_fn=collate_samples,
+                      worker_init_fn=ignore_interrupt)
 
 
 def val_loader(cfg: RunConfig, dataset) -> DataLoader:

@@ -7,7 +7,7 @@ from functools import partial
 from torch.utils.data import DataLoader, Dataset
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler
+from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler, ignore_interrupt
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
 from animegamer.mllm.collate import Example, Session, WindowSampler, collate_sequences, make_example
@@ -97,7 +97,8 @@ def train_loader(cfg: RunConfig, dataset: SessionWindows, pad_id: int, start_ste
     # from pageable memory Lightning's copy to the device stalls the step's start while the GPU idles.
     return DataLoader(dataset, batch_size=cfg.phase.batch_size, sampler=sampler, drop_last=True,
                       num_workers=cfg.data.num_workers, collate_fn=collate,
-                      persistent_workers=cfg.data.num_workers > 0, pin_memory=cfg.trainer.accelerator != "cpu")
+                      persistent_workers=cfg.data.num_workers > 0, pin_memory=cfg.trainer.accelerator != "cpu",
+                      worker_init_fn=ignore_interrupt)
 
 
 def val_loader(cfg: RunConfig, dataset: FullSessions, pad_id: int) -> DataLoader:

@@ -19,10 +19,15 @@ log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect of a job stopped by a signal
 LOSS_HISTORY = "loss_history.json"
+INTERRUPT_NOTE = (b"\nCtrl-C: saving a checkpoint at the end of this optimizer step, then exiting "
+                  b"(press Ctrl-C again to stop at once without it)\n")
 
 
 class Preemption(L.Callback):
     """On any of ``signals``: finish the current optimizer step, save a checkpoint, exit.
+
+    Ctrl-C (SIGINT, in the default signals) does the same, so an interactive stop loses no steps; a
+    second Ctrl-C stops at once, as Python's own handler would, and the run resumes from its last save.
 
     The signal handlers only note the request. At the end of each optimizer step (the last micro-batch
     under gradient accumulation) the ranks agree on it with one all-reduce, so every rank stops after
@@ -39,12 +44,18 @@ class Preemption(L.Callback):
         self._requested = False
 
     def _note(self, signum: int, _frame) -> None:
+        if signum == signal.SIGINT:
+            if self._requested:  # Ctrl-C again: stop at once, as Python does, without the save
+                raise KeyboardInterrupt
+            os.write(2, INTERRUPT_NOTE)  # a handler may interrupt logging itself: no logging here
         self.received, self._requested = signum, True
 
     def _install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
-                signal.signal(signum, self._note)
+                # a signal the process was started to ignore (SIGINT in a script's background job) stays ignored
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    signal.signal(signum, self._note)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._install()
