@@ -246,10 +246,18 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     trained = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("ExportCallback"))[TRAIN_SECONDS]
     assert trained > 0
 
+    # The export of the stopped run is its last save's, and says so (loading it warns).
+    from animegamer.checkpoints.export import warn_if_unfinished
+
+    partial = json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())
+    assert (partial["step"], partial["finished"]) == (step, False) and warn_if_unfinished(output / EXPORT_DIR)
+
     log = driver.run(output, overrides)
     assert f"resuming from {saved}" in log
     _assert_same_result(output, references("a_joint" if accumulate == 1 else "a_joint_acc2"))
-    assert json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())[TRAIN_SECONDS] > trained
+    final = json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())
+    assert final[TRAIN_SECONDS] > trained and final["finished"] and final["step"] == final["max_steps"]
+    assert not warn_if_unfinished(output / EXPORT_DIR)
 
 
 def test_ctrl_c_twice_stops_at_once_and_an_ignored_signal_stays_ignored(tmp_path):

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 EXPORT_FILE = "export.json"
 TRAINED_FILE = "trained.safetensors"
+FINISHED = "finished"  # export.json: written once its run reached phase.max_steps (false: a checkpoint's)
 FORMAT_VERSION = 1
 
 
@@ -72,6 +73,7 @@ def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...]
     path = folder / TRAINED_FILE
     if not path.exists():
         raise FileNotFoundError(f"{folder}: not an export folder (no {TRAINED_FILE})")
+    warn_if_unfinished(folder)
     tensors = load_file(str(path))
     if prefixes:
         tensors = {k: v for k, v in tensors.items() if k.startswith(prefixes)}
@@ -86,6 +88,19 @@ def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...]
             params[name].copy_(value.to(params[name].dtype))
     log.info("loaded %d tensors from %s", len(tensors), folder)
     return sorted(tensors)
+
+
+def warn_if_unfinished(folder: Path) -> bool:
+    """Warn when ``folder`` is the export of a run stopped (or still training) before ``phase.max_steps``:
+    exports are rewritten at every checkpoint, so one may be a partial result. Returns whether it is."""
+    from animegamer.config.disk_checks import read_json_object
+
+    record = read_json_object(folder / EXPORT_FILE) or {}
+    if record.get(FINISHED) is not False:  # finished, or written before this was recorded
+        return False
+    log.warning("%s: exported at step %s of %s: its run stopped (or is still training) before its last step; "
+                "run it again to finish it", folder, record.get("step"), record.get("max_steps"))
+    return True
 
 
 def recorded_start(export: str | Path) -> tuple[int | None, list[str]]:

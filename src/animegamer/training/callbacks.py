@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from animegamer.checkpoints.export import FINISHED
 from animegamer.training.strategies import full_weights, is_fsdp_strategy
 from animegamer.training.throughput import pausing
 from animegamer.utils.randomness import step_generator
@@ -78,7 +79,10 @@ class ExportCallback(L.Callback):
         self.started = time.perf_counter()
 
     def _export(self, trainer: L.Trainer, module: L.LightningModule, gathered: dict | None = None) -> None:
-        meta = {**self.meta, "step": trainer.global_step, TRAIN_SECONDS: round(self.trained_seconds(), 3)}
+        # Rewritten at every checkpoint, so a stopped run leaves the export of its last save: "finished"
+        # tells that one from the export of a run that reached phase.max_steps (loading it warns).
+        meta = {**self.meta, "step": trainer.global_step, "max_steps": trainer.max_steps,
+                FINISHED: trainer.global_step >= trainer.max_steps, TRAIN_SECONDS: round(self.trained_seconds(), 3)}
         if is_fsdp_strategy(trainer.strategy):
             if trainer.strategy._state_dict_type != "full":  # make_strategy asks for full state dicts
                 raise ValueError("exports under FSDP need state_dict_type='full' (whole tensors)")
