@@ -107,3 +107,11 @@ def test_finetune_refuses_a_preset_the_exports_do_not_fit(quickstart, tmp_path):
         finetune(["--film", str(tmp_path / "none.mp4"), "--captions", str(tmp_path / "c.jsonl"), "--from", str(root),
                   "--out", str(tmp_path / "ft"), "--model", "paper"])
     assert not (tmp_path / "ft").exists()
+
+
+def test_finetune_refuses_a_misspelt_option_rather_than_passing_it_to_hydra(capsys):
+    from animegamer.finetune import main as finetune
+
+    with pytest.raises(SystemExit) as stopped:
+        finetune(["--film", "f", "--captions", "c", "--from", "r", "--out", "o", "--stpes", "5", "5", "5"])
+    assert stopped.value.code == 2 and "unrecognized arguments: --stpes" in capsys.readouterr().err

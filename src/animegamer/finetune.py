@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--constrained-states", action="store_true",
                         help="evaluate and play with state decoding constrained to the layout")
     args, overrides = parser.parse_known_args(argv)
+    options = [o for o in overrides if o.startswith("-")]  # the rest are Hydra overrides (key=value)
+    if options:
+        parser.error(f"unrecognized arguments: {' '.join(options)}")
     setup_logging("INFO")
     check_preset(args.model, args.start)
     recipe = finetune_recipe(args.film, args.captions, args.start, args.out, args.model, tuple(args.steps),
