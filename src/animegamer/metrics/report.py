@@ -286,7 +286,8 @@ def _metrics_table(ours: Mapping[str, dict], paper: Mapping[str, float], paper_n
     return lines
 
 
-def _baselines_table(ours: Mapping[str, dict], baselines: Mapping[str, Mapping], ours_name: str) -> list[str]:
+def _baselines_table(ours: Mapping[str, dict], baselines: Mapping[str, Mapping], ours_name: str,
+                     ours_states: Mapping | None = None) -> list[str]:
     """Ours and every baseline (``metrics["baselines"]``: name -> {"label", metric keys}) as rows, one
     column per headline metric some baseline carries."""
     keys = [k for k in METRIC_INFO if any(k in b for b in baselines.values())]
@@ -294,11 +295,21 @@ def _baselines_table(ours: Mapping[str, dict], baselines: Mapping[str, Mapping],
         return []
     lines = ["## Baselines", "", "Computed in this evaluation, on the same clips and turns, with the same metrics.", "",
              "| | " + " | ".join(_label(k) for k in keys) + " |", "|---" * (len(keys) + 1) + "|",
-             f"| {ours_name} | " + " | ".join(_fmt(k, ours[k]) if k in ours else "-" for k in keys) + " |"]
+             f"| {ours_name}{_unpredicted(ours_states)} | "
+             + " | ".join(_fmt(k, ours[k]) if k in ours else "-" for k in keys) + " |"]
     for name, row in baselines.items():
         cells = [_fmt(k, as_metric(row[k])) if k in row else "-" for k in keys]
-        lines.append(f"| {row.get('label', name)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row.get('label', name)}{_unpredicted(row.get('states'))} | " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def _unpredicted(states: Mapping | None) -> str:
+    """What a row's state scores leave out: values without a prediction (a game's first turn for the
+    copy-the-last-turn baseline) count as wrong in ACC-S and are not in MAE-S."""
+    if not states or not states.get("missing"):
+        return ""
+    return (f" ({states['missing']} of {states['n']} state values without a prediction: wrong in ACC-S, "
+            f"not in MAE-S)")
 
 
 def _markdown(
@@ -319,7 +330,7 @@ def _markdown(
     notes.append('"n/a (reason)" marks a metric that could not be measured (e.g. missing local weights): '
                  "it is not a zero.")
     lines += [" ".join(notes), ""]
-    lines += _baselines_table(ours, metrics.get("baselines") or {}, ours_name)
+    lines += _baselines_table(ours, metrics.get("baselines") or {}, ours_name, metrics.get("states"))
     if metrics.get("judge"):
         from animegamer.metrics.judge import table2_lines  # late: ``python -m animegamer.metrics.judge`` runs it
 
