@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError
 from animegamer.data.indexed import key_fraction
-from animegamer.preflight import check_recipe, session_problems, split_counts
+from animegamer.preflight import check_recipe, session_problems, split_counts, split_options, split_suggestion
 from animegamer.utils.io import read_json
 
 
@@ -44,9 +45,12 @@ def test_each_shortfall_is_refused_with_what_to_change(toy_run):
 
     with pytest.raises(ConfigError) as error:  # nothing held out: nothing to evaluate
         check_recipe(_train(output), evaluation=_train(output, f"data.val_fraction={hashes[0] / 2}"))
-    assert error.value.problems == [f"evaluation: no shot is held out at data.val_fraction={hashes[0] / 2} (the "
-                                    f"{len(hashes)} shots hash from {hashes[0]:.3f}): raise data.val_fraction above "
-                                    f"{hashes[0]:.3f}"]
+    assert error.value.problems[0] == (f"evaluation: no shot is held out at data.val_fraction={hashes[0] / 2} (the "
+                                       f"{len(hashes)} shots hash from {hashes[0]:.3f}): raise data.val_fraction above "
+                                       f"{hashes[0]:.3f}")
+    # and one value that serves every stage: just above the lowest hash, holding out that shot alone
+    assert error.value.problems[1].startswith("for all of the above at once: data.val_fraction="
+                                              f"{int(hashes[0] * 100) / 100 + 0.01:g} holds out 1 of {len(hashes)} shots")
     with pytest.raises(ConfigError, match=rf"lower data.val_fraction below {hashes[-1]:.3f}"):  # all held out
         check_recipe(_train(output, "data.val_fraction=0.999"))
 
@@ -74,3 +78,19 @@ def test_a_standalone_evaluation_is_not_told_to_hold_out_more_than_training(toy_
     [problem] = evaluation_problems(_train(output, f"data.val_fraction={low / 2}"))
     assert "raise data.val_fraction" not in problem
     assert f"evaluate exports trained with data.val_fraction above {low:.3f}" in problem
+
+
+def test_one_split_is_suggested_that_every_stage_can_use():
+    """Each stage's own fix can undo another's (holding out more shots can hold out the one run long
+    enough for a session): the suggestion is a fraction that holds out shots and keeps a run of
+    ``turns`` training clips, or the best there is."""
+    clips = [{"key": f"f/{i}", "film": "f", "clip": i} for i in range(6)]
+    shot_hash = {0: 0.3, 1: 0.3, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.9}  # shots A (clips 0-1), B (2-4), C (5)
+    options = split_options(clips, {m["key"]: shot_hash[m["clip"]] for m in clips})
+    assert [(o.val_fraction, o.held_out_shots, o.longest_train_run) for o in options] == [(0.31, 1, 4), (0.61, 2, 1)]
+    counts = SimpleNamespace(turns=3, options=options, shots={"A": 0.3, "B": 0.6, "C": 0.9})
+    assert split_suggestion(counts) == ("data.val_fraction=0.31 holds out 1 of 3 shots and leaves a run of 4 "
+                                        "training clips, enough for pipeline.sessions.turns=3")
+    assert "the longest, 4, comes with data.val_fraction=0.31 and pipeline.sessions.turns=4" in \
+        split_suggestion(SimpleNamespace(turns=5, options=options, shots=counts.shots))
+    assert split_suggestion(SimpleNamespace(turns=2, options=(), shots={"A": 0.3})) is None  # one shot: nothing to split

@@ -10,6 +10,7 @@ of :mod:`animegamer.data.split`, at each stage's own ``data.val_fraction``.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,15 @@ from animegamer.data.split import SESSIONS_FILE, VAL, TRAIN, HeldOut, consecutiv
 from data_pipeline.captioners.base import STATUS_OK
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SplitOption:
+    """One held-out fraction worth trying: just above one shot's hash, so that shot and the lower ones are held out."""
+
+    val_fraction: float
+    held_out_shots: int
+    longest_train_run: int  # consecutive captioned training clips of one film under it
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,7 @@ class SplitCounts:
     turns: int  # pipeline.sessions.turns of sessions.json (0: no sessions index)
     train_sessions: int
     held_out_sessions: int
+    options: tuple[SplitOption, ...] = ()  # every fraction that holds out some shots and trains on the others
 
     @property
     def held_out_shots(self) -> int:
@@ -72,6 +83,7 @@ def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> Split
     shots = {split.unit(m["key"]): key_fraction(split.unit(m["key"])) for m in captioned}
     held = [split.clip(m["key"]) for m in captioned]
     runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
+    options = split_options(captioned, {m["key"]: shots[split.unit(m["key"])] for m in captioned})
     sessions = ShardSource(str(root)).read_json_if_exists(SESSIONS_FILE) or {"turns": 0, "sessions": []}
     keys = [session_key(s["keys"]) for s in sessions["sessions"]]
     return SplitCounts(
@@ -79,7 +91,37 @@ def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> Split
         train_clips=held.count(False), held_out_clips=held.count(True),
         longest_train_run=max((len(r) for r in runs), default=0), turns=int(sessions["turns"]),
         train_sessions=sum(map(split.keep_session(TRAIN), keys)),
-        held_out_sessions=sum(map(split.keep_session(VAL), keys)))
+        held_out_sessions=sum(map(split.keep_session(VAL), keys)), options=options)
+
+
+def split_options(captioned: list[dict], fraction_of: dict[str, float]) -> tuple[SplitOption, ...]:
+    """For each shot hash but the highest, the fraction (2 decimals) just above it: what it holds out and
+    the longest run of training clips it leaves (a split is by whole shots, so only these differ)."""
+    hashes = sorted(set(fraction_of.values()))
+    options = []
+    for value in hashes[:-1]:  # above the highest every shot is held out: nothing to train on
+        fraction = math.floor(value * 100) / 100 + 0.01
+        runs = consecutive_runs(captioned, lambda m: fraction_of[m["key"]] >= fraction)
+        options.append(SplitOption(round(fraction, 2), sum(h < fraction for h in hashes),
+                                   max((len(r) for r in runs), default=0)))
+    return tuple(options)
+
+
+def split_suggestion(c: SplitCounts) -> str | None:
+    """One held-out fraction (and session length) under which every stage has what it needs, or None
+    when there is none to give: the stages' own fixes, each alone, can contradict one another."""
+    turns = max(c.turns, 1)
+    fits = [o for o in c.options if o.longest_train_run >= turns]
+    if fits:
+        o = min(fits, key=lambda o: o.held_out_shots)
+        return (f"data.val_fraction={o.val_fraction:g} holds out {o.held_out_shots} of {len(c.shots)} shots and leaves "
+                f"a run of {o.longest_train_run} training clips, enough for pipeline.sessions.turns={turns}")
+    best = max(c.options, key=lambda o: o.longest_train_run, default=None)
+    if best is None or not best.longest_train_run:
+        return None
+    return (f"no held-out fraction leaves a run of {turns} training clips; the longest, {best.longest_train_run}, comes "
+            f"with data.val_fraction={best.val_fraction:g} and pipeline.sessions.turns={best.longest_train_run} (or "
+            f"lower pipeline.clips.stride_seconds for more clips per shot)")
 
 
 def counts_of(cfg) -> SplitCounts:
@@ -177,6 +219,10 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
     if evaluation is not None:
         counts["evaluation"] = counts_of(evaluation)
         problems += evaluation_problems(evaluation, trained=False)
+    split_fixes = [p for p in problems if "data.val_fraction" in p or "pipeline.sessions.turns" in p]
+    suggestion = split_suggestion(counts.get("phase b", c)) if split_fixes else None
+    if suggestion:  # the same value in every stage: set it once, for the whole run
+        problems.append(f"for all of the above at once: {suggestion}")
     raise_problems(problems)
     for stage, n in counts.items():
         log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "
