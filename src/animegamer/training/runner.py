@@ -190,7 +190,9 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         save_checkpoint(trainer, final, keep_last)  # the full state: a longer run resumes from it
     summarise_traces(cfg, trainer, since=started)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, metrics, out / EXPORT_DIR)
+    # a run resumed at its last step trains no step in this launch, so it has no metrics to show
+    said = metrics or "finished in an earlier launch, nothing to train"
+    log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, said, out / EXPORT_DIR)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}
 
 
