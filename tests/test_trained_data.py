@@ -110,3 +110,20 @@ def test_an_export_keeps_the_data_it_trained_on_when_the_folder_is_cut_again(tmp
     assert split_problems(_on(tmp_path / "data"), [("evaluation.mllm_export", export)]) == []
     [problem] = split_problems(_on(tmp_path / "data", 0.5), [("evaluation.mllm_export", export)])
     assert "was trained with data.val_fraction=0.2" in problem
+
+
+def test_commands_given_exports_default_to_the_preset_they_were_trained_with(tmp_path):
+    """The game CLI (and finetune) build the networks the exports fit unless a model= override says
+    otherwise; an export that records no preset changes nothing."""
+    import json
+
+    from animegamer.config.trained_data import preset_overrides, trained_preset
+
+    tiny, bare = tmp_path / "tiny", tmp_path / "bare"
+    for folder, record in ((tiny, {"config": {"model": {"name": "tiny"}}}), (bare, {"step": 3})):
+        folder.mkdir()
+        (folder / "export.json").write_text(json.dumps(record))
+    assert trained_preset(tiny) == "tiny" and trained_preset(bare) is None
+    assert preset_overrides(["seed=1"], ["", str(bare), str(tiny)]) == ["model=tiny", "seed=1"]
+    assert preset_overrides(["model=paper", "seed=1"], [str(tiny)]) == ["model=paper", "seed=1"]
+    assert preset_overrides(["seed=1"], [str(bare)]) == ["seed=1"]

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from animegamer.config.trained_data import export_config, trained_clip_size
+from animegamer.config.trained_data import trained_clip_size, trained_preset
 from animegamer.errors import MissingInputError
 from animegamer.errors import exit_on_user_error
 from animegamer.phases.specs import A_JOINT
@@ -25,13 +25,6 @@ from animegamer.utils.logging import setup_logging
 DEFAULT_STEPS = (2000, 1500, 1000)  # phases a2, b, c: a tenth of the paper's schedules or less
 PRESETS = ("tiny", "paper")
 PAPER = "paper"
-
-
-def trained_preset(export: Path) -> str | None:
-    """The model preset ``export`` was trained with (its recorded config), None when it records none."""
-    config = export_config(export) or {}
-    name = (config.get("model") or {}).get("name")
-    return str(name) if name else None
 
 
 def check_preset(model: str | None, start: Path) -> None:

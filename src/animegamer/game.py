@@ -604,8 +604,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
                         help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument("--constrained-states", action="store_true",
+                        help="decode the states within the layout (model.mllm.constrained_states=true): never "
+                             "malformed, for briefly trained exports")
     parser.add_argument("--overwrite", action="store_true", help="replace a game already in --out")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the train config (model=..., ...)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the train config (model=..., ...; "
+                                                      "default model: the preset the exports were trained with)")
     return parser
 
 
@@ -643,11 +647,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from omegaconf import OmegaConf
 
     from animegamer.config.compose import compose_config
+    from animegamer.config.trained_data import preset_overrides
     from animegamer.config.validate import ConfigError
     from animegamer.utils.logging import setup_logging
 
     args = build_parser().parse_intermixed_args(argv)
-    cfg: RunConfig = OmegaConf.to_object(compose_config("train", list(args.overrides)))
+    overrides = preset_overrides(list(args.overrides), [args.mllm, *args.renderer])
+    if args.constrained_states:
+        overrides.append("model.mllm.constrained_states=true")
+    cfg: RunConfig = OmegaConf.to_object(compose_config("train", overrides))
     setup_logging(cfg.log_level)
     problems = _input_problems(args, cfg)
     if problems:

@@ -87,6 +87,21 @@ def export_config(folder: str | Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
+def trained_preset(export: str | Path) -> str | None:
+    """The model preset ``export`` was trained with (its recorded config), None when it records none."""
+    name = ((export_config(export) or {}).get("model") or {}).get("name")
+    return str(name) if name else None
+
+
+def preset_overrides(overrides: list[str], exports: list[str]) -> list[str]:
+    """``overrides`` with ``model=<the preset the first of exports was trained with>`` in front, unless
+    they name a preset themselves: a command given exports plays them with the networks they fit."""
+    if any(o.split("=", 1)[0].lstrip("+~") == "model" for o in overrides):
+        return overrides
+    preset = next((p for p in map(trained_preset, filter(None, exports)) if p), None)
+    return [f"model={preset}", *overrides] if preset else overrides
+
+
 def trained_data_record(config: dict) -> dict | None:
     """What a run with the resolved ``config`` trains on, for its ``export.json``: the data folder (absolute,
     resolved from the training's directory), its clip folder, their clip size and the clip manifest's
