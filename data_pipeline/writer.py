@@ -210,18 +210,25 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
     }
     write_json_atomic(root / REPORT, report)
     if not clips:
-        raise_no_clips(root / REPORT, len(films), collected.skipped)
+        raise_no_clips(root / REPORT, len(films), collected.skipped, collected.failed_tasks)
     return report
 
 
-def raise_no_clips(report_path: Path, inputs: int, skipped: list[dict]) -> None:
-    """Stop before any later step reads empty shards: which inputs were skipped and why (the report
-    holds the details); inputs that were read but gave no clip are shorter than one clip's window."""
+SHOWN = 10  # inputs named in a message; the report names them all
+
+
+def raise_no_clips(report_path: Path, inputs: int, skipped: list[dict], failed_tasks: list) -> None:
+    """Stop before any later step reads empty shards: which inputs were skipped and why, how many tasks
+    failed (the report holds the details); the other inputs were read and are shorter than one clip's
+    window or have no shot long enough."""
     from animegamer.errors import UserError
 
-    why = "; ".join(f"{s.get('path', s.get('film_id'))}: {s.get('reason')}" for s in skipped[:10])
-    read = inputs - len(skipped)
-    raise UserError(f"no clips from {inputs} input(s): {len(skipped)} skipped ({why or 'none'})"
-                    + (f", {read} read but too short or without a long enough shot for one clip "
-                       f"(pipeline.clips settings)" if read else "")
-                    + f"; details in {report_path}")
+    why = "; ".join(f"{s.get('path', s.get('film_id'))}: {s.get('reason')}" for s in skipped[:SHOWN])
+    more = f"; and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
+    parts = [f"{len(skipped)} skipped ({why}{more})"] if skipped else []
+    if failed_tasks:
+        parts.append(f"{len(failed_tasks)} clip task(s) failed (report.json's failed_tasks)")
+    if not failed_tasks and inputs > len(skipped):
+        parts.append(f"{inputs - len(skipped)} read but too short, or without a shot long enough for one clip "
+                     f"(pipeline.clips and pipeline.shots settings)")
+    raise UserError(f"no clips from {inputs} input(s): {', '.join(parts)}; details in {report_path}")

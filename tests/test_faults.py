@@ -272,6 +272,14 @@ def test_ctrl_c_twice_stops_at_once_and_an_ignored_signal_stays_ignored(tmp_path
     with pytest.raises(KeyboardInterrupt):
         preemption._note(signal.SIGINT, None)
 
+    # after the fit the process's own handlers are back (the recipe evaluates in the same process)
+    own = signal.getsignal(signal.SIGINT)
+    fitting = Preemption(["SIGINT"], tmp_path, keep_last=1)
+    fitting._install()
+    assert signal.getsignal(signal.SIGINT) == fitting._note
+    fitting.restore()
+    assert signal.getsignal(signal.SIGINT) is own
+
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     term = signal.getsignal(signal.SIGTERM)
     try:

@@ -50,7 +50,7 @@ def test_each_shortfall_is_refused_with_what_to_change(toy_run):
                                        f"{hashes[0]:.3f}")
     # and one value that serves every stage: just above the lowest hash, holding out that shot alone
     assert error.value.problems[1].startswith("for all of the above at once: data.val_fraction="
-                                              f"{int(hashes[0] * 100) / 100 + 0.01:g} holds out 1 of {len(hashes)} shots")
+                                              f"{(int(hashes[0] * 100) + 1) / 100:g} holds out 1 of {len(hashes)} shots")
     with pytest.raises(ConfigError, match=rf"lower data.val_fraction below {hashes[-1]:.3f}"):  # all held out
         check_recipe(_train(output, "data.val_fraction=0.999"))
 
@@ -88,9 +88,15 @@ def test_one_split_is_suggested_that_every_stage_can_use():
     shot_hash = {0: 0.3, 1: 0.3, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.9}  # shots A (clips 0-1), B (2-4), C (5)
     options = split_options(clips, {m["key"]: shot_hash[m["clip"]] for m in clips})
     assert [(o.val_fraction, o.held_out_shots, o.longest_train_run) for o in options] == [(0.31, 1, 4), (0.61, 2, 1)]
-    counts = SimpleNamespace(turns=3, options=options, shots={"A": 0.3, "B": 0.6, "C": 0.9})
-    assert split_suggestion(counts) == ("data.val_fraction=0.31 holds out 1 of 3 shots and leaves a run of 4 "
-                                        "training clips, enough for pipeline.sessions.turns=3")
+    counts = SimpleNamespace(shots={"A": 0.3, "B": 0.6, "C": 0.9})
+    assert split_suggestion(counts, options, 3) == ("data.val_fraction=0.31 holds out 1 of 3 shots and leaves a run "
+                                                    "of 4 training clips, enough for pipeline.sessions.turns=3")
     assert "the longest, 4, comes with data.val_fraction=0.31 and pipeline.sessions.turns=4" in \
-        split_suggestion(SimpleNamespace(turns=5, options=options, shots=counts.shots))
-    assert split_suggestion(SimpleNamespace(turns=2, options=(), shots={"A": 0.3})) is None  # one shot: nothing to split
+        split_suggestion(counts, options, 5)
+    # phase (a) alone: any training clip will do, and nothing is said of sessions
+    assert split_suggestion(counts, options, None) == ("data.val_fraction=0.31 holds out 1 of 3 shots and leaves a "
+                                                       "run of 4 training clips")
+    assert split_suggestion(SimpleNamespace(shots={"A": 0.3}), (), 2) is None  # one shot: nothing to split
+    # a hash on the grid itself: the fraction above it still holds that shot out
+    on_grid = split_options(clips[:2], {"f/0": 0.29, "f/1": 0.57})
+    assert [(o.val_fraction, o.held_out_shots) for o in on_grid] == [(0.3, 1)]

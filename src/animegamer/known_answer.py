@@ -217,13 +217,17 @@ def game_clips(eval_out: Path, games: list[dict]) -> dict[str, Path]:
 def clips_deviation(ours: dict[str, Path], reference: dict[str, Path]) -> dict[str, Any]:
     """PSNR of each turn's clip against the same turn's clip of another evaluation of the same game:
     the same MLLM and seed, so the clips differ only by how they were sampled."""
+    import numpy as np
+
     from animegamer.data.shards import decode_video
-    from animegamer.metrics.psnr import PSNR_CAP_DB, psnr
+    from animegamer.metrics.psnr import psnr
 
     shared = sorted(set(ours) & set(reference))
-    values = [psnr(decode_video(ours[k].read_bytes()), decode_video(reference[k].read_bytes())) for k in shared]
-    return {"turns": len(shared), "identical_turns": sum(v == PSNR_CAP_DB for v in values), "psnr_per_turn": values,
-            "psnr_mean": sum(values) / len(values) if values else None, "psnr_min": min(values, default=None)}
+    pairs = [(decode_video(ours[k].read_bytes()), decode_video(reference[k].read_bytes())) for k in shared]
+    values = [psnr(a, b) for a, b in pairs]
+    return {"turns": len(shared), "identical_turns": sum(np.array_equal(a, b) for a, b in pairs),
+            "psnr_per_turn": values, "psnr_mean": sum(values) / len(values) if values else None,
+            "psnr_min": min(values, default=None)}
 
 
 def step_cache_overrides(threshold: float) -> tuple[str, str]:
@@ -243,11 +247,15 @@ def check_step_cache(eval_overrides: Sequence[str], threshold: float | None) -> 
         raise UserError("--step-cache: " + "; ".join(problems))
 
 
-def typical_turn(metrics: dict) -> dict[str, float]:
-    """An evaluation's seconds per stage of its median turn: the two games compared were played in other
-    processes (or calls), and a mean would also compare their first turns' warm-up. Evaluations written
-    before the median was kept give their mean."""
-    return metrics.get("seconds_per_stage_median") or metrics["seconds_per_stage"]
+MEDIAN, MEAN = "seconds_per_stage_median", "seconds_per_stage"
+
+
+def typical_turns(*reports: dict) -> tuple[str, list[dict[str, float]]]:
+    """The evaluations' seconds per stage of their median turns, or of their mean turns when one was
+    written before medians were kept (a reused evaluation): the games compared were played in other
+    processes (or calls), and a mean also counts the first turns' warm-up. Returns which, and each."""
+    which = MEDIAN if all(MEDIAN in r for r in reports) else MEAN
+    return which, [r[which] for r in reports]
 
 
 def score_step_cache(layout: Layout, size: BenchmarkSize, summary: dict, eval_out: Path, threshold: float,
@@ -258,8 +266,9 @@ def score_step_cache(layout: Layout, size: BenchmarkSize, summary: dict, eval_ou
                                summary["phase c export"], step_cache_overrides(threshold), extra=extra)
     reports = {"cached": json.loads((Path(cached["out"]) / METRICS_FILE).read_text()),
                "uncached": json.loads((eval_out / METRICS_FILE).read_text())}
-    speed = {name: typical_turn(report["metrics"]) for name, report in reports.items()}
-    record = {"threshold": threshold, "seconds_per_stage": speed,
+    which, stages = typical_turns(*(report["metrics"] for report in reports.values()))
+    speed = dict(zip(reports, stages))
+    record = {"threshold": threshold, "seconds_per_stage": speed, "timed_by": which,
               "turn_speedup": speed["uncached"]["total"] / speed["cached"]["total"],
               "sample_speedup": speed["uncached"]["sample"] / speed["cached"]["sample"],
               "against_uncached": clips_deviation(game_clips(Path(cached["out"]), reports["cached"]["games"]),

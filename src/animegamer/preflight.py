@@ -47,7 +47,6 @@ class SplitCounts:
     turns: int  # pipeline.sessions.turns of sessions.json (0: no sessions index)
     train_sessions: int
     held_out_sessions: int
-    options: tuple[SplitOption, ...] = ()  # every fraction that holds out some shots and trains on the others
 
     @property
     def held_out_shots(self) -> int:
@@ -67,8 +66,8 @@ def _json_of(sample: dict) -> dict:
     return sample["json"]
 
 
-def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> SplitCounts:
-    """Counts of the pipeline output at ``root`` under the held-out split at ``val_fraction``."""
+def _read_clips(root: str | Path, clips_dir: str, val_fraction: float):
+    """(shard folder, every clip's json, the split, the captioned clips' json) of a pipeline output."""
     from animegamer.data.layout import MANIFEST
     from animegamer.data.storage import ShardSource, join
     from animegamer.utils.io import sha256_bytes
@@ -78,12 +77,18 @@ def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> Split
     if problem is not None:
         raise ConfigError([problem if folder.remote else f"{problem}; the pipeline has not written clip shards there"])
     metas = _clip_metas(folder.folder, sha256_bytes(folder.read_bytes(MANIFEST)))
-    split = HeldOut(root, clips_dir, val_fraction)
     captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
+    return folder, metas, HeldOut(root, clips_dir, val_fraction), captioned
+
+
+def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> SplitCounts:
+    """Counts of the pipeline output at ``root`` under the held-out split at ``val_fraction``."""
+    from animegamer.data.storage import ShardSource
+
+    folder, metas, split, captioned = _read_clips(root, clips_dir, val_fraction)
     shots = {split.unit(m["key"]): key_fraction(split.unit(m["key"])) for m in captioned}
     held = [split.clip(m["key"]) for m in captioned]
     runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
-    options = split_options(captioned, {m["key"]: shots[split.unit(m["key"])] for m in captioned})
     sessions = ShardSource(str(root)).read_json_if_exists(SESSIONS_FILE) or {"turns": 0, "sessions": []}
     keys = [session_key(s["keys"]) for s in sessions["sessions"]]
     return SplitCounts(
@@ -91,35 +96,58 @@ def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> Split
         train_clips=held.count(False), held_out_clips=held.count(True),
         longest_train_run=max((len(r) for r in runs), default=0), turns=int(sessions["turns"]),
         train_sessions=sum(map(split.keep_session(TRAIN), keys)),
-        held_out_sessions=sum(map(split.keep_session(VAL), keys)), options=options)
+        held_out_sessions=sum(map(split.keep_session(VAL), keys)))
 
 
 def split_options(captioned: list[dict], fraction_of: dict[str, float]) -> tuple[SplitOption, ...]:
-    """For each shot hash but the highest, the fraction (2 decimals) just above it: what it holds out and
-    the longest run of training clips it leaves (a split is by whole shots, so only these differ)."""
+    """Every held-out fraction on the 0.01 grid that holds out some shots and trains on the others (at
+    most 99: a split is by whole shots, so only fractions with a shot hash between them differ), with
+    what it holds out and the longest run of training clips it leaves."""
     hashes = sorted(set(fraction_of.values()))
+    clips = sorted(captioned, key=lambda m: (m["film"], m["clip"]))
+    grid = sorted({_just_above(h) for h in hashes[:-1]})  # above the highest: nothing to train on
     options = []
-    for value in hashes[:-1]:  # above the highest every shot is held out: nothing to train on
-        fraction = math.floor(value * 100) / 100 + 0.01
-        runs = consecutive_runs(captioned, lambda m: fraction_of[m["key"]] >= fraction)
-        options.append(SplitOption(round(fraction, 2), sum(h < fraction for h in hashes),
-                                   max((len(r) for r in runs), default=0)))
+    for fraction in grid:
+        longest = length = 0
+        last = None
+        for meta in clips:
+            if fraction_of[meta["key"]] < fraction:  # held out
+                length, last = 0, None
+                continue
+            follows = last is not None and last["film"] == meta["film"] and last["clip"] + 1 == meta["clip"]
+            length, last = (length + 1 if follows else 1), meta
+            longest = max(longest, length)
+        options.append(SplitOption(fraction, sum(h < fraction for h in hashes), longest))
     return tuple(options)
 
 
-def split_suggestion(c: SplitCounts) -> str | None:
-    """One held-out fraction (and session length) under which every stage has what it needs, or None
-    when there is none to give: the stages' own fixes, each alone, can contradict one another."""
-    turns = max(c.turns, 1)
-    fits = [o for o in c.options if o.longest_train_run >= turns]
+def _just_above(value: float) -> float:
+    """The first fraction of the 0.01 grid above ``value`` (a hash on the grid, 0.29, gives 0.3)."""
+    step = math.floor(round(value * 100, 9)) + 1  # round: 0.29 * 100 is 28.999999999999996
+    return step / 100
+
+
+def options_of(cfg) -> tuple[SplitOption, ...]:
+    """:func:`split_options` of a config's pipeline output (computed only when a split problem asks)."""
+    _, _, split, captioned = _read_clips(cfg.data.root, cfg.data.clips, cfg.data.val_fraction)
+    return split_options(captioned, {m["key"]: key_fraction(split.unit(m["key"])) for m in captioned})
+
+
+def split_suggestion(c: SplitCounts, options: tuple[SplitOption, ...], turns: int | None) -> str | None:
+    """One held-out fraction (and, for phase (b)'s ``turns``, a session length) under which every stage
+    has what it needs, or None when there is none to give: each stage's own fix, alone, can undo another's.
+    ``turns`` None: no phase (b), any training clip will do."""
+    need = max(turns or 1, 1)
+    fits = [o for o in options if o.longest_train_run >= need]
     if fits:
         o = min(fits, key=lambda o: o.held_out_shots)
+        enough = f", enough for pipeline.sessions.turns={need}" if turns else ""
         return (f"data.val_fraction={o.val_fraction:g} holds out {o.held_out_shots} of {len(c.shots)} shots and leaves "
-                f"a run of {o.longest_train_run} training clips, enough for pipeline.sessions.turns={turns}")
-    best = max(c.options, key=lambda o: o.longest_train_run, default=None)
+                f"a run of {o.longest_train_run} training clips{enough}")
+    best = max(options, key=lambda o: o.longest_train_run, default=None)
     if best is None or not best.longest_train_run:
         return None
-    return (f"no held-out fraction leaves a run of {turns} training clips; the longest, {best.longest_train_run}, comes "
+    return (f"no held-out fraction leaves a run of {need} training clips; the longest, {best.longest_train_run}, comes "
             f"with data.val_fraction={best.val_fraction:g} and pipeline.sessions.turns={best.longest_train_run} (or "
             f"lower pipeline.clips.stride_seconds for more clips per shot)")
 
@@ -220,7 +248,11 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
         counts["evaluation"] = counts_of(evaluation)
         problems += evaluation_problems(evaluation, trained=False)
     split_fixes = [p for p in problems if "data.val_fraction" in p or "pipeline.sessions.turns" in p]
-    suggestion = split_suggestion(counts.get("phase b", c)) if split_fixes else None
+    b = counts.get("phase b")
+    suggestion = None
+    if split_fixes:
+        base = phase_b if phase_b is not None else phase_a
+        suggestion = split_suggestion(b or c, options_of(base), b.turns if b is not None else None)
     if suggestion:  # the same value in every stage: set it once, for the whole run
         problems.append(f"for all of the above at once: {suggestion}")
     raise_problems(problems)

@@ -56,8 +56,8 @@ BASE_OVERRIDES = ("phase=a_base", "model.decoder.motion_scope=false")
 # Steps averaged for the base stage's final training loss (one step's is noisy: each draws its own timesteps).
 FINAL_LOSS_STEPS = 20
 # What the summary says for a validation metric when the held-out split had nothing for the phase.
-NOT_VALIDATED = ("not measured (no validation ran: no held-out data for the phase, or phase.val_every_n_steps "
-                 "above its steps; see the phase's log)")
+NOT_VALIDATED = ("not measured in this launch (the stage finished in an earlier one, or it validates nothing: "
+                 "no held-out data, phase.val_clips=0 or phase.val_every_n_steps above its steps; see its log)")
 # What a played-nothing evaluation says (a model trained too briefly writes states outside the layout).
 NO_TURN_PLAYED = ("evaluation: no turn of {planned} was played: every state generation was malformed (the log names "
                   "each); train phase (b) longer, or decode the states within the layout with "

@@ -266,11 +266,18 @@ def split_skipped(items: Sequence) -> tuple[list, list[dict]]:
             for item in items], skipped
 
 
-def ignore_interrupt(_worker_id: int) -> None:
+def ignore_interrupt(worker_id: int) -> None:
     """A training loader's ``worker_init_fn``: Ctrl-C reaches a terminal's whole process group, and a
     worker it ended would fail the run before the main process saves at the step's end
-    (``training.faults.Preemption``); the main process alone answers it."""
+    (``training.faults.Preemption``); the main process alone answers it. Then what Lightning would have
+    set in its place: its per-worker seeding under ``seed_everything(workers=True)``."""
+    import os
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("PL_SEED_WORKERS") == "1":
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id)
 
 
 class StepSampler(Sampler[int]):

@@ -42,6 +42,7 @@ class Preemption(L.Callback):
         self.folder, self.keep_last = Path(folder), keep_last  # checkpoint.keep_last holds for its save too
         self.received: int | None = None
         self._requested = False
+        self._before: dict[int, object] = {}  # the handlers to put back when the fit ends
 
     def _note(self, signum: int, _frame) -> None:
         if signum == signal.SIGINT:
@@ -54,8 +55,25 @@ class Preemption(L.Callback):
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 # a signal the process was started to ignore (SIGINT in a script's background job) stays ignored
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    signal.signal(signum, self._note)
+                current = signal.getsignal(signum)
+                if current is signal.SIG_IGN or current == self._note:
+                    continue
+                self._before.setdefault(signum, current)
+                signal.signal(signum, self._note)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Put the process's own handlers back: what runs after the fit in this process (the recipe's
+        evaluation, the next stage) must not have Ctrl-C or SIGTERM only noted for a fit that is over.
+        (After an exception Lightning restores the handlers it saved, ours, after the teardown hooks:
+        the runner calls this again once ``fit`` has returned or raised.)"""
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._before.items():
+                if signal.getsignal(signum) == self._note:
+                    signal.signal(signum, handler)
+        self._before.clear()
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._install()

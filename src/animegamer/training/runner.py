@@ -162,7 +162,8 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     resuming = run_folder_callbacks(cfg, resolved, resume)
     keep_last = cfg.checkpoint.keep_last  # for every save: periodic, preemption and final
     checkpoints = KeepLastCheckpoint(folder, cfg.checkpoint.every_n_steps, keep_last)
-    callbacks = [checkpoints, Preemption(cfg.trainer.preemption_signals, folder, keep_last), LossHistory(out)]
+    preemption = Preemption(cfg.trainer.preemption_signals, folder, keep_last)
+    callbacks = [checkpoints, preemption, LossHistory(out)]
     if cfg.logger.kind != "none":
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
@@ -184,6 +185,8 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     except SIGTERMException as stop:
         raise SystemExit(PREEMPTED_EXIT_CODE) from stop
+    finally:
+        preemption.restore()
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
     if not final.exists():

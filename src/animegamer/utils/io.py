@@ -19,6 +19,15 @@ _DIR_MODE = 0o777
 
 
 def _umask() -> int:
+    """The process's umask, read without setting it where Linux tells it (setting it, even back at
+    once, lets another thread create a file under mask 0 in between)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
