@@ -131,3 +131,18 @@ def test_clip_frames_must_give_an_odd_number_of_latent_frames(frames, ok):
     cfg = OmegaConf.to_object(compose_config("pipeline", ["model=tiny", f"pipeline.clips.frames={frames}"]))
     frame_problems = [p for p in check_pipeline(cfg.pipeline, cfg.model.encoders) if "pipeline.clips.frames" in p]
     assert (frame_problems == []) == ok, frame_problems
+
+
+@pytest.mark.parametrize("command", [["train.py"], ["evaluate.py"], ["-m", "data_pipeline"]])
+def test_help_says_how_to_call_and_lists_the_groups_without_dumping_every_key(command):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, *command, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = out.stdout.splitlines()[0]
+    assert first.startswith(("Train one phase", "Evaluate a trained game", "The clip-and-caption pipeline")), first
+    assert "== Config groups" in out.stdout and "experiment:" in out.stdout and "--cfg job" in out.stdout
+    assert len(out.stdout.splitlines()) < 40  # the groups, not the whole resolved config
