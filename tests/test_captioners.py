@@ -588,4 +588,5 @@ def test_run_captioner_warns_once_about_unknown_films(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING, logger="data_pipeline.captioners"):
         build_run_captioner(cfg, films)
     warnings = [m for m in caplog.messages if "not among the inputs" in m]
-    assert warnings == ["caption records name films that are not among the inputs: ['ep3']"]
+    assert warnings == ["caption records name films that are not among the inputs: ['ep3'] (the inputs' film ids: "
+                        "['ep01', 'ep02']; a record may also name a film by its file name or path)"]

@@ -144,7 +144,8 @@ class JsonlCaptioner:
                     total, len(self._by_film), len(files), self.version)
         unknown = self.unknown_films()
         if warn_unknown_films and unknown:
-            logger.warning("caption records name films that are not among the inputs: %s", unknown)
+            logger.warning("caption records name films that are not among the inputs: %s (the inputs' film ids: %s; a "
+                           "record may also name a film by its file name or path)", unknown, sorted(self._film_paths))
 
     def unknown_films(self) -> list[str]:
         """Film names of records that match no known film (id, path, file name or stem): almost always
