@@ -121,7 +121,7 @@ def test_a_step_cache_the_evaluation_would_refuse_stops_before_anything_trains(t
     from animegamer.known_answer import run_benchmark
 
     with pytest.raises(UserError, match="cache_threshold=-1.0 must be >= 0"):
-        run_benchmark(tmp_path / "out", "ci", step_cache=-1.0)
+        run_benchmark(tmp_path / "out", "ci", step_cache=[0.1, -1.0])
     assert not (tmp_path / "out").exists()
 
 

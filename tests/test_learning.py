@@ -58,7 +58,7 @@ def benchmark(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     # The step cache at threshold 0 computes every step: its game must be the uncached one, clip for clip.
     return run_benchmark(tmp_path_factory.mktemp("known_answer"), "ci", seed=SEED, ablations=(), a2_renderer=False,
-                         step_cache=0.0)
+                         step_cache=[0.0])
 
 
 def _row(result: dict, name: str) -> dict:
@@ -120,7 +120,7 @@ def test_the_step_cache_row_compares_its_clips_with_the_uncached_game(benchmark:
     from animegamer.known_answer import STEP_CACHE, TRAINED
     from animegamer.metrics.psnr import PSNR_CAP_DB
 
-    record = benchmark["step_cache"]
+    [record] = benchmark["step_cache"]
     against = record["against_uncached"]
     assert against["turns"] == benchmark["turns"] and against["psnr_min"] == PSNR_CAP_DB, against
     assert against["identical_turns"] == against["turns"], against

@@ -14,9 +14,10 @@ baselines are scored in the same evaluation code:
 * the game rendered by the phase (a2) decoder instead of the phase (c) one (does adaptation help?);
 * the Table 3 ablations without the motion-scope input and without the warm-up: each a2 stage trained
   as its own model and scored as the renderer of the same game and on reconstruction;
-* with ``--step-cache THRESHOLD``, the trained game sampled with the step cache
-  (``model.diffusion.cache=first_block``): its row, its time per turn against the uncached game's, and
-  each turn's clip against the uncached one's (PSNR: what the cache changes on a trained decoder).
+* with ``--step-cache THRESHOLD [THRESHOLD ...]``, the trained game sampled with the step cache
+  (``model.diffusion.cache=first_block``) at each threshold: its row, its time per turn against the
+  uncached game's, and each turn's clip against the uncached one's (what the cache changes on a trained
+  decoder; ``step_cache`` in the result, one record per threshold).
 
 ``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
 row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
@@ -234,17 +235,16 @@ def step_cache_overrides(threshold: float) -> tuple[str, str]:
     return "model.diffusion.cache=first_block", f"model.diffusion.cache_threshold={threshold}"
 
 
-def check_step_cache(eval_overrides: Sequence[str], threshold: float | None) -> None:
+def check_step_cache(eval_overrides: Sequence[str], thresholds: Sequence[float]) -> None:
     """Refuse a step cache the evaluation could not run before any stage trains (it plays last)."""
     from animegamer.diffusion.step_cache import check_sampling_cache
     from animegamer.errors import UserError
 
-    if threshold is None:
-        return
-    cfg = evaluation_config([*eval_overrides, *step_cache_overrides(threshold)])
-    problems = check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
-    if problems:
-        raise UserError("--step-cache: " + "; ".join(problems))
+    for threshold in thresholds:
+        cfg = evaluation_config([*eval_overrides, *step_cache_overrides(threshold)])
+        problems = check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
+        if problems:
+            raise UserError("--step-cache: " + "; ".join(problems))
 
 
 MEDIAN, MEAN = "seconds_per_stage_median", "seconds_per_stage"
@@ -358,7 +358,7 @@ def recipe_result(layout: Layout, bench: BenchmarkSize, summary: dict, data: dic
 
 
 def comparison_parts(layout: Layout, bench: BenchmarkSize, summary: dict, extra: Sequence[str],
-                     a2_renderer: bool, step_cache: float | None, base_reconstruction: bool,
+                     a2_renderer: bool, step_cache: Sequence[float], base_reconstruction: bool,
                      ablations: Sequence[str]) -> Iterator[tuple[str, list[dict], dict]]:
     """The rows scored beside the trained game, one part at a time (its name, its rows, what it adds to
     the result), so each is written as soon as it is done."""
@@ -366,10 +366,10 @@ def comparison_parts(layout: Layout, bench: BenchmarkSize, summary: dict, extra:
     if a2_renderer:
         a2 = evaluate_renderer(layout, bench, "a2_renderer", game, summary["phase a2 export"], extra=extra)
         yield "a2 renderer evaluation", rows_of(A2_RENDERER, a2["metrics"])[:1], {}  # its baselines: the game's
-    if step_cache is not None:
+    if step_cache:
         eval_out = Path(summary["evaluation report"]).parent
-        row, record = score_step_cache(layout, bench, summary, eval_out, step_cache, extra)
-        yield "step cache evaluation", [row], {"step_cache": record}
+        scored = [score_step_cache(layout, bench, summary, eval_out, threshold, extra) for threshold in step_cache]
+        yield "step cache evaluation", [row for row, _ in scored], {"step_cache": [record for _, record in scored]}
     if base_reconstruction and summary["decoder base export"]:
         export = summary["decoder base export"]
         # One game: only the reconstruction is kept (its game would ignore the motion levels asked for).
@@ -389,14 +389,15 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
                   ablations: Sequence[str] | None = None, films: int | None = None,
                   vae: dict[str, Any] | None = None, a2_renderer: bool = True,
                   stage: Sequence[str] = (), base_reconstruction: bool = True,
-                  step_cache: float | None = None) -> dict[str, Any]:
+                  step_cache: Sequence[float] = ()) -> dict[str, Any]:
     """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
     every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
     how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
     ``max_seconds``, ``device``); ``a2_renderer``: also play the game with the a2 decoder as the renderer;
     ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`);
     ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
-    ``step_cache``: also play the trained game with the step cache at this threshold (:func:`score_step_cache`)."""
+    ``step_cache``: also play the trained game with the step cache at each of these thresholds
+    (:func:`score_step_cache`)."""
     from data_pipeline.known_answer import make_films, measure
 
     bench, data_size, names = resolve_size(size, vae, films, ablations, stage)
@@ -475,8 +476,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="skip the game rendered by the a2 decoder")
     parser.add_argument("--no-base-reconstruction", dest="base_reconstruction", action="store_false",
                         help="skip the decoder base's reconstruction of the held-out clips")
-    parser.add_argument("--step-cache", type=float, default=None, metavar="THRESHOLD",
-                        help="also play the trained game with the step cache at this threshold (e.g. 0.05)")
+    parser.add_argument("--step-cache", type=float, nargs="+", default=(), metavar="THRESHOLD",
+                        help="also play the trained game with the step cache at each threshold (e.g. 0.05 0.1 0.2)")
     parser.add_argument("overrides", nargs="*", help="overrides for every stage, e.g. phase.max_steps=100")
     return parser.parse_intermixed_args(argv)
 
