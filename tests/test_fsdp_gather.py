@@ -90,12 +90,12 @@ def test_an_fsdp_export_is_written_from_the_checkpoints_state(tmp_path, monkeypa
     written = []
     strategy = make_strategy(_cfg(tmp_path))
     monkeypatch.setattr(type(strategy), "lightning_module_state_dict", lambda self: {"model.b": 2, "other": 3})
-    trainer = SimpleNamespace(strategy=strategy, global_step=7, is_global_zero=True)
+    trainer = SimpleNamespace(strategy=strategy, global_step=7, max_steps=7, is_global_zero=True)
     callback = ExportCallback(tmp_path / "export", lambda module, folder, meta, **kw: written.append((meta, kw)), {})
     callback.on_save_checkpoint(trainer, None, {"state_dict": {"model.a": 1}})
     callback.on_train_end(trainer, None)  # no checkpoint at hand: the strategy gathers
     # Never started (no on_train_start): it has trained for no time.
-    meta = {"step": 7, "train_seconds": 0.0}
+    meta = {"step": 7, "max_steps": 7, "finished": True, "train_seconds": 0.0}
     assert written == [(meta, {"state": {"a": 1}}), (meta, {"state": {"b": 2}})]
 
 

@@ -65,10 +65,12 @@ def test_finetune_on_real_footage_to_a_played_game(quickstart, tmp_path):
     with pytest.raises(ConfigError) as error:
         _finetune(films, captions, root, out)
     shots = set(read_json(out / "pipeline" / "clips" / "shots.json").values())
-    assert len(shots) == 3 and len(error.value.problems) == 1 and not (out / "a_joint").exists()
+    assert len(shots) == 3 and len(error.value.problems) == 2 and not (out / "a_joint").exists()
     assert f"raise data.val_fraction above {min(map(key_fraction, shots)):.3f}" in error.value.problems[0]
+    # and the one setting for every stage, which the next run takes
+    assert error.value.problems[1].startswith("for all of the above at once: data.val_fraction=0.75 holds out 1")
 
-    summary = _finetune(films, captions, root, out, "data.val_fraction=0.8")
+    summary = _finetune(films, captions, root, out, "data.val_fraction=0.75")
     clips = read_manifest(summary["clip shards"])
     assert clips["counts"]["films"] == 2 and clips["counts"]["caption_failed"] == 0
     assert {k: clips["config"]["pipeline"]["clips"][k] for k in ("frames", "height", "width")} == \
@@ -84,7 +86,7 @@ def test_finetune_on_real_footage_to_a_played_game(quickstart, tmp_path):
     # What a user does next: train phase (b) longer and run the same command again. Phase (b) resumes to
     # step 3; its new export makes new adaptation shards, so phase (c) starts afresh, its earlier run kept.
     earlier_c = sorted(p.name for p in (out / "c" / CHECKPOINT_DIR).iterdir())
-    _finetune(films, captions, root, out, "data.val_fraction=0.8", "--steps", "2", "3", "2")
+    _finetune(films, captions, root, out, "data.val_fraction=0.75", "--steps", "2", "3", "2")
     assert json.loads((out / "b" / "export" / "export.json").read_text())["step"] == 3
     assert json.loads((out / "c" / "export" / "export.json").read_text())["step"] == 2
     assert sorted(p.name for p in (out / "c.superseded-1" / CHECKPOINT_DIR).iterdir()) == earlier_c
