@@ -272,13 +272,17 @@ def test_ctrl_c_twice_stops_at_once_and_an_ignored_signal_stays_ignored(tmp_path
     with pytest.raises(KeyboardInterrupt):
         preemption._note(signal.SIGINT, None)
 
-    # after the fit the process's own handlers are back (the recipe evaluates in the same process)
-    own = signal.getsignal(signal.SIGINT)
-    fitting = Preemption(["SIGINT"], tmp_path, keep_last=1)
-    fitting._install()
-    assert signal.getsignal(signal.SIGINT) == fitting._note
-    fitting.restore()
-    assert signal.getsignal(signal.SIGINT) is own
+    # after the fit the process's own handlers are back (the recipe evaluates in the same process); as
+    # launched from a terminal, whatever the test runner's disposition (a background job ignores SIGINT)
+    runner_own = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        fitting = Preemption(["SIGINT"], tmp_path, keep_last=1)
+        fitting._install()
+        assert signal.getsignal(signal.SIGINT) == fitting._note
+        fitting.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, runner_own)
 
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     term = signal.getsignal(signal.SIGTERM)
