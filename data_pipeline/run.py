@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -183,9 +184,28 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     """Run the configured steps in order; returns the report (finalize) or a summary.
 
     Fails in seconds (ConfigError) when something the steps need is missing, before any work; the
-    output folder is locked for the run (one lock per part when ``num_parts`` machines share it)."""
-    with folder_lock(cfg.output, cfg.lock_wait_seconds, name=part_lock_name(cfg.part, cfg.num_parts)):
-        return _run_pipeline(cfg, resolved, model_cfg)
+    output folder is locked for the run (one lock per part when ``num_parts`` machines share it); a run
+    refused before any work leaves no folder it created behind."""
+    from animegamer.config.validate import ConfigError
+
+    created = first_missing(Path(cfg.output))
+    try:
+        with folder_lock(cfg.output, cfg.lock_wait_seconds, name=part_lock_name(cfg.part, cfg.num_parts)):
+            return _run_pipeline(cfg, resolved, model_cfg)
+    except ConfigError:
+        if created is not None and not any(p.is_file() for p in created.rglob("*")):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (None: ``path`` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
 
 
 def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:

@@ -252,7 +252,12 @@ def test_wrong_input_path_fails_before_any_work(tmp_path):
         run_pipeline(pipeline_overrides(output, [missing, empty], captions))
     assert f"{missing} does not exist" in str(caught.value)
     assert f"folder {empty} holds no video file" in str(caught.value)
-    assert not (output / ".staging").exists() and not (output / "report.json").exists()
+    assert not output.exists()  # the refused run leaves no folder it made
+
+    output.mkdir()  # an existing output folder stays, emptied of nothing
+    with pytest.raises(ConfigError):
+        run_pipeline(pipeline_overrides(output, [missing], captions))
+    assert output.is_dir() and not (output / ".staging").exists() and not (output / "report.json").exists()
 
 
 def test_cuts_agree_with_pyscenedetect(tmp_path):
