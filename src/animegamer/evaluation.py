@@ -353,10 +353,9 @@ def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
     from animegamer.config.trained_data import clip_manifest
     from animegamer.game_models import load_game_models, read_level_flow
+    from animegamer.evaluation_reuse import forget_record
     from animegamer.metrics.judge import judge_report_games
     from animegamer.metrics.report import write_report
-
-    from animegamer.evaluation_reuse import forget_record
 
     e = cfg.evaluation
     out = Path(e.out)

@@ -27,24 +27,25 @@ PRESETS = ("tiny", "paper")
 PAPER = "paper"
 
 
-def check_preset(model: str | None, start: Path) -> None:
-    """``--model`` against the preset ``--from``'s exports were trained with: their weights fit no other."""
+def preset_for(model: str | None, start: Path) -> str:
+    """The preset to fine-tune: the one ``--from``'s exports were trained with (their weights fit no other),
+    which ``--model`` may name but not contradict; paper when they record none."""
     from animegamer.errors import UserError
 
     trained = trained_preset(start / A_JOINT / "export")
     if model and trained and model != trained:
         raise UserError(f"--model {model}, but {start / A_JOINT / 'export'} was trained with model={trained}: "
                         f"its weights fit only that preset (leave --model out to use it)")
+    return model or trained or PAPER
 
 
-def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str | None, steps: tuple[int, int, int],
+def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
     start_a = start / A_JOINT / "export"
     size = trained_clip_size(start_a)
     if size is None:
         raise MissingInputError(f"{start_a}: not an export folder (no export.json); --from names a run folder "
                                 f"holding a_joint/export and b/export")
-    model = model or trained_preset(start_a) or PAPER
     common = ["experiment=finetune_film", f"model={model}", f"pipeline.output={out}/pipeline",
               f"output_dir={out}/" + "${phase.name}", *size.overrides()]
     start_b = "" if official_mllm else str(start / "b" / "export")
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     if options:
         parser.error(f"unrecognized arguments: {' '.join(options)}")
     setup_logging("INFO")
-    check_preset(args.model, args.start)
-    recipe = finetune_recipe(args.film, args.captions, args.start, args.out, args.model, tuple(args.steps),
+    model = preset_for(args.model, args.start)
+    recipe = finetune_recipe(args.film, args.captions, args.start, args.out, model, tuple(args.steps),
                              args.official_mllm, tuple(overrides))
     if args.constrained_states:
         recipe.evaluation.append("model.mllm.constrained_states=true")

@@ -234,27 +234,28 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
     :class:`ConfigError` listing every problem; warns where a stage will run without validation."""
     counts = {"phase a": counts_of(phase_a)}
     c = counts["phase a"]
-    problems = captions_problems(c) + training_problems(c, "phase a")
+    problems = captions_problems(c)
+    split = training_problems(c, "phase a")  # what the held-out fraction or the session length would fix
     if phase_a.phase.val_clips > 0 and c.captioned and not c.held_out_clips:
         log.warning("phase a: no held-out clip at data.val_fraction=%s: validation is skipped", c.val_fraction)
+    b = None
     if phase_b is not None:
         counts["phase b"] = b = counts_of(phase_b)
-        problems += training_problems(b, "phase b") + session_problems(b)
+        split += training_problems(b, "phase b") + session_problems(b)
         if b.train_sessions and not b.held_out_sessions:
             log.warning("phase b: no session is made only of held-out clips at data.val_fraction=%s: it will not be "
                         "validated (%d held-out clip(s) in %d shot(s))", b.val_fraction, b.held_out_clips,
                         b.held_out_shots)
     if evaluation is not None:
-        counts["evaluation"] = counts_of(evaluation)
-        problems += evaluation_problems(evaluation, trained=False)
-    split_fixes = [p for p in problems if "data.val_fraction" in p or "pipeline.sessions.turns" in p]
-    b = counts.get("phase b")
-    suggestion = None
-    if split_fixes:
-        base = phase_b if phase_b is not None else phase_a
-        suggestion = split_suggestion(b or c, options_of(base), b.turns if b is not None else None)
-    if suggestion:  # the same value in every stage: set it once, for the whole run
-        problems.append(f"for all of the above at once: {suggestion}")
+        counts["evaluation"] = e = counts_of(evaluation)
+        problems += captions_problems(e)
+        split += held_out_problems(e, "evaluation", trained=False)
+    problems += split
+    if split:  # each stage's own fix can undo another's: one value for the whole run, where there is one
+        suggestion = split_suggestion(b or c, options_of(phase_b if b is not None else phase_a),
+                                      b.turns if b is not None else None)
+        if suggestion:
+            problems.append(f"for all of the above at once: {suggestion}")
     raise_problems(problems)
     for stage, n in counts.items():
         log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import signal
 import tarfile
 from collections import Counter
@@ -271,8 +272,6 @@ def ignore_interrupt(worker_id: int) -> None:
     worker it ended would fail the run before the main process saves at the step's end
     (``training.faults.Preemption``); the main process alone answers it. Then what Lightning would have
     set in its place: its per-worker seeding under ``seed_everything(workers=True)``."""
-    import os
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.environ.get("PL_SEED_WORKERS") == "1":
         from lightning.fabric.utilities.seed import pl_worker_init_function
