@@ -21,6 +21,7 @@ from animegamer.metrics import (
     write_report,
 )
 from data_pipeline.motion import MotionBins
+from motion_helpers import shifted_clip, smooth_texture
 
 EDGES = (0.5, 2.5, 10.0, 20.0)
 BINS = MotionBins(
@@ -29,20 +30,6 @@ BINS = MotionBins(
     source="fixed",
     counts={level: 10 for level in range(1, 6)},
 )
-
-
-def smooth_texture(height: int, width: int, seed: int = 0, cutoff: float = 0.08) -> np.ndarray:
-    """Low-passed noise, periodic by construction (FFT), so np.roll shifts it without a seam."""
-    rng = np.random.default_rng(seed)
-    spectrum = np.fft.fft2(rng.standard_normal((height, width)))
-    fy, fx = np.fft.fftfreq(height)[:, None], np.fft.fftfreq(width)[None, :]
-    image = np.real(np.fft.ifft2(spectrum * np.exp(-(fx**2 + fy**2) / (2 * cutoff**2))))
-    gray = ((image - image.min()) / (image.max() - image.min()) * 255).round().astype(np.uint8)
-    return np.stack([gray, np.roll(gray, 7, axis=0), 255 - gray], axis=-1)  # (H, W, 3)
-
-
-def shifted_clip(texture: np.ndarray, pixels_per_frame: int, frames: int = 9) -> np.ndarray:
-    return np.stack([np.roll(texture, pixels_per_frame * i, axis=1) for i in range(frames)])
 
 
 def expected_level(flow: float) -> int:
