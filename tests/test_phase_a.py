@@ -1,21 +1,17 @@
 """Phase (a) training on tiny models: golden curve, exact resume, trainable sets, export, sampling."""
 from __future__ import annotations
 
-import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from golden_helpers import check_golden_losses
 from phase_a_helpers import logged_losses, tiny_train_cfg, write_synthetic_features
 
 from animegamer.checks import validate_train_run
 from animegamer.phases.phase_a import PhaseA
 from animegamer.training.runner import train
-
-GOLDEN = Path(__file__).parent / "golden" / "phase_a_tiny.json"
-UPDATE_GOLDEN = os.environ.get("ANIMEGAMER_UPDATE_GOLDEN") == "1"
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +33,7 @@ def test_golden_loss_curve(data_root, tmp_path):
     _run(data_root, tmp_path / "run", "phase=a_joint")
     losses = logged_losses(tmp_path / "run")
     assert sorted(losses) == list(range(6))
-    if UPDATE_GOLDEN:
-        GOLDEN.write_text(json.dumps({"command": "ANIMEGAMER_UPDATE_GOLDEN=1 pytest tests/test_phase_a.py -k golden",
-                                      "torch": torch.__version__, "losses": losses}, indent=2))
-    golden = {int(k): v for k, v in json.loads(GOLDEN.read_text())["losses"].items()}
-    for step, value in golden.items():
-        assert losses[step] == pytest.approx(value, rel=1e-5), step
+    check_golden_losses("phase_a_tiny", losses, "pytest tests/test_phase_a.py -k golden")
 
 
 def test_resume_mid_run_continues_the_curve_exactly(data_root, tmp_path):

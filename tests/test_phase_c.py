@@ -1,6 +1,8 @@
-"""Phase (c) on tiny models: exactly its trainable set, and its loss falls on adaptation data."""
+"""Phase (c) on tiny models: exactly its trainable set, its loss falls on adaptation data, the
+representation dropout's rate, and a golden loss curve with the dropout on."""
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -11,9 +13,11 @@ from animegamer.checks import validate_train_run
 from animegamer.config.compose import compose_config
 from animegamer.data.phase_c import adaptation_dataset
 from animegamer.phases.common import make_optimizer
-from animegamer.phases.phase_c import PhaseC
+from animegamer.phases.phase_c import PhaseC, rep_dropout
 from animegamer.training.runner import train
 from animegamer.utils.randomness import SampleRandom
+from golden_helpers import check_golden_losses
+from phase_a_helpers import logged_losses
 from phase_c_helpers import write_synthetic_adaptation
 
 
@@ -63,3 +67,54 @@ def test_export_carries_the_encoder_for_the_renderer(data_root, tmp_path):
 
     tensors = load_file(f"{result['export']}/trained.safetensors")
     assert any(k.startswith("encoder.") for k in tensors) and any("lora_A" in k for k in tensors)
+
+
+# --------------------------------------------------------------------------- representation dropout (CFG)
+DRAWS = 4000
+# A deterministic draw (keyed generators), so no flakiness: the bound is four binomial standard
+# deviations, which a correct rate misses with probability below 1e-4 for any seed.
+SIGMAS = 4.0
+
+
+def _phase_c_dropout_prob(data_root, tmp_path) -> float:
+    _, cfg = _cfg(data_root, tmp_path)
+    return cfg.phase.unconditional_rep_prob
+
+
+@pytest.mark.parametrize("which", ["phase c config", "a quarter"])
+def test_dropout_replaces_a_share_p_of_the_representations(data_root, tmp_path, which):
+    p = _phase_c_dropout_prob(data_root, tmp_path) if which == "phase c config" else 0.25
+    assert 0 < p < 1
+    rep = torch.randn(DRAWS, 3, 4, generator=torch.Generator().manual_seed(1))
+    uncond = torch.full((3, 4), 7.0)
+    out = rep_dropout(rep, uncond, p, SampleRandom(0, range(DRAWS)))
+    dropped = (out == uncond).all(dim=(1, 2))
+    assert torch.equal(out[~dropped], rep[~dropped])  # the others pass unchanged
+    tolerance = SIGMAS * math.sqrt(p * (1 - p) / DRAWS)
+    assert abs(float(dropped.float().mean()) - p) < tolerance, (float(dropped.float().mean()), p, tolerance)
+
+
+def test_dropout_never_and_always_at_the_ends():
+    rep, uncond = torch.randn(64, 2, 4), torch.zeros(2, 4)
+    assert torch.equal(rep_dropout(rep, uncond, 0.0, SampleRandom(0, range(64))), rep)
+    assert torch.equal(rep_dropout(rep, uncond, 1.0, SampleRandom(0, range(64))), uncond.expand_as(rep))
+
+
+GOLDEN_STEPS = 6
+
+
+def test_golden_loss_curve_with_dropout_on(data_root, tmp_path):
+    """Six steps at the phase's own dropout rate; the draws of those steps drop some samples and keep
+    others, so the curve pins both branches (and which samples take which)."""
+    composed, cfg = _cfg(data_root, tmp_path / "run", "logger=csv", "trainer.log_every_n_steps=1",
+                         f"phase.max_steps={GOLDEN_STEPS}", "phase.warmup_steps=2", "phase.lr=1e-3",
+                         "checkpoint.every_n_steps=1000")
+    p = cfg.phase.unconditional_rep_prob
+    samples = GOLDEN_STEPS * cfg.phase.batch_size
+    dropped = int((SampleRandom(cfg.seed, range(samples)).rand() < p).sum())  # train_draw's positions, one process
+    assert 0 < dropped < samples, (dropped, p)
+    validate_train_run(composed)
+    train(cfg, composed)
+    losses = logged_losses(tmp_path / "run")
+    assert sorted(losses) == list(range(GOLDEN_STEPS))
+    check_golden_losses("phase_c_tiny_dropout", losses, "pytest tests/test_phase_c.py -k golden")
