@@ -234,6 +234,19 @@ def plot_state_accuracy(per_state: Mapping[str, Mapping], path: Path, paper_acc:
 
 
 # --------------------------------------------------------------------------- markdown
+def markdown_cell(text: Any) -> str:
+    """``text`` as one Markdown table cell: a ``|`` (or a line break) in a reason or an answer would
+    otherwise end the cell (or the row) and shift what the table shows. Backslashes are escaped too, so
+    a ``\\|`` in the text cannot undo the escape."""
+    flat = " ".join(str(text).splitlines())
+    return flat.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def markdown_row(*cells: Any) -> str:
+    """One Markdown table row, every cell escaped (:func:`markdown_cell`)."""
+    return "| " + " | ".join(markdown_cell(cell) for cell in cells) + " |"
+
+
 def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
     """What the numbers were measured on: "2 games, 4 turns" or "2 clips"."""
     if games:
@@ -282,7 +295,7 @@ def _metrics_table(ours: Mapping[str, dict], paper: Mapping[str, float], paper_n
         if metric_value(ours_value) is not None and paper_value is not None:
             delta = f"{metric_value(ours_value) - float(paper_value):+.{METRIC_INFO.get(key, ('', 0, 4))[2]}f}"
         better = ("higher" if METRIC_INFO[key][1] else "lower") if key in METRIC_INFO else "-"
-        lines.append(f"| {_label(key)} | {ours_text} | {paper_text} | {delta} | {better} |")
+        lines.append(markdown_row(_label(key), ours_text, paper_text, delta, better))
     return lines
 
 
@@ -295,11 +308,11 @@ def _baselines_table(ours: Mapping[str, dict], baselines: Mapping[str, Mapping],
         return []
     lines = ["## Baselines", "", "Computed in this evaluation, on the same clips and turns, with the same metrics.", "",
              "| | " + " | ".join(_label(k) for k in keys) + " |", "|---" * (len(keys) + 1) + "|",
-             f"| {ours_name}{_unpredicted(ours_states)} | "
-             + " | ".join(_fmt(k, ours[k]) if k in ours else "-" for k in keys) + " |"]
+             markdown_row(f"{ours_name}{_unpredicted(ours_states)}",
+                          *(_fmt(k, ours[k]) if k in ours else "-" for k in keys))]
     for name, row in baselines.items():
         cells = [_fmt(k, as_metric(row[k])) if k in row else "-" for k in keys]
-        lines.append(f"| {row.get('label', name)}{_unpredicted(row.get('states'))} | " + " | ".join(cells) + " |")
+        lines.append(markdown_row(f"{row.get('label', name)}{_unpredicted(row.get('states'))}", *cells))
     return lines + [""]
 
 
@@ -352,7 +365,7 @@ def _markdown(
         for key, row in states["per_state"].items():
             acc = f"{row['acc']:.4f}" if row.get("acc") is not None else "-"
             mae = f"{row['mae']:.4f}" if row.get("mae") is not None else "-"
-            lines.append(f"| {key} | {acc} | {mae} | {row.get('n', '-')} | {row.get('missing', '-')} |")
+            lines.append(markdown_row(key, acc, mae, row.get("n", "-"), row.get("missing", "-")))
         lines.append("")
         if "states_plot" in plots:
             lines += [f"![state accuracy]({plots['states_plot'].name})", ""]
