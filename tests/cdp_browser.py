@@ -2,8 +2,9 @@
 the standard library only, no driver package and no browser download.
 
 Chromium reads commands from its file descriptor 3 and writes replies and events to 4, each one JSON
-message ended by a NUL byte. Debian's ``chromium`` package (apt) provides the browser; without one on
-PATH the tests that need it skip.
+message ended by a NUL byte. Each browser starts with a fresh profile (``--user-data-dir`` in a
+temporary folder, removed at its close). Debian's ``chromium`` package (apt) provides the browser, and
+``.ci/run`` installs it where it is missing; without one on PATH the tests that need it skip.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import time
 from typing import Any, Optional
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-# Without the background-networking switches Chromium tries to reach its services on a closed network.
+# Without the background-networking switches Chromium tries to reach its services on a closed network;
+# a container's /dev/shm (64 MiB under Docker's defaults) is too small for its shared memory.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         "--mute-audio", "--remote-debugging-pipe")
+         "--mute-audio", "--disable-dev-shm-usage", "--remote-debugging-pipe")
 COMMAND_FD, REPLY_FD = 3, 4  # what --remote-debugging-pipe reads and writes
 SPARE_FD = 10  # above every descriptor the child starts with
 WINDOW = (1400, 1100)

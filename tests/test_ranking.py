@@ -4,19 +4,27 @@ a browser, and a scripted rater in headless Chromium (skipped without a Chromium
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import numpy as np
 import pytest
 
 from animegamer.metrics.judge import DIMENSIONS
-from animegamer.ranking import (ANSWERS_FILE, REPORT_FILE, RESULTS_FILE, RankingApp, RankingServer, column_order,
-                                kendall_w, load_runs, main, spearman)
+from animegamer.ranking import RankingApp, RankingServer, kendall_w, load_runs, main, spearman
+from animegamer.ranking.app import REPORT_FILE, RESULTS_FILE, TOKEN_HEADER
+from animegamer.ranking.server import MAX_BODY_BYTES, REQUEST_TIMEOUT_S
+from animegamer.ranking.store import ANSWERS_FILE
 from cdp_browser import Browser, find_browser
+from page_helpers import PageReader
 
 RUNS = ("alpha", "beta", "gamma")
 GAMES = ("g1", "g2")
@@ -72,13 +80,16 @@ def runs(tmp_path_factory) -> list[Path]:
 
 
 class Serving:
-    """A ranking server on a free port of 127.0.0.1, in a thread."""
+    """A ranking server on a free port of 127.0.0.1, in a thread; requests made as the rater's page makes
+    them (the token read from the rater's page), or byte for byte."""
 
-    def __init__(self, folders: list[Path], out: Path) -> None:
+    def __init__(self, folders: list[Path], out: Path, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.app = RankingApp(load_runs(folders, list(RUNS)), out)
-        self.server = RankingServer(self.app, port=0)
+        self.server = RankingServer(self.app, port=0, timeout_s=timeout_s)
         self.url = self.server.url
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._tokens: dict[str, str] = {}
 
     def __enter__(self) -> "Serving":
         self.thread.start()
@@ -88,32 +99,77 @@ class Serving:
         self.server.shutdown()
         self.server.server_close()
 
-    def get(self, path: str) -> tuple[int, bytes]:
+    def get(self, path: str, headers: Optional[dict] = None) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url + path, headers=headers or {})
         try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()
 
-    def post(self, payload: Any) -> tuple[int, dict]:
-        request = urllib.request.Request(self.url + "api/answer", data=json.dumps(payload).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+    def token(self, rater: str) -> str:
+        """The token the rater's page carries."""
+        if rater not in self._tokens:
+            page = self.get("?" + urlencode({"rater": rater}))[1].decode()
+            self._tokens[rater] = re.search(r'data-token="([0-9a-f]+)"', page).group(1)
+        return self._tokens[rater]
+
+    def post(self, payload: Any, token: Optional[str] = None, headers: Optional[dict] = None) -> tuple[int, dict]:
+        """POST ``payload`` to api/answer as the page does (with the token of the payload's rater unless given)."""
+        if token is None:
+            token = self.token(payload["rater"]) if isinstance(payload, dict) else ""
+        request = urllib.request.Request(self.url + "api/answer", data=json.dumps(payload).encode(), method="POST",
+                                         headers={"Content-Type": "application/json", TOKEN_HEADER: token,
+                                                  **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
 
+    def state(self, rater: str) -> dict:
+        status, body = self.get("api/state?" + urlencode({"rater": rater}), {TOKEN_HEADER: self.token(rater)})
+        assert status == 200, body
+        return json.loads(body)["answers"]
+
+    def labels(self, rater: str, game: str) -> dict[str, str]:
+        """Run -> the column the rater sees it in."""
+        order = self.app.order(rater, game)
+        return {run: "ABC"[order.index(run)] for run in RUNS}
+
     def rank(self, rater: str, game: str, dimension: str, ranks: dict[str, int | None]) -> list[dict]:
         """Give ``ranks`` (run name -> rank) as the page would: one answer per column, by label."""
-        order = column_order(rater, game, list(RUNS))
+        labels = self.labels(rater, game)
         results = []
         for run, rank in ranks.items():
             status, result = self.post({"rater": rater, "game": game, "dimension": dimension,
-                                        "column": "ABC"[order.index(run)], "rank": rank})
+                                        "column": labels[run], "rank": rank})
             assert status == 200, result
             results.append(result)
         return results
+
+    def raw(self, data: bytes, timeout_s: float = 10.0) -> tuple[Optional[int], bytes]:
+        """Send ``data`` as it is; (status, body) of the reply, (None, b"") when the connection ends without one."""
+        with socket.create_connection(("127.0.0.1", self.server.server_address[1]), timeout=timeout_s) as connection:
+            connection.sendall(data)
+            reply = b""
+            try:
+                while chunk := connection.recv(1 << 16):
+                    reply += chunk
+            except ConnectionResetError:
+                pass
+        if not reply:
+            return None, b""
+        head, _, body = reply.partition(b"\r\n\r\n")
+        return int(head.split(b" ", 2)[1]), body
+
+    def request(self, method: str, path: str, body: bytes = b"", **headers: str) -> tuple[Optional[int], bytes]:
+        """One request byte for byte: ``Host`` this server's unless given; header names with _ for -, None
+        leaves the header out."""
+        fields = {"Host": self.host, **{name.replace("_", "-"): value for name, value in headers.items()}}
+        fields = {name: value for name, value in fields.items() if value is not None}
+        head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
+        return self.raw(head.encode("latin-1") + body)
 
 
 def ranking(*order: str) -> dict[str, int]:
@@ -142,15 +198,14 @@ def test_answers_survive_a_restart_and_aggregate_to_the_hand_computation(runs, t
         duplicate = serving.rank("alice", "g2", "overall", {"beta": 1})[-1]
         assert duplicate["status"] == "duplicate" and "rank 1 is given twice" in duplicate["status_text"]
         assert serving.rank("alice", "g2", "overall", {"alpha": None})[-1]["status_text"] == "saved; 1 of 3 ranked"
-        state_before = json.loads(serving.get("api/state?rater=alice")[1])["answers"]
+        state_before = serving.state("alice")
         lines_before = (out / ANSWERS_FILE).read_text().splitlines()
     assert len(lines_before) == 6 * 3 + 3  # every choice is a line, written before the reply
 
     # A new server on the same folder (the first one "crashed") has every answer.
     with Serving(runs, out) as serving:
-        assert json.loads(serving.get("api/state?rater=alice")[1])["answers"] == state_before
-        order = column_order("alice", "g2", list(RUNS))
-        assert state_before["g2"] == {"overall": {"ABC"[order.index("beta")]: 1}}
+        assert serving.state("alice") == state_before
+        assert state_before["g2"] == {"overall": {serving.labels("alice", "g2")["beta"]: 1}}
         assert len(state_before["g1"]) == 6
         page = serving.get("?rater=alice&game=1")[1].decode()
         assert page.count(" selected>1</option>") == 1 and "saved; 1 of 3 ranked" in page
@@ -165,7 +220,7 @@ def test_answers_survive_a_restart_and_aggregate_to_the_hand_computation(runs, t
             serving.rank("bob", "g1", dimension, ranking("alpha", "beta", "gamma"))
         serving.rank("bob", "g2", "overall", ranking("alpha", "beta", "gamma"))
         serving.rank("bob", "g2", "style_consistency", {"alpha": 1})  # incomplete: not counted
-        summary = json.loads(serving.get("api/summary")[1])
+    summary = json.loads((out / RESULTS_FILE).read_text())  # the scores: in the folder, not on the page
 
     # By hand. Overall: alpha 10, 7, 10, 10; beta 7, 10, 4, 7; gamma 4, 4, 7, 4 (alice g1, g2, bob g1, g2).
     assert summary["scores"]["overall"] == {"alpha": 9.25, "beta": 7.0, "gamma": 4.75}
@@ -205,18 +260,210 @@ def test_bad_answers_are_refused_and_not_stored(runs, tmp_path):
         for change, message in [({"rank": 4}, "rank 4: an integer from 1 to 3"), ({"rank": True}, "rank True"),
                                 ({"rank": "1"}, "rank '1'"), ({"column": "D"}, "unknown column 'D'"),
                                 ({"game": "only_alpha"}, "unknown game"), ({"dimension": "fun"}, "unknown dimension"),
-                                ({"rater": "<script>"}, "rater '<script>'"), ({"rater": ""}, "rater ''")]:
+                                ({"column": ["A"]}, "unknown column ['A']"), ({"game": {"g1": 1}}, "unknown game"),
+                                ({"dimension": None}, "unknown dimension"),
+                                ({"run": "alpha"}, "unknown fields ['run']")]:
             status, result = serving.post({**good, **change})
             assert status == 400 and message in result["error"], (change, result)
-        assert serving.post([1, 2])[0] == 400
+        for rater in ("<script>", "", ["alice"]):  # no name a page is served for: no token matches it
+            status, result = serving.post({**good, "rater": rater}, token=serving.token("alice"))
+            assert status == 403 and "no valid token" in result["error"], (rater, result)
+        assert serving.post([1, 2], token=serving.token("alice")) == (400, {"error": "an answer is a JSON object"})
         assert not (out / ANSWERS_FILE).exists()
         # Clips are served from inside the run folders only.
-        assert serving.get("clips/0/games/g1/turn_000.mp4")[0] == 200
-        assert serving.get("clips/0/games/g1/turn_000.jpg")[0] == 200  # the poster made at start
-        assert serving.get("clips/0/..%2F..%2Fbeta%2Feval%2Fmetrics.json")[0] == 404
-        assert serving.get("clips/0/metrics.json")[0] == 404  # not a clip
-        assert serving.get("clips/7/games/g1/turn_000.mp4")[0] == 404
+        # A clip is a (rater, game, column, turn) of the page; anything else is none.
+        clip = {"rater": "alice", "game": "g1", "column": "A", "turn": "0", "token": serving.token("alice")}
+        assert serving.get("clip?" + urlencode(clip))[0] == 200
+        assert serving.get("poster?" + urlencode(clip))[0] == 200  # the poster made at start
+        for change in ({"column": "D"}, {"turn": "2"}, {"turn": "-1"}, {"turn": "01"}, {"game": "only_alpha"},
+                       {"turn": "../metrics.json"}):
+            assert serving.get("clip?" + urlencode({**clip, **change}))[0] == 404, change
         assert b'name="rater"' in serving.get("")[1]  # no name yet: the page asks for one
+
+
+# --------------------------------------------------------------------------- what the server refuses
+GOOD = {"rater": "alice", "game": "g1", "dimension": "overall", "column": "A", "rank": 1}
+
+
+def test_requests_of_another_origin_host_or_content_type_are_refused_and_not_counted(runs, tmp_path):
+    out = tmp_path / "rankings"
+    with Serving(runs, out) as serving:
+        body = json.dumps(GOOD).encode()
+        token = serving.token("alice")
+        port = serving.server.server_address[1]
+        answer = dict(Content_Type="application/json", Content_Length=str(len(body)), X_Ranking_Token=token)
+        for headers, status in [
+            ({"Origin": f"http://127.0.0.1:{port + 1}"}, 403),  # a page of another local origin
+            ({"Origin": f"http://localhost:{port}"}, 403),  # another origin, though the same server
+            ({"Origin": "null"}, 403),  # a sandboxed frame or a file
+            ({"Host": f"rebound.example:{port}"}, 403),  # a name of another site that resolves to 127.0.0.1
+            ({"Host": f"127.0.0.1:{port + 1}"}, 403),
+            ({"Content_Type": "text/plain"}, 415),  # what a page of another origin may send without asking
+            ({"Content_Type": "application/x-www-form-urlencoded"}, 415),
+            ({"Content_Type": "application/json; charset=latin-1"}, 415),
+        ]:
+            reply = serving.request("POST", "/api/answer", body, **{**answer, **headers})
+            assert reply[0] == status, (headers, reply)
+        # A foreign Host reads nothing either: not the page (and its token), not the rater's answers.
+        for path in ("/?rater=alice", "/api/state?rater=alice", "/api/summary"):
+            assert serving.request("GET", path, X_Ranking_Token=token, Host=f"rebound.example:{port}")[0] == 403
+        assert not (out / ANSWERS_FILE).exists() and serving.app.aggregate()["rankings"]["overall"] == 0
+        # The same answer from the page's own origin, by either name of this machine, is stored.
+        assert serving.request("POST", "/api/answer", body, **answer, Origin=f"http://{serving.host}")[0] == 200
+        assert serving.request("POST", "/api/answer", body, **answer, Host=f"localhost:{port}",
+                               Origin=f"http://localhost:{port}")[0] == 200
+        assert len((out / ANSWERS_FILE).read_text().splitlines()) == 2
+
+
+def test_a_missing_or_wrong_token_is_refused(runs, tmp_path):
+    out = tmp_path / "rankings"
+    with Serving(runs, out) as earlier:
+        earlier_token = earlier.token("alice")
+    with Serving(runs, out) as serving:
+        token = serving.token("alice")
+        assert token == serving.app.token("alice") and token != earlier_token  # drawn anew at each start
+        for wrong in ("", "0" * len(token), token[:-1], serving.token("bob"), earlier_token, token.upper()):
+            status, result = serving.post(GOOD, token=wrong)
+            assert status == 403 and "no valid token" in result["error"], wrong
+            assert serving.get("api/state?rater=alice", {TOKEN_HEADER: wrong})[0] == 403
+            clip = {"rater": "alice", "game": "g1", "column": "A", "turn": "0", "token": wrong}
+            assert serving.get("clip?" + urlencode(clip))[0] == 403
+        assert serving.get("api/state?rater=alice")[0] == 403  # no token at all
+        assert serving.request("POST", "/api/answer", json.dumps(GOOD).encode(), Content_Type="application/json",
+                               Content_Length=str(len(json.dumps(GOOD))))[0] == 403
+        assert not (out / ANSWERS_FILE).exists()
+        assert serving.post(GOOD, token=token)[0] == 200
+        assert serving.state("alice") == {"g1": {"overall": {"A": 1}}}
+
+
+def _clips(page: str) -> list[tuple[str, dict[str, str]]]:
+    """(route, query fields) of every clip and poster of a page."""
+    reader = PageReader()
+    reader.feed(page)
+    links = [urlsplit(url) for tag, _, url in reader.links if tag == "video"]
+    return [(link.path, {k: v[-1] for k, v in parse_qs(link.query).items()}) for link in links]
+
+
+def test_clips_are_asked_for_by_column_and_each_rater_gets_the_runs_of_their_own_order(runs, tmp_path):
+    raters = [f"rater{n}" for n in range(8)]
+    files = {(run, game, turn): (folder / "games" / game / f"turn_{turn:03d}.mp4").read_bytes()
+             for run, folder in zip(RUNS, runs) for game in GAMES for turn in range(2)}
+    with Serving(runs, tmp_path / "rankings") as serving:
+        shown = {}  # (rater, game) -> the run of each column, as the clips served show it
+        for rater in raters:
+            for index, game in enumerate(GAMES):
+                page = serving.get("?" + urlencode({"rater": rater, "game": index}))[1].decode()
+                assert not any(name in page for name in RUNS) and not any(str(folder) in page for folder in runs)
+                clips = _clips(page)
+                assert len(clips) == 2 * 3 * 2  # a clip and a poster for each turn of each column
+                columns: dict[str, str] = {}
+                for route, fields in clips:
+                    assert route in ("clip", "poster") and set(fields) == {"rater", "game", "column", "turn", "token"}
+                    assert (fields["rater"], fields["game"]) == (rater, game)
+                    if route == "clip":
+                        status, data = serving.get(f"{route}?" + urlencode(fields))
+                        assert status == 200
+                        [run] = [r for r in RUNS if files[(r, game, int(fields["turn"]))] == data]
+                        assert columns.setdefault(fields["column"], run) == run
+                shown[(rater, game)] = [columns[label] for label in "ABC"]
+                assert shown[(rater, game)] == serving.app.order(rater, game)  # resolved by the server
+        # Each rater's own draw: eight raters all seeing one order in both games has odds of 6 ** -14.
+        assert len({tuple(tuple(shown[(rater, game)]) for game in GAMES) for rater in raters}) > 1
+
+
+def test_the_scores_are_not_served_to_raters(runs, tmp_path):
+    out = tmp_path / "rankings"
+    with Serving(runs, out) as serving:
+        serving.rank("alice", "g1", "overall", ranking("alpha", "beta", "gamma"))
+        token = serving.token("alice")
+        for path in ("api/summary", f"api/summary?rater=alice&token={token}"):
+            assert serving.get(path, {TOKEN_HEADER: token})[0] == 404
+        page = serving.get("?rater=alice")[1].decode()
+        assert not any(name in page for name in RUNS) and "Kendall" not in page
+    assert json.loads((out / RESULTS_FILE).read_text())["scores"]["overall"] == {"alpha": 10, "beta": 7, "gamma": 4}
+
+
+def test_malformed_requests_get_400_and_the_server_keeps_serving(runs, tmp_path):
+    out = tmp_path / "rankings"
+    with Serving(runs, out) as serving:
+        token = serving.token("alice")
+
+        def post(body: bytes, **headers: str) -> tuple[Optional[int], bytes]:
+            fields = {"Content_Type": "application/json", "Content_Length": str(len(body)), "X_Ranking_Token": token}
+            return serving.request("POST", "/api/answer", body, **{**fields, **headers})
+
+        deep = b"[" * 2000 + b"]" * 2000
+        assert len(deep) <= MAX_BODY_BYTES
+        column_list = json.dumps({**GOOD, "column": ["A"]}).encode()
+        for name, (status, body) in {
+            "Content-Length abc": post(b"{}", Content_Length="abc"),
+            "Content-Length -1": post(b"{}", Content_Length="-1"),
+            "two Content-Lengths": serving.raw(f"POST /api/answer HTTP/1.1\r\nHost: {serving.host}\r\nContent-Type: "
+                                               "application/json\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
+                                               .encode()),
+            "chunked": post(b"2\r\n{}\r\n0\r\n\r\n", Transfer_Encoding="chunked"),
+            "JSON nested 2000 deep": post(deep),
+            "a list for the column": post(column_list),
+            "a list for the answer": post(b"[1, 2]"),
+            "not UTF-8": post(b'{"rater": "\xff"}'),
+            "not JSON": post(b"{rater: alice}"),
+            "%00 in the path": serving.request("GET", "/clips/0/games%00.mp4"),
+            "%00 in a field": serving.request("GET", "/clip?rater=alice%00&token=" + token),
+            "%ff in the path": serving.request("GET", "/%ff"),
+            "%ff in a field": serving.request("GET", "/?rater=%ff"),
+            "a byte 0xff in the path": serving.raw(f"GET /\xff HTTP/1.1\r\nHost: {serving.host}\r\n\r\n"
+                                                   .encode("latin-1")),
+            "two Hosts": serving.raw(f"GET / HTTP/1.1\r\nHost: {serving.host}\r\nHost: {serving.host}\r\n\r\n"
+                                     .encode()),
+        }.items():
+            assert status == 400 and json.loads(body)["error"], (name, status, body)
+            assert serving.get("?rater=alice")[0] == 200, name  # still serving
+        assert post(b"{}", Content_Length=str(MAX_BODY_BYTES + 1))[0] == 413  # refused before it is read
+        assert post(b" " * (MAX_BODY_BYTES + 1))[0] == 413
+        assert post(b"{}", Content_Length=None)[0] == 411
+        assert serving.get("?rater=alice&game=99999999999999999999999")[0] == 200  # the last game
+        assert not (out / ANSWERS_FILE).exists()
+        assert post(json.dumps(GOOD).encode())[0] == 200
+
+
+def test_a_request_without_its_promised_body_times_out(runs, tmp_path):
+    timeout_s = 0.5
+    with Serving(runs, tmp_path / "rankings", timeout_s=timeout_s) as serving:
+        head = (f"POST /api/answer HTTP/1.1\r\nHost: {serving.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: 60\r\n{TOKEN_HEADER}: {serving.token('alice')}\r\n\r\n{{").encode()
+        started = time.monotonic()
+        status, body = serving.raw(head, timeout_s=10 * timeout_s)
+        waited = time.monotonic() - started
+        assert status == 408 and f"within {timeout_s:g} s" in json.loads(body)["error"]
+        assert timeout_s * 0.9 <= waited <= timeout_s + 2.0
+        started = time.monotonic()
+        assert serving.raw(b"GET / HTTP/1.1\r\n", timeout_s=10 * timeout_s) == (None, b"")  # headers never end
+        assert time.monotonic() - started <= timeout_s + 2.0
+        assert serving.get("?rater=alice")[0] == 200
+
+
+def test_two_servers_on_one_folder_keep_every_answer(runs, tmp_path):
+    out = tmp_path / "rankings"
+    with Serving(runs, out) as first, Serving(runs, out) as second:
+        assert first.app.order("alice", "g1") == second.app.order("alice", "g1")  # one salt for the folder
+        first.rank("alice", "g1", "overall", ranking("alpha", "beta", "gamma"))
+        second.rank("bob", "g1", "overall", ranking("gamma", "beta", "alpha"))
+        first.rank("alice", "g2", "overall", ranking("beta", "alpha", "gamma"))
+        assert first.state("bob") == second.state("bob") == {"g1": {"overall": {
+            label: rank for run, label in first.labels("bob", "g1").items()
+            for rank in [ranking("gamma", "beta", "alpha")[run]]}}}
+        # Every line of both, and the report written last counts both raters.
+        assert len((out / ANSWERS_FILE).read_text().splitlines()) == 9
+        result = json.loads((out / RESULTS_FILE).read_text())
+        assert result["rankings"]["overall"] == 3 and sorted(result["raters"]) == ["alice", "bob"]
+        # alpha: 10 (alice g1), 1 ... 4 (bob g1), 7 (alice g2)
+        assert result["scores"]["overall"] == {"alpha": 7.0, "beta": 8.0, "gamma": 6.0}
+        # A line torn by a server killed mid-write is dropped before the other appends after it.
+        with open(out / ANSWERS_FILE, "ab") as answers:
+            answers.write(b'{"rater": "carol", "ga')
+        second.rank("bob", "g2", "overall", {"alpha": 1})
+        lines = (out / ANSWERS_FILE).read_text().splitlines()
+        assert len(lines) == 10 and all(json.loads(line)["rater"] in ("alice", "bob") for line in lines)
 
 
 def test_a_torn_last_line_is_dropped_and_a_damaged_one_is_named(runs, tmp_path):
@@ -281,8 +528,8 @@ def _shown(browser: Browser) -> dict[str, dict[str, int]]:
 def test_a_scripted_rater_in_chromium_ranks_two_games_through_a_reload(runs, tmp_path):
     out = tmp_path / "rankings"
     wanted = {"g1": ranking("alpha", "beta", "gamma"), "g2": ranking("gamma", "alpha", "beta")}
-    labels = {game: {run: "ABC"[column_order("carol", game, list(RUNS)).index(run)] for run in RUNS} for game in GAMES}
     with Serving(runs, out) as serving, Browser(CHROMIUM) as browser:
+        labels = {game: serving.labels("carol", game) for game in GAMES}
         browser.navigate(serving.url + "?rater=carol&game=0")
         assert browser.evaluate("document.getElementById('ranking').dataset.game") == "g1"
         assert browser.evaluate("document.querySelectorAll('video').length") == 3 * 2  # 3 runs x 2 turns
@@ -323,6 +570,59 @@ def test_a_scripted_rater_in_chromium_ranks_two_games_through_a_reload(runs, tmp
     assert result["rankings"] == {d: 2 for d in DIMENSIONS} and result["raters"]["carol"]["rankings"] == 12
     assert "| Overall | 7.00 ± 1.41 | 8.50 | not judged | 5.50 | not judged | 7.00 | 2 | - |" in \
         (out / REPORT_FILE).read_text()
+
+
+class OtherOrigin:
+    """A blank page on another port of 127.0.0.1: another local origin, as any other local server is."""
+
+    def __init__(self) -> None:
+        class Blank(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                body = b"<!DOCTYPE html><title>another origin</title>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Blank)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def __enter__(self) -> "OtherOrigin":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (Debian: apt-get install chromium)")
+def test_a_page_of_another_local_origin_in_chromium_stores_nothing_and_reads_no_token(runs, tmp_path):
+    out = tmp_path / "rankings"
+    with Serving(runs, out) as serving, OtherOrigin() as other, Browser(CHROMIUM) as browser:
+        browser.navigate(other.url)
+        answer = json.dumps(json.dumps(GOOD))
+        outcomes = browser.evaluate(f"""(async () => {{
+            const target = {json.dumps(serving.url)};
+            const tries = [
+                // a simple request: sent without asking, its reply unreadable
+                fetch(target + "api/answer", {{method: "POST", mode: "no-cors", body: {answer},
+                                               headers: {{"Content-Type": "text/plain"}}}}),
+                // JSON with the token header: the browser asks first, and the server does not consent
+                fetch(target + "api/answer", {{method: "POST", body: {answer},
+                                               headers: {{"Content-Type": "application/json",
+                                                          {json.dumps(TOKEN_HEADER)}: "x"}}}}),
+                fetch(target + "?rater=alice").then(response => response.text()),  // the page and its token
+            ];
+            return (await Promise.allSettled(tries)).map(outcome => outcome.status);
+        }})()""")
+        assert outcomes == ["fulfilled", "rejected", "rejected"]  # the first's reply is opaque
+        assert not (out / ANSWERS_FILE).exists()
+        assert serving.app.aggregate()["rankings"]["overall"] == 0
 
 
 def test_the_same_folder_twice_is_refused(runs, tmp_path):

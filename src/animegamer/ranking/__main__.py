@@ -1,0 +1,4 @@
+"""``python -m animegamer.ranking``."""
+from animegamer.ranking.cli import main
+
+raise SystemExit(main())

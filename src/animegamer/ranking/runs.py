@@ -1,0 +1,80 @@
+"""The evaluated runs a ranking compares (each ``evaluate.py`` folder's games) and the blind column
+order in which a rater sees them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from animegamer.errors import InvalidInputError, MissingInputError, UserError
+
+log = logging.getLogger(__name__)
+
+RANK_SCORES = (10, 7, 4, 1)  # the paper: rank 1 (best) .. 4 -> score
+MIN_RUNS, MAX_RUNS = 2, len(RANK_SCORES)
+COLUMN_LABELS = string.ascii_uppercase[:MAX_RUNS]
+METRICS_FILE = "metrics.json"  # what evaluate.py writes into each run folder
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    folder: Path
+    games: dict  # game id -> the report game (metrics.json's "games" entry; clip paths relative to folder)
+    judge: Optional[dict]  # metrics.json's judge record, if the run was judged
+
+
+def load_run(folder: str | Path, name: str) -> Run:
+    folder = Path(folder)
+    path = folder / METRICS_FILE
+    if not path.is_file():
+        raise MissingInputError(f"{path}: missing; --runs takes folders written by evaluate.py (evaluation.out)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        games = {str(g["id"]): g for g in record["games"]}
+    except (ValueError, KeyError, TypeError) as error:
+        raise InvalidInputError(f"{path}: not an evaluation record with games ({error})") from error
+    if not games:
+        raise InvalidInputError(f"{path}: no game was played in this run")
+    return Run(name, folder, games, (record.get("metrics") or {}).get("judge"))
+
+
+def load_runs(folders: Sequence[str | Path], names: Optional[Sequence[str]] = None) -> list[Run]:
+    if not MIN_RUNS <= len(folders) <= MAX_RUNS:
+        raise UserError(f"--runs takes {MIN_RUNS} to {MAX_RUNS} evaluation folders, got {len(folders)}")
+    names = list(names) if names else [Path(f).resolve().name for f in folders]
+    if len(names) != len(folders):
+        raise UserError(f"--names gives {len(names)} names for {len(folders)} runs")
+    if len(set(names)) != len(names):
+        raise UserError(f"run names {names} are not distinct: name each run with --names")
+    resolved = [Path(f).resolve() for f in folders]
+    twice = sorted({str(f) for f in resolved if resolved.count(f) > 1})
+    if twice:
+        raise UserError(f"--runs names the same evaluation folder more than once ({', '.join(twice)}): a run "
+                        "ranked against itself tells nothing")
+    return [load_run(folder, name) for folder, name in zip(folders, names)]
+
+
+def common_games(runs: Sequence[Run]) -> list[str]:
+    """The games every run played (same benchmark game id), in the first run's order."""
+    ids = [gid for gid in runs[0].games if all(gid in run.games for run in runs[1:])]
+    if not ids:
+        raise InvalidInputError("the runs share no game: evaluate them on the same benchmark "
+                                "(evaluation.benchmark=<one run's benchmark.json>)")
+    left_out = sorted({gid for run in runs for gid in run.games} - set(ids))
+    if left_out:
+        log.warning("ranking: %d games not played by every run are left out: %s", len(left_out), ", ".join(left_out))
+    return ids
+
+
+def column_order(rater: str, game: str, runs: Sequence[str], salt: str) -> list[str]:
+    """The run shown in each column for this rater and game: a fixed draw (sha256 of the ranking
+    folder's secret ``salt``, the rater, the game and the run), so no run sits in the same column for
+    everyone, the order stays the same across restarts, and a rater who knows the run names cannot
+    work it out without the salt, which only the server reads."""
+    key = lambda run: hashlib.sha256(f"{salt}\0{rater}\0{game}\0{run}".encode()).hexdigest()
+    return sorted(runs, key=key)
