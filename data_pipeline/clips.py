@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 
 from animegamer.config.schema import ClipsConfig
-from data_pipeline.ingest import FilmInfo
+from data_pipeline.ingest import FilmInfo, readable_error
 from data_pipeline.shots import Shot
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class FrameSource:
             # decord 0.6's scaler hands back 4 bytes per pixel at a few sizes (e.g. 48x40 and 72x60
             # from a 176x144 film) and fails its own size check: decode at the film's size instead.
             log.info("%s: decord cannot scale to %dx%d (%s); resizing with OpenCV", film.path, w, h,
-                     str(error).splitlines()[0][:120])
+                     readable_error(error))
             self._reader = decord.VideoReader(film.path, num_threads=1)
             self._host_resize = True
         self._cfg = cfg

@@ -1,7 +1,9 @@
 """Ingest: find the input films and probe each with decord, rejecting what cannot be used.
 
 Every rejection is a :class:`BadInput` with a reason code that ends up in ``report.json``; probing
-never raises anything else, so one broken file cannot stop a run over a thousand films.
+never raises anything else, so one broken file cannot stop a run over a thousand films. Its detail,
+like every decoder error the pipeline records, is :func:`readable_error`'s: what went wrong, without
+the decoder's source locations.
 """
 from __future__ import annotations
 
@@ -29,6 +31,15 @@ TRUNCATED = "truncated"
 TOO_SHORT = "too_short"
 BAD_SIZE = "bad_frame_size"
 VFR = "variable_frame_rate"
+
+DETAIL_CHARS = 200  # the longest error detail report.json and the log keep
+# decord prefixes an error with a time and its C++ source location ("[12:00:00] /src/video/ffmpeg/
+# threaded_decoder.cc:292: "), once for each level it passes the error through; a failed check then
+# gives its expression and the values compared, the first an ffmpeg error code when negative, and a
+# failed read gives the code without its sign ("av_read_frame failed with 1094995529").
+_SOURCE_LOCATION = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+?\.(?:cc|cpp|cxx|c|h|hpp):\d+: ")
+_FAILED_CHECK = re.compile(r"Check failed: .*? \((-?\d+) vs\. -?\d+\)\s*")
+_FAILED_WITH = re.compile(r"failed with (-?\d+)")
 
 
 @dataclass(frozen=True)
@@ -84,16 +95,53 @@ def split_part(paths: list[Path], part: int, num_parts: int) -> list[Path]:
     return [p for i, p in enumerate(sorted(paths)) if i % num_parts == part]
 
 
+def readable_error(error: BaseException, typed: bool = False) -> str:
+    """What went wrong, for report.json and the log: the first line of ``error``'s message that says
+    something, without decord's times, C++ source locations and failed-check expressions (an ffmpeg
+    error code in decord's message named by ffmpeg's text), at most :data:`DETAIL_CHARS` long.
+    ``typed``: an error from outside the decoder (no source location) starts with its type's name."""
+    text, located = "", False
+    for line in str(error).splitlines():
+        cleaned, count = _SOURCE_LOCATION.subn("", line)
+        located = located or count > 0
+        if located:  # decord's message: its codes are ffmpeg's
+            check, failed = _FAILED_CHECK.search(cleaned), _FAILED_WITH.search(cleaned)
+            code = int(check.group(1)) if check else -abs(int(failed.group(1))) if failed else 0
+            cleaned = _FAILED_CHECK.sub("", cleaned).strip()
+            meaning = _ffmpeg_message(code)
+            cleaned += f" (ffmpeg: {meaning})" if meaning else ""
+        if cleaned.strip():
+            text = cleaned.strip()
+            break
+    if typed and not located:
+        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text[:DETAIL_CHARS]
+
+
+def _ffmpeg_message(code: int) -> str | None:
+    """ffmpeg's message for a negative error code (None for anything else)."""
+    import av
+
+    if code >= 0:
+        return None
+    try:
+        av.error.err_check(code)
+    except av.error.FFmpegError as error:
+        return error.strerror
+    return None
+
+
 def _open(path: Path):
     import decord  # imported here: decord loads ffmpeg libraries, not needed by importers of FilmInfo
 
     try:
         return decord.VideoReader(str(path), num_threads=1)
     except Exception as exc:  # decord raises its own DECORDError for every ffmpeg failure
-        message = str(exc).splitlines()[0][:200]
-        if "st_nb" in message or ("stream" in message.lower() and "video" in message.lower()):
+        raw = (str(exc).splitlines() or [""])[0]  # classified by what decord's first line names
+        message = readable_error(exc)
+        if "st_nb" in raw or ("stream" in raw.lower() and "video" in raw.lower()):
             raise BadInput(str(path), NO_VIDEO, message) from None
-        if "av_read_frame" in message:  # the index was read, the packets it points to are missing
+        if "av_read_frame" in raw:  # the index was read, the packets it points to are missing
             raise BadInput(str(path), TRUNCATED, message) from None
         raise BadInput(str(path), UNREADABLE, message) from None
 
@@ -131,5 +179,5 @@ def probe(path: Path, film_id: str, ingest: IngestConfig, clips: ClipsConfig) ->
         reader.seek(0)
         reader[num_frames - 1]  # a cut-off download decodes its header but not its tail
     except Exception as exc:
-        raise BadInput(str(path), TRUNCATED, str(exc).splitlines()[0][:200]) from None
+        raise BadInput(str(path), TRUNCATED, readable_error(exc)) from None
     return FilmInfo(film_id, str(path), size, sha256_file(path), fps, num_frames, width, height)

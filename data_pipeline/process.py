@@ -20,7 +20,7 @@ from animegamer.config.schema import PipelineConfig
 from data_pipeline.clips import ClipWindow, FrameSource, encode_mp4, plan_windows
 from data_pipeline.errors import BadInput
 from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
-from data_pipeline.ingest import FilmInfo, probe
+from data_pipeline.ingest import FilmInfo, probe, readable_error
 from data_pipeline.motion import clip_flow, make_estimator
 from data_pipeline.shots import Shot, detect_cuts, shots_from_cuts
 from data_pipeline.staging import Staging
@@ -67,7 +67,7 @@ def plan_film(path: str, film_id: str, cfg_dict: dict, root: str) -> dict:
         log.warning("skipping %s", bad)
         return record
     except Exception as exc:  # a decoder crash on a file that probed fine is still the file's fault
-        record = {"path": path, "film_id": film_id, "reason": DECODE_ERROR, "detail": repr(exc)[:300],
+        record = {"path": path, "film_id": film_id, "reason": DECODE_ERROR, "detail": readable_error(exc, typed=True),
                   FINGERPRINT: plan_fp}
         staging.write_rejection(record)
         log.warning("skipping %s: %s", path, record["detail"])
@@ -214,7 +214,7 @@ def run_task(film_id: str, task: int, cfg_dict: dict, root: str, captioner_versi
         windows = task_windows(plan, task, cfg)
         staged, captions, timings = _cut_and_caption(film, windows, cfg, captioner, with_clips=not clips_current)
     except Exception as exc:
-        record = {"film_id": film_id, "task": task, "reason": DECODE_ERROR, "detail": repr(exc)[:300],
+        record = {"film_id": film_id, "task": task, "reason": DECODE_ERROR, "detail": readable_error(exc, typed=True),
                   "traceback": traceback.format_exc(limit=5), FINGERPRINT: caption_fp}
         staging.write_task_error(film_id, task, record)
         log.warning("task %d of %s failed: %s", task, film_id, record["detail"])

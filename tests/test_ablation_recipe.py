@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from animegamer.ablations import (BASELINE, DEFAULT_OUT, NONE, OWN, SCORED_WITH, experiment_of, main, plan,
-                                  saved_scores, scored_with, variant_names)
+from animegamer.ablations import (BASELINE, DEFAULT_OUT, METRICS, MINUS_SHUFFLED, NONE, OWN, SCORED_WITH, Variant,
+                                  experiment_of, main, plan, saved_scores, scored_with, variant_names, write_table)
 from animegamer.checks import check_export_sizes
 from animegamer.config.compose import compose_config
 from animegamer.metrics.report import METRICS_FILE, PAPER_TABLE3_RECONSTRUCTION
@@ -79,8 +79,41 @@ def test_table3_recipe_on_tiny_models(toy_run, clip_model, tmp_path):
     assert not check_export_sizes("phase.init_from", str(out / "addition" / "a_warmup" / "export"), addition.model)
     markdown = (out / "table3.md").read_text()
     assert f"| addition | own | 1 | {rows['addition']['clip_i']['value']:.4f} |" in markdown and "0.8672" in markdown
+    # one held-out clip: PSNR measured; the shuffled baseline needs two, so its gap is n/a with the reason
+    assert rows["addition"]["psnr"]["available"] and f"| {rows['addition']['psnr']['value']:.2f} |" in markdown
+    assert not rows["addition"][MINUS_SHUFFLED]["psnr"]["available"]
+    assert "1 held-out clip: shuffling needs at least 2" in markdown
 
     stamps = lambda: {p: p.stat().st_mtime_ns for p in [*out.rglob("*.ckpt"), *out.rglob("reconstruction/*")]}
     before = stamps()
     assert main(argv)["variants"] == table["variants"]  # resumed at the last step, the same scores: nothing redone
     assert stamps() == before
+
+
+def test_table3_shows_every_measured_metric_and_footnotes_what_was_not(tmp_path):
+    """A CPU run without CLIP or DreamSim weights still measures PSNR, ACC-F and MAE-F, and the gap to the
+    shuffled representation: the table shows them; each n/a cell points to a footnote with its reason."""
+    from animegamer.metrics.common import available, unavailable
+
+    no_clip, no_dreamsim = unavailable("no CLIP weights (evaluation.clip_model)"), unavailable("no DreamSim weights")
+
+    def scores(psnr: float, acc_f: float, shuffled_psnr: float, shuffled_acc_f: float) -> dict:
+        measured = lambda p, a: {"clip_i": no_clip, "dreamsim": no_dreamsim, "psnr": available(p),
+                                 "acc_f": available(a), "mae_f": available(1 - a)}
+        return {"export": "x", "clips": 4, **measured(psnr, acc_f),
+                "baselines": {"shuffled": {"label": "shuffled", **measured(shuffled_psnr, shuffled_acc_f)}}}
+
+    rows = {BASELINE: scores(21.5, 0.75, 19.25, 0.5), "no_warmup": scores(18.0, 0.25, 18.5, 0.5)}
+    write_table(tmp_path, rows, [Variant(BASELINE, OWN, tmp_path), Variant("no_warmup", NONE, tmp_path)])
+    markdown = (tmp_path / "table3.md").read_text()
+    assert "| CLIP-I | DreamSim | PSNR (dB) | ACC-F | MAE-F | paper CLIP-I | paper DreamSim |" in markdown
+    assert "| baseline | own | 4 | n/a [1] | n/a [2] | 21.50 | 0.7500 | 0.2500 | 0.8672 | 0.7928 |" in markdown
+    assert "| no_warmup | none | 4 | n/a [1] | n/a [2] | 18.00 | 0.2500 | 0.7500 | not recorded | not recorded |" in markdown
+    # own minus shuffled: PSNR +2.25 dB, ACC-F +0.25, MAE-F -0.25 for the baseline; the no-warm-up row below zero
+    assert "| baseline | n/a [1] | n/a [2] | +2.25 | +0.2500 | -0.2500 |" in markdown
+    assert "| no_warmup | n/a [1] | n/a [2] | -0.50 | -0.2500 | +0.2500 |" in markdown
+    assert "- [1] no CLIP weights (evaluation.clip_model)" in markdown and "- [2] no DreamSim weights" in markdown
+    table = json.loads((tmp_path / "table3.json").read_text())
+    baseline = table["variants"][0]
+    assert [baseline[m]["available"] for m in METRICS] == [False, False, True, True, True]
+    assert baseline[MINUS_SHUFFLED]["psnr"]["value"] == pytest.approx(2.25)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from bad_inputs import make_bad_inputs
@@ -9,9 +10,15 @@ from conftest import pipeline_overrides, run_pipeline
 
 from animegamer.config.schema import ClipsConfig, IngestConfig
 from data_pipeline.errors import BadInput
-from data_pipeline.ingest import probe
+from data_pipeline.ingest import probe, readable_error
 
 EXPECTED_REASON = {"not_video": "unreadable"}
+# What decord puts in front of its messages: a time and the C++ source location (none may reach a report).
+DECODER_INTERNALS = re.compile(r"\[\d\d:\d\d:\d\d\]|\.cc:\d+|Check failed")
+# decord's error for a packet its decoder thread could not decode (a corrupt stream), as it raises it.
+THREAD_ERROR = ("[22:43:20] /github/workspace/src/video/ffmpeg/threaded_decoder.cc:292: [22:43:20] /github/workspace/"
+                "src/video/ffmpeg/threaded_decoder.cc:218: Check failed: avcodec_send_packet(dec_ctx_.get(), pkt.get()) "
+                ">= 0 (-1094995529 vs. 0) Thread worker: Error sending packet.")
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +32,39 @@ def test_probe_names_each_reason(bad_files):
             probe(path, path.stem, IngestConfig(), ClipsConfig())
         assert caught.value.reason == EXPECTED_REASON.get(kind, kind), (path, caught.value)
         assert str(path) in str(caught.value)
+        assert not DECODER_INTERNALS.search(caught.value.detail), caught.value.detail
+
+
+def test_a_decoder_error_is_recorded_as_what_went_wrong():
+    """The reason report.json and the log give: the message without decord's source locations and check
+    expression, its ffmpeg code named by ffmpeg's text; any other error keeps its type's name."""
+    import decord
+
+    assert readable_error(decord.DECORDError(THREAD_ERROR)) == \
+        "Thread worker: Error sending packet. (ffmpeg: Invalid data found when processing input)"
+    assert readable_error(decord.DECORDError("\n[10:00:00] /src/video/video_reader.cc:486: Error: av_read_frame failed "
+                                             "with 1094995529\nStack trace:\n  [bt] (0) libdecord.so")) == \
+        "Error: av_read_frame failed with 1094995529 (ffmpeg: Invalid data found when processing input)"
+    assert readable_error(KeyError("film"), typed=True) == "KeyError: 'film'"
+    assert readable_error(RuntimeError("x" * 500), typed=True) == "RuntimeError: " + "x" * 186  # 200 characters
+
+
+def test_a_decoder_crash_after_probing_is_reported_readably(toy_film, tmp_path, monkeypatch, caplog):
+    """A film that probes fine but whose decoder fails later is skipped with the readable reason."""
+    import decord
+
+    from animegamer.config.schema import PipelineConfig
+    from data_pipeline import process
+
+    def crash(film, shots):
+        raise decord.DECORDError(THREAD_ERROR)
+
+    monkeypatch.setattr(process, "detect_cuts", crash)
+    with caplog.at_level("WARNING", logger=process.log.name):
+        record = process.plan_film(str(toy_film.video_path), "film", PipelineConfig(), str(tmp_path))
+    assert record["reason"] == process.DECODE_ERROR
+    assert record["detail"] == "Thread worker: Error sending packet. (ffmpeg: Invalid data found when processing input)"
+    assert not DECODER_INTERNALS.search(caplog.text) and record["detail"] in caplog.text
 
 
 def test_bad_inputs_reported_and_skipped_good_film_unaffected(toy_film, toy_run, bad_files, tmp_path):

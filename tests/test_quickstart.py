@@ -26,9 +26,11 @@ def test_quickstart_end_to_end(quickstart):
     adaptation = list(iter_samples(shard_urls(summary["adaptation shards"]), video=False))
     assert adaptation and {a["__key__"] for a in adaptation} <= {r["__key__"] for r in reps}
     assert all(a["pred_rep.npy"].shape == (46, 32) and a["latents.npy"].ndim == 4 for a in adaptation)
-    # Held-out shots are few in a 10-shot film: phase (b) may have no fully held-out session to validate.
+    # Held-out shots are few in a 10-shot film: phase (b) may have no fully held-out session to validate,
+    # and a fresh run says that is why (not a stage finished in an earlier launch).
     accuracy = summary["phase b val/state_accuracy"]
-    assert accuracy == NOT_VALIDATED or 0 <= accuracy <= 1
+    no_session = NOT_VALIDATED.format(reason="no session is made only of held-out clips")
+    assert accuracy.startswith(no_session) if isinstance(accuracy, str) else 0 <= accuracy <= 1
     game = json.loads((root / "game" / "game.json").read_text())
     assert len(game["turns"]) == 5 and (root / "game" / "index.html").exists()
     assert all(0 <= v <= 100 for t in game["turns"] for v in t["states_after"].values())
@@ -46,8 +48,11 @@ def test_quickstart_again_resumes_and_skips(quickstart):
     root, _ = quickstart
     read = lambda: {p.name: p.read_bytes() for p in sorted((root / "pipeline" / "representations").glob("*.tar"))}
     before = read()
-    run_quickstart(quickstart_overrides(root))
+    game = root / "game" / "game.json"
+    played = game.stat().st_mtime_ns
+    summary = run_quickstart(quickstart_overrides(root))
     assert read() == before
+    assert game.stat().st_mtime_ns == played and summary["5-turn game turns played"] == 5  # read back, not replayed
 
 
 def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):

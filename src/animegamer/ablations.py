@@ -15,8 +15,10 @@ For each, phase (a1) (the warm-up) then phase (a2) train into ``<out>/<variant>/
   the warm-up trains the very modules it changes.
 
 Each a2 export is then scored like ``evaluate.py``'s reconstruction report (held-out clips decoded
-from their own representation; CLIP-I and DreamSim) into ``<out>/<variant>/reconstruction/``, and
-``<out>/table3.md`` / ``table3.json`` set all variants beside the paper's numbers. Running it again
+from their own representation; CLIP-I, DreamSim, PSNR, ACC-F and MAE-F, and the same clips decoded from
+another clip's representation) into ``<out>/<variant>/reconstruction/``, and ``<out>/table3.md`` /
+``table3.json`` set all variants beside the paper's numbers, with each metric's gap to the shuffled
+representation; a metric that was not measured says why in a footnote. Running it again
 resumes an interrupted stage, skips finished ones and re-scores only where the export or what it is
 scored with (evaluation settings, held-out data, seed, sampling steps: :func:`scored_with`) changed.
 """
@@ -33,7 +35,7 @@ from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config, config_dir
 from animegamer.phases.specs import A_JOINT, A_WARMUP
-from animegamer.recipe import evaluation_config, train_stage
+from animegamer.recipe import OUT_NEW_FOLDER, evaluation_config, train_stage
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,11 @@ TABLE_NAME = "table3"
 OWN, NONE = "own", "none"  # warm-up: its own, none; else the name of the variant whose warm-up it shares
 # What the warm-up trains on, and with: two variants equal here share one warm-up.
 WARMUP_KEYS = ("model", "phase", "data", "pipeline")
-METRICS = ("clip_i", "dreamsim")
+PAPER_METRICS = ("clip_i", "dreamsim")  # the paper's Table 3 columns
+# The table's columns: every reconstruction metric the report measures (CLIP-I and DreamSim need local
+# weights; PSNR and ACC-F / MAE-F need none, so a CPU run has numbers).
+METRICS = (*PAPER_METRICS, "psnr", "acc_f", "mae_f")
+MINUS_SHUFFLED = "minus_shuffled"  # table3.json: per metric, the variant's score minus the shuffled baseline's
 SCORED_WITH = "scored_with"  # metrics.json's record of what the scores depend on besides the export
 
 
@@ -179,10 +185,88 @@ def score(v: Variant, extra: list[str]) -> dict:
     return write_reconstruction(cfg, Scorers(cfg), out, {"export_sha256": digest, SCORED_WITH: settings})
 
 
+def _metric(row: dict, key: str) -> dict:
+    """The row's ``key`` as a metric dict (a score saved before the report measured it: not measured)."""
+    from animegamer.metrics.common import as_metric
+
+    return as_metric(row.get(key))
+
+
+def minus_shuffled(row: dict) -> dict[str, dict]:
+    """Per metric, the variant's score minus the shuffled-representation baseline's on the same clips:
+    how much each clip's own representation tells the decoder (unavailable, with the reason, where
+    either side is)."""
+    from animegamer.metrics.baselines import SHUFFLED
+    from animegamer.metrics.common import available
+
+    shuffled = (row.get("baselines") or {}).get(SHUFFLED) or {}
+    gaps = {}
+    for key in METRICS:
+        own, other = _metric(row, key), _metric(shuffled, key)
+        gaps[key] = (own if not own["available"] else other if not other["available"]
+                     else available(own["value"] - other["value"]))
+    return gaps
+
+
+class Footnotes:
+    """Table cells for metrics: a value, or "n/a [n]" with footnote n giving the reason (each reason once)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def cell(self, key: str, metric: dict, signed: bool = False) -> str:
+        from animegamer.metrics.report import METRIC_INFO
+
+        if metric["available"]:
+            return f"{metric['value']:{'+' if signed else ''}.{METRIC_INFO[key][2]}f}"
+        reason = str(metric.get("reason") or "unavailable")
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+        return f"n/a [{self.reasons.index(reason) + 1}]"
+
+    def lines(self) -> list[str]:
+        return [f"[{n}] {reason}" for n, reason in enumerate(self.reasons, start=1)]
+
+
 def _cell(metric: dict | None) -> str:
-    if not metric:
-        return "n/a"
-    return f"{metric['value']:.4f}" if metric.get("available") else f"n/a ({metric.get('reason', 'unavailable')})"
+    """A metric for the log: its value, or n/a with the reason."""
+    from animegamer.metrics.common import format_metric
+
+    return format_metric(metric)
+
+
+def table_markdown(table: dict) -> str:
+    """``table3.md``: the variants' metrics beside the paper's, then their gaps to the shuffled representation;
+    every metric not measured is "n/a" with a footnote saying why."""
+    from animegamer.metrics.report import METRIC_INFO
+
+    labels = [METRIC_INFO[m][0] for m in METRICS]
+    notes = Footnotes()
+    lines = ["# AnimeGamer Table 3: tokenizer / de-tokenizer ablations (reconstruction)", "",
+             "Held-out clips decoded from their own representation by each variant's phase (a2) export.", "",
+             "| variant | warm-up | clips | " + " | ".join(labels) + " | "
+             + " | ".join(f"paper {METRIC_INFO[m][0]}" for m in PAPER_METRICS) + " |",
+             "|---|---|---:|" + "---:|" * (len(METRICS) + len(PAPER_METRICS))]
+    for row in table["variants"]:
+        ref = table["paper"].get(row["variant"], {})
+        cells = [notes.cell(m, _metric(row, m)) for m in METRICS]
+        cells += [f"{ref[m]:.{METRIC_INFO[m][2]}f}" if m in ref else "not recorded" for m in PAPER_METRICS]
+        lines.append(f"| {row['variant']} | {row['warmup']} | {row['clips']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Own minus shuffled representation", "",
+              "Each clip decoded from its own representation minus the same clip decoded (same noise and motion "
+              "scope) from another held-out clip's: above zero (below, for MAE-F), the decoder uses what the "
+              "representation says of the clip.", "",
+              "| variant | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(METRICS)]
+    for row in table["variants"]:
+        lines.append(f"| {row['variant']} | " + " | ".join(notes.cell(m, row[MINUS_SHUFFLED][m], signed=True)
+                                                            for m in METRICS) + " |")
+    lines += ["", "warm-up: own = the variant's own phase (a1); none = no warm-up; baseline = the baseline's "
+              "(the variant's warm-up would train the same). The repository records the paper's numbers for "
+              "the baseline only; its ablation rows are left \"not recorded\" rather than copied by hand. "
+              "Higher is better for every metric but MAE-F."]
+    if notes.reasons:
+        lines += ["", "Not measured (n/a):", "", *(f"- {line}" for line in notes.lines())]
+    return "\n".join(lines) + "\n"
 
 
 def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> dict[str, Path]:
@@ -194,21 +278,9 @@ def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> di
     warmups = {v.name: v.warmup for v in variants}
     table = {"paper": paper, "variants": [
         {"variant": name, "warmup": warmups[name], "export": row["export"], "clips": row["clips"],
-         **{m: row[m] for m in METRICS}} for name, row in rows.items()]}
-    lines = ["# AnimeGamer Table 3: tokenizer / de-tokenizer ablations (reconstruction)", "",
-             "Held-out clips decoded from their own representation by each variant's phase (a2) export.", "",
-             "| variant | warm-up | clips | CLIP-I | DreamSim | paper CLIP-I | paper DreamSim |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for row in table["variants"]:
-        name, ref = row["variant"], paper.get(row["variant"], {})
-        shown = [f"{ref[m]:.4f}" if m in ref else "not recorded" for m in METRICS]
-        lines.append(f"| {name} | {row['warmup']} | {row['clips']} | {_cell(row['clip_i'])} | {_cell(row['dreamsim'])} "
-                     f"| {shown[0]} | {shown[1]} |")
-    lines += ["", "warm-up: own = the variant's own phase (a1); none = no warm-up; baseline = the baseline's "
-              "(the variant's warm-up would train the same). The repository records the paper's numbers for "
-              "the baseline only; its ablation rows are left \"not recorded\" rather than copied by hand."]
+         **{m: _metric(row, m) for m in METRICS}, MINUS_SHUFFLED: minus_shuffled(row)} for name, row in rows.items()]}
     files = {"md": out / f"{TABLE_NAME}.md", "json": out / f"{TABLE_NAME}.json"}
-    files["md"].write_text("\n".join(lines) + "\n")
+    files["md"].write_text(table_markdown(table))
     write_json_atomic(files["json"], table)
     return files
 
@@ -223,13 +295,14 @@ def run_table3(out: Path, names: list[str], extra: list[str], steps: tuple[int, 
     for v in variants:
         start = ""
         if v.warmup == OWN:
-            start = train_stage(v.stage(A_WARMUP, extra, steps[0]))["export"]
+            start = train_stage(v.stage(A_WARMUP, extra, steps[0]), OUT_NEW_FOLDER)["export"]
         elif v.warmup != NONE:
             start = by_name[v.warmup].export(A_WARMUP)
-        train_stage(v.stage(A_JOINT, extra, steps[1], init_from=start))
+        train_stage(v.stage(A_JOINT, extra, steps[1], init_from=start), OUT_NEW_FOLDER)
         rows[v.name] = score(v, extra)
     files = write_table(out, rows, variants)
-    log.info("Table 3: %s (%s)", files["md"], ", ".join(f"{n}: CLIP-I {_cell(r['clip_i'])}" for n, r in rows.items()))
+    log.info("Table 3: %s (%s)", files["md"], ", ".join(f"{n}: PSNR {_cell(r.get('psnr'))} dB, CLIP-I "
+                                                        f"{_cell(r.get('clip_i'))}" for n, r in rows.items()))
     return json.loads(files["json"].read_text())
 
 

@@ -221,6 +221,21 @@ def evaluation_problems(cfg, trained: bool = True) -> list[str]:
     return captions_problems(c) + held_out_problems(c, "evaluation", trained)
 
 
+def validation_gap(cfg, c: SplitCounts, sessions: bool = False) -> str | None:
+    """Why a stage trained with ``cfg`` on the data counted in ``c`` validates nothing (None: it validates):
+    no held-out clip (``sessions``, phase (b): no session made only of held-out clips), or a validation
+    interval past its last step."""
+    if sessions and not c.held_out_sessions:
+        return (f"no session is made only of held-out clips at data.val_fraction={c.val_fraction} "
+                f"({c.held_out_clips} held-out clip(s) in {c.held_out_shots} shot(s))")
+    if not sessions and not c.held_out_clips:
+        return f"no held-out clip at data.val_fraction={c.val_fraction}"
+    p = cfg.phase
+    if p.val_every_n_steps > p.max_steps:
+        return f"phase.val_every_n_steps={p.val_every_n_steps} is above phase.max_steps={p.max_steps}"
+    return None
+
+
 def raise_problems(problems: list[str]) -> None:
     unique = list(dict.fromkeys(problems))
     if unique:
@@ -236,16 +251,14 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
     c = counts["phase a"]
     problems = captions_problems(c)
     split = training_problems(c, "phase a")  # what the held-out fraction or the session length would fix
-    if phase_a.phase.val_clips > 0 and c.captioned and not c.held_out_clips:
-        log.warning("phase a: no held-out clip at data.val_fraction=%s: validation is skipped", c.val_fraction)
+    if c.captioned and (gap := validation_gap(phase_a, c)):
+        log.warning("phase a: %s: validation is skipped", gap)
     b = None
     if phase_b is not None:
         counts["phase b"] = b = counts_of(phase_b)
         split += training_problems(b, "phase b") + session_problems(b)
-        if b.train_sessions and not b.held_out_sessions:
-            log.warning("phase b: no session is made only of held-out clips at data.val_fraction=%s: it will not be "
-                        "validated (%d held-out clip(s) in %d shot(s))", b.val_fraction, b.held_out_clips,
-                        b.held_out_shots)
+        if b.train_sessions and (gap := validation_gap(phase_b, b, sessions=True)):
+            log.warning("phase b: %s: validation is skipped", gap)
     if evaluation is not None:
         counts["evaluation"] = e = counts_of(evaluation)
         problems += captions_problems(e)

@@ -48,16 +48,26 @@ class Recipe:
     vae_out: str = ""  # its folder (diffusers format); with vae set, required
     # Overrides of train.py for the decoder base stage (phase a_base); None: the config's decoder.
     decoder_base: list[str] | None = None
+    # What a stage's refusal to resume names as the way to train into a new folder: the command's own option.
+    new_folder: str = ""  # empty: RECIPE_NEW_FOLDER
 
 
 STORY_TURNS = 5
+# The demonstration game's record, written once it is played: the fingerprint it was played with and its result.
+STORY_RECORD = "story_record.json"
+# A recipe's stages each train into ``output_dir`` (``${phase.name}`` below it); a plain folder would put every
+# stage into one, where the next stage is refused.
+RECIPE_NEW_FOLDER = "'output_dir=NEW_FOLDER/${phase.name}'"
+OUT_NEW_FOLDER = "--out NEW_FOLDER"  # the same, for a command whose --out option holds every stage's folder
+# The pipeline steps that read a stage's export: the recipe runs them after that stage, never in its first call.
+LATER_STEPS = ("representations", "session_shards", "adaptation")
 # What the base stage adds to its overrides: the base is a plain video diffusion transformer.
 BASE_OVERRIDES = ("phase=a_base", "model.decoder.motion_scope=false")
 # Steps averaged for the base stage's final training loss (one step's is noisy: each draws its own timesteps).
 FINAL_LOSS_STEPS = 20
-# What the summary says for a validation metric when the held-out split had nothing for the phase.
-NOT_VALIDATED = ("not measured in this launch (the stage finished in an earlier one, or it validates nothing: "
-                 "no held-out data, phase.val_clips=0 or phase.val_every_n_steps above its steps; see its log)")
+# What the summary says for a validation metric the stage did not measure in this launch, with why.
+NOT_VALIDATED = "not measured in this launch: {reason}"
+FINISHED_EARLIER = "the stage finished in an earlier launch (that launch's log has its validation)"
 # What a played-nothing evaluation says (a model trained too briefly writes states outside the layout).
 NO_TURN_PLAYED = ("evaluation: no turn of {planned} was played: every state generation was malformed (the log names "
                   "each); train phase (b) longer, or decode the states within the layout with "
@@ -72,13 +82,14 @@ def run_pipeline_step(overrides: list[str]) -> dict:
     return run(compose_config("pipeline", overrides))
 
 
-def train_stage(overrides: list[str]) -> dict:
+def train_stage(overrides: list[str], new_folder: str = "") -> dict:
     """``train.py <overrides>``: validated, then trained (resumed, or skipped when already done).
 
     A stage whose folder holds checkpoints trained on other shards (an earlier stage trained again, and
     the shards made from its export with it) starts afresh, since what it trained on is gone; the earlier
     run is kept beside it (:func:`supersede`), never deleted. A changed setting that alters the training
-    still stops the stage, as it stops ``train.py``, with the two ways on."""
+    still stops the stage, as it stops ``train.py``, with the two ways on; ``new_folder`` is how the
+    command that runs the stage trains into another folder (empty: ``train.py``'s ``output_dir``)."""
     from animegamer.training.run_record import RunFolderChanged, only_data_changed
     from animegamer.training.runner import run
 
@@ -87,7 +98,7 @@ def train_stage(overrides: list[str]) -> dict:
         return run(composed)
     except RunFolderChanged as changed:
         if not only_data_changed(changed):
-            raise
+            raise (changed.advising(new_folder) if new_folder else changed) from None
         kept = supersede(Path(composed.output_dir), composed.lock_wait_seconds)
         log.warning("%s: the shards it trained on changed since its checkpoints (%s); the stage starts afresh, its "
                     "earlier run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
@@ -134,9 +145,19 @@ def say_if_nothing_played(metrics: dict) -> bool:
     return False
 
 
-def play_story(composed, out: Path) -> str:
+def played_nothing(summary: dict) -> list[str]:
+    """What of a recipe's summary planned turns and played none: the evaluation, the demonstration game."""
+    empty = []
+    for what, played, planned in (("the evaluation", "evaluation turns played", "evaluation turns planned"),
+                                  ("the demonstration game", "5-turn game turns played", "5-turn game turns planned")):
+        if summary.get(planned) and not summary.get(played):
+            empty.append(f"{what} (0 of {summary[planned]} turns)")
+    return empty
+
+
+def play_story(composed, out: Path) -> dict:
     """A demonstration game: the trained game plays the instructions of consecutive clips of the film;
-    returns its page, with why it stopped when it did before its last turn."""
+    returns its page (with why it stopped when it did before its last turn), its turns played and planned."""
     from omegaconf import OmegaConf
 
     from animegamer.config.trained_data import clip_manifest
@@ -148,12 +169,56 @@ def play_story(composed, out: Path) -> str:
     e = cfg.evaluation
     models = load_game_models(cfg, e.mllm_export, e.renderer_export,
                               read_level_flow(clip_manifest(cfg.data.root, cfg.data.clips)))
+    script = story_instructions(cfg, STORY_TURNS)
     try:
-        play_game(models, story_instructions(cfg, STORY_TURNS), out, seed=cfg.seed, overwrite=True)
+        record = play_game(models, script, out, seed=cfg.seed, overwrite=True)
     except ValueError as error:  # a malformed state generation ends the game; game.json records it
         log.warning("the demonstration game stopped: %s", error)
-        return f"{out / INDEX_FILE} (stopped early: {error})"
-    return str(out / INDEX_FILE)
+        return {"page": f"{out / INDEX_FILE} (stopped early: {error})", "played": len(story_turns(out)),
+                "planned": len(script)}
+    return {"page": str(out / INDEX_FILE), "played": len(record["turns"]), "planned": len(script)}
+
+
+def story_turns(out: Path) -> list[dict]:
+    """The turns game.json in ``out`` records (none without one)."""
+    from animegamer.game import GAME_FILE
+    from animegamer.utils.io import read_json_if_exists
+
+    return (read_json_if_exists(out / GAME_FILE) or {}).get("turns") or []
+
+
+def reused_story(out: Path, fp: str) -> dict | None:
+    """The demonstration game in ``out`` when it was played to its end with fingerprint ``fp`` and every
+    file of it is in place (None: play it)."""
+    from animegamer.game import INDEX_FILE
+    from animegamer.utils.io import read_json_if_exists
+
+    record = read_json_if_exists(out / STORY_RECORD)
+    if not record or record.get("fingerprint") != fp or not (out / INDEX_FILE).is_file():
+        return None
+    turns = story_turns(out)
+    if len(turns) != record["story"]["played"] or not all((out / t["video"]).is_file() for t in turns):
+        return None
+    return record["story"]
+
+
+def story_or_reuse(composed, out: Path) -> dict:
+    """:func:`play_story`'s result: read back when the game was played with the same config, exports and
+    clips as the evaluation's (its fingerprint, :mod:`animegamer.evaluation_reuse`), else played and
+    recorded. A change of code is not seen: delete the folder to play it again."""
+    from animegamer.evaluation_reuse import evaluation_fingerprint
+    from animegamer.utils.io import write_json_atomic
+    from data_pipeline.fingerprint import fingerprint
+
+    fp = fingerprint(evaluation_fingerprint(composed), STORY_TURNS)
+    story = reused_story(out, fp)
+    if story is not None:
+        log.info("demonstration game: reused %s (same config, exports and clips)", out)
+        return story
+    (out / STORY_RECORD).unlink(missing_ok=True)  # a game cut short must not leave the old record valid
+    story = play_story(composed, out)
+    write_json_atomic(out / STORY_RECORD, {"fingerprint": fp, "story": story})
+    return story
 
 
 def train_vae_stage(recipe: Recipe) -> dict:
@@ -198,7 +263,7 @@ def trained_seconds(export: str | Path) -> float | None:
     return (read_json_object(Path(export) / EXPORT_FILE) or {}).get(TRAIN_SECONDS)
 
 
-def train_base_stage(overrides: list[str], extra: list[str]) -> dict:
+def train_base_stage(overrides: list[str], extra: list[str], new_folder: str = "") -> dict:
     """The decoder base (phase a_base), trained or, when its run finished already, reused; returns its
     run (``export``) and the diffusers folder later stages load (``folder``), its final training loss
     and the seconds it took here."""
@@ -209,10 +274,35 @@ def train_base_stage(overrides: list[str], extra: list[str]) -> dict:
     if path:
         raise ValueError(f"Recipe.decoder_base is set but model.decoder.path is too ({path!r}): the base stage "
                          f"pre-trains a random build of the preset's sizes; leave the path empty")
-    run = train_stage(stage)
+    run = train_stage(stage, new_folder)
     losses = [loss for _, loss in step_losses(Path(run["export"]).parent)[-FINAL_LOSS_STEPS:]]
     return {"export": run["export"], "folder": str((Path(run["export"]) / BASE_FOLDER).resolve()),
             "train_loss": sum(losses) / len(losses), "seconds": trained_seconds(run["export"])}
+
+
+def first_pipeline_steps(overrides: list[str]) -> list[str]:
+    """The steps of the recipe's first pipeline call: those the pipeline would run with ``overrides``, less
+    :data:`LATER_STEPS` (by default it would rebuild session shards over earlier representations, or warn
+    that they are stale, just before the recipe makes them afresh)."""
+    from omegaconf import OmegaConf
+
+    from data_pipeline.run import running_steps
+
+    steps = running_steps(OmegaConf.to_object(compose_config("pipeline", overrides)).pipeline)
+    return [step for step in steps if step not in LATER_STEPS]
+
+
+def validation_result(result: dict, key: str, composed, counts, sessions: bool = False):
+    """A stage's validation metric ``key`` of this launch, or why it has none: the stage finished in an
+    earlier launch (no metric at all), else what :func:`animegamer.preflight.validation_gap` finds in
+    its config and the held-out data ``counts``."""
+    from animegamer.preflight import validation_gap
+
+    if key in result["metrics"]:
+        return result["metrics"][key]
+    if not result["metrics"]:
+        return NOT_VALIDATED.format(reason=FINISHED_EARLIER)
+    return NOT_VALIDATED.format(reason=validation_gap(composed, counts, sessions) or "see the stage's log")
 
 
 def run_recipe(recipe: Recipe) -> dict:
@@ -223,19 +313,21 @@ def run_recipe(recipe: Recipe) -> dict:
         vae_record = train_vae_stage(recipe)
         recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
     extra = list(recipe.extra)  # read at each call below: the base stage appends the decoder's path
+    new_folder = recipe.new_folder or RECIPE_NEW_FOLDER
     pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *extra])
-    train = lambda stage, *o: train_stage([*stage, *o, *extra])
+    train = lambda stage, *o: train_stage([*stage, *o, *extra], new_folder)
     start_a = recipe.start_a
     if start_a:
         check_start_clip_size(compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra]), start_a)
 
-    clips = pipe()
-    check_recipe(compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra]),
-                 compose_config("train", [*recipe.phase_b, *extra]),
-                 evaluation_config([*recipe.evaluation, *extra]) if recipe.evaluation else None)
+    clips = pipe(f"pipeline.steps=[{','.join(first_pipeline_steps([*recipe.pipeline, *extra]))}]")
+    phase_a = compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra])
+    phase_b = compose_config("train", [*recipe.phase_b, *extra])
+    evaluated = evaluation_config([*recipe.evaluation, *extra]) if recipe.evaluation else None
+    counts = check_recipe(phase_a, phase_b, evaluated)
     base = None
     if recipe.decoder_base is not None:
-        base = train_base_stage(recipe.decoder_base, extra)
+        base = train_base_stage(recipe.decoder_base, extra, new_folder)
         extra.append(f"model.decoder.path={base['folder']}")
     if not start_a:
         start_a = train(recipe.phase_a, "phase=a_warmup")["export"]
@@ -256,7 +348,8 @@ def run_recipe(recipe: Recipe) -> dict:
             *extra, f"evaluation.out={root / 'eval'}"])
         report = evaluate_or_reuse(evaluation)
         say_if_nothing_played(report["metrics"])
-        story = play_story(evaluation, root / "game")
+        story = story_or_reuse(evaluation, root / "game")
+    played = (report or {}).get("metrics", {}).get("games", {})
     summary = {
         "vae": recipe.vae_out or None,
         "vae held-out PSNR": vae_record["held_out_psnr"] if vae_record else None,
@@ -270,17 +363,22 @@ def run_recipe(recipe: Recipe) -> dict:
         "sessions": clips.get("sessions", {}).get("output"),
         "phase a start": start_a,
         "phase a2 export": joint["export"],
-        "phase a2 val/loss": joint["metrics"].get("val/loss", NOT_VALIDATED),
+        "phase a2 val/loss": validation_result(joint, "val/loss", phase_a, counts["phase a"]),
         "representations": reps["representations"]["output"],
         "session shards": reps["session_shards"]["output"],
         "phase b export": game["export"],
-        "phase b val/state_accuracy": game["metrics"].get("val/state_accuracy", NOT_VALIDATED),
+        "phase b val/state_accuracy": validation_result(game, "val/state_accuracy", phase_b, counts["phase b"],
+                                                        sessions=True),
         "adaptation shards": adaptation["adaptation"]["output"],
         "phase c export": adapted["export"],
         "evaluation report": report["files"].get("report_md") if report else None,
         "evaluation gallery": report["files"].get("gallery_html") if report else None,
         "evaluation games": str(Path(report["out"]) / "games") if report else None,
-        "5-turn game": story,
+        "evaluation turns planned": played.get("planned_turns"),
+        "evaluation turns played": played.get("completed_turns"),
+        "5-turn game": story["page"] if story else None,
+        "5-turn game turns planned": story["planned"] if story else None,
+        "5-turn game turns played": story["played"] if story else None,
     }
     for name, value in summary.items():
         if value is not None:  # what this recipe has no stage for (a VAE, a decoder base) goes unsaid

@@ -52,6 +52,8 @@ RECORD_FILE = "run_config.json"
 EXPORT_META = Path(EXPORT_DIR) / EXPORT_FILE  # runs made before run records: the export's config
 OVERRIDE = "resume_with_changes"
 ABSENT = "<absent>"
+# How a refusal says to train into another folder: train.py's setting; a recipe names its own option.
+NEW_FOLDER = "output_dir=..."
 
 # Keys (or key prefixes, ending in '.') whose value never changes what a run computes.
 ALLOWED = (
@@ -166,13 +168,18 @@ class RunFolderChanged(ConfigError):
     """A start into a run folder whose checkpoints were made with a config that differs in keys that
     change the training."""
 
-    def __init__(self, folder: Path, source: Path, refusals: list[tuple[Change, str]]) -> None:
+    def __init__(self, folder: Path, source: Path, refusals: list[tuple[Change, str]],
+                 new_folder: str = NEW_FOLDER) -> None:
         super().__init__([f"{c.describe()} ({reason})" for c, reason in refusals])
-        self.refusals = refusals
+        self.refusals, self.folder, self.source = refusals, folder, source
         self.args = (f"{folder} holds checkpoints of a run with another config (recorded in {source}); "
                      f"{len(refusals)} setting(s) differ:\n" + "\n".join(f"  - {p}" for p in self.problems) +
-                     f"\nEither train into a new folder (output_dir=...), or resume this run with the change "
+                     f"\nEither train into a new folder ({new_folder}), or resume this run with the change "
                      f"({OVERRIDE}=true; the change is recorded in {RECORD_FILE}).",)
+
+    def advising(self, new_folder: str) -> "RunFolderChanged":
+        """The same refusal, naming ``new_folder`` (the command's own option) as the way to a new folder."""
+        return RunFolderChanged(self.folder, self.source, self.refusals, new_folder)
 
 
 def read_record(folder: Path) -> tuple[dict, Path] | None:
