@@ -1,30 +1,50 @@
 """Fine-tune a trained game on a new film, from existing exports (your own, or the official MLLM).
 
     python -m animegamer.finetune --film new_film.mp4 --captions new_film.jsonl --from outputs/paper \\
-        --out outputs/new_film [--model paper] [--steps 2000 1500 1000] [hydra overrides...]
+        --out outputs/new_film [--model paper] [--steps A2 B C] [hydra overrides...]
 
 ``--from`` is a run folder holding ``a_joint/export`` and ``b/export`` (the quick start's or the paper
 experiments' layout); ``--official-mllm`` starts phase (b) from the official release instead. The
 new film goes through the pipeline, then phases (a2), (b) and (c) train with shorter schedules from
 those weights (no phase (a1) warm-up: the encoder is already trained). The film's clips are cut at the
 size (frames, height, width, fps) those exports were trained at, read from ``a_joint/export``.
+
+Without ``--steps``, each phase trains a share of the steps its ``--from`` export trained (at least one
+step; the phase's configured ``phase.max_steps`` where ``--from`` has no export for it): thousands of
+steps from the paper's exports, a few from the quick start's tiny ones. The log says, before the
+first stage, how long each phase should take at the pace its export trained. When the fine-tuned game
+then plays no turn (the evaluation's or the demonstration game's states all malformed), the command
+ends with exit code 1 and names the way on (``--constrained-states``, or a longer phase (b)).
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import sys
+from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from animegamer.config.trained_data import trained_clip_size, trained_preset
 from animegamer.errors import MissingInputError
 from animegamer.errors import exit_on_user_error
-from animegamer.phases.specs import A_JOINT
-from animegamer.recipe import Recipe, run_recipe
+from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
+from animegamer.recipe import OUT_NEW_FOLDER, Recipe, played_nothing, run_recipe
 from animegamer.utils.logging import setup_logging
 
-DEFAULT_STEPS = (2000, 1500, 1000)  # phases a2, b, c: a tenth of the paper's schedules or less
+log = logging.getLogger(__name__)
+
+FINETUNED = (A_JOINT, PHASE_B, PHASE_C)  # the phases a fine-tune trains, in the order of --steps
+# Each one's default schedule, as a share of the steps its --from export trained: phase (a2) starts from an
+# encoder and decoder that already reconstruct clips and meets only the film's look; phases (b) and (c)
+# meet its states and the new MLLM's outputs.
+STEP_SHARES = {A_JOINT: Fraction(1, 40), PHASE_B: Fraction(1, 10), PHASE_C: Fraction(1, 10)}
 PRESETS = ("tiny", "paper")
 PAPER = "paper"
+# The run finished but its game played nothing: a failed result, not a bad input (which exits with 2).
+NOTHING_PLAYED_EXIT_CODE = 1
+FAILED = "failed"  # the summary's entry saying why the fine-tuned game is unusable
 
 
 def preset_for(model: str | None, start: Path) -> str:
@@ -37,6 +57,68 @@ def preset_for(model: str | None, start: Path) -> str:
         raise UserError(f"--model {model}, but {start / A_JOINT / 'export'} was trained with model={trained}: "
                         f"its weights fit only that preset (leave --model out to use it)")
     return model or trained or PAPER
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One fine-tuned phase's steps, what they come from, and the seconds they should take at the pace its
+    ``--from`` export trained (None: that export records no pace)."""
+
+    phase: str
+    steps: int
+    basis: str
+    seconds: float | None
+
+    def describe(self) -> str:
+        cost = f", about {duration(self.seconds)} at the pace its export trained" if self.seconds is not None else ""
+        return f"phase {self.phase} {self.steps} step(s) ({self.basis}{cost})"
+
+
+def duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def trained_steps(export: Path, phase: str) -> tuple[int, str, float | None] | None:
+    """(steps, export, seconds per step) of the longest run of ``phase`` among ``export`` and the exports it
+    was started from (a fine-tune's export is started from the full run); None where none records its steps."""
+    from animegamer.checkpoints.export import EXPORT_FILE
+    from animegamer.config.disk_checks import read_json_object
+    from animegamer.config.trained_data import lineage
+    from animegamer.training.callbacks import TRAIN_SECONDS
+
+    runs = []
+    for folder, config in lineage(export):
+        record = read_json_object(Path(folder) / EXPORT_FILE) or {}
+        step, seconds = record.get("step"), record.get(TRAIN_SECONDS)
+        if (config.get("phase") or {}).get("name") == phase and isinstance(step, int) and step > 0:
+            runs.append((step, folder, seconds / step if isinstance(seconds, (int, float)) and seconds > 0 else None))
+    return max(runs, key=lambda run: run[0], default=None)
+
+
+def schedules(start: Path, model: str, official_mllm: str = "", steps: tuple[int, ...] | None = None) -> list[Schedule]:
+    """Each fine-tuned phase's steps: ``steps`` when given, else its share (:data:`STEP_SHARES`) of the steps
+    its ``--from`` export trained, or of the preset's configured ``phase.max_steps`` where ``--from`` has
+    no export for it (phase (b) from the official MLLM); at least one."""
+    from animegamer.config.compose import compose_config
+
+    planned = []
+    for index, phase in enumerate(FINETUNED):
+        share = STEP_SHARES[phase]
+        export = start / phase / "export"
+        trained = None if phase == PHASE_B and official_mllm else trained_steps(export, phase)
+        pace = trained[2] if trained else None
+        if steps is not None:
+            n, basis = steps[index], "--steps"
+        elif trained:
+            n, basis = max(1, math.ceil(trained[0] * share)), f"{share} of the {trained[0]} steps {trained[1]} trained"
+        else:
+            configured = int(compose_config("train", [f"model={model}", f"phase={phase}"]).phase.max_steps)
+            n = max(1, math.ceil(configured * share))
+            basis = f"{share} of phase {phase}'s configured {configured}: no export under --from records its steps"
+        planned.append(Schedule(phase, n, basis, n * pace if pace else None))
+    return planned
 
 
 def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
@@ -61,37 +143,69 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
         start_a=str(start_a),
         start_b=start_b,
         extra=list(extra),
+        new_folder=OUT_NEW_FOLDER,  # an output_dir override would put every stage into one folder
     )
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--film", required=True)
+    parser.add_argument("--film", required=True, help="the new film, or a folder of films")
     parser.add_argument("--captions", required=True, help="caption-import JSONL of the film (README)")
     parser.add_argument("--from", dest="start", type=Path, required=True, help="run folder with a_joint/ and b/ exports")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the fine-tune's run folder (pipeline/, one folder per phase, eval/, game/)")
     parser.add_argument("--model", default=None, choices=PRESETS,
                         help="model preset (default: the one --from's exports were trained with, else paper)")
-    parser.add_argument("--steps", type=int, nargs=3, default=DEFAULT_STEPS, metavar=("A2", "B", "C"))
-    parser.add_argument("--official-mllm", default="", help="official MLLM pytorch_model.bin for phase (b)")
+    shares = ", ".join(f"{STEP_SHARES[phase]} ({phase})" for phase in FINETUNED)
+    parser.add_argument("--steps", type=int, nargs=3, default=None, metavar=("A2", "B", "C"),
+                        help=f"phase.max_steps of phases (a2), (b) and (c) (default: {shares} of the steps each "
+                             f"--from export trained, at least 1; the log says what they will cost)")
+    parser.add_argument("--official-mllm", default="",
+                        help="official MLLM pytorch_model.bin for phase (b) (default: --from's b/export)")
     parser.add_argument("--constrained-states", action="store_true",
-                        help="evaluate and play with state decoding constrained to the layout")
+                        help="evaluate and play with state decoding constrained to the layout (default: free "
+                             "decoding, which a briefly trained MLLM may leave malformed)")
     args, overrides = parser.parse_known_args(argv)
     options = [o for o in overrides if o.startswith("-")]  # the rest are Hydra overrides (key=value)
     if options:
         parser.error(f"unrecognized arguments: {' '.join(options)}")
     setup_logging("INFO")
     model = preset_for(args.model, args.start)
-    recipe = finetune_recipe(args.film, args.captions, args.start, args.out, model, tuple(args.steps),
+    plan = schedules(args.start, model, args.official_mllm, args.steps)
+    recipe = finetune_recipe(args.film, args.captions, args.start, args.out, model, tuple(s.steps for s in plan),
                              args.official_mllm, tuple(overrides))
     if args.constrained_states:
         recipe.evaluation.append("model.mllm.constrained_states=true")
-    return run_recipe(recipe)
+    known = [s.seconds for s in plan if s.seconds is not None]
+    total = f"; about {duration(sum(known))} of training in all" if len(known) == len(plan) else ""
+    log.info("fine-tune schedule (--steps A2 B C sets it): %s%s", "; ".join(s.describe() for s in plan), total)
+    summary = run_recipe(recipe)
+    failure = nothing_played_failure(summary, args.constrained_states)
+    if failure:
+        summary[FAILED] = failure
+        log.error(failure)
+    return summary
+
+
+def nothing_played_failure(summary: dict, constrained: bool) -> str | None:
+    """Why the fine-tuned game is unusable, with the way on, when its evaluation or its demonstration game
+    planned turns and played none (None: it played)."""
+    empty = played_nothing(summary)
+    if not empty:
+        return None
+    longer = "train phase (b) longer (a larger B in --steps resumes it)"
+    way = longer if constrained else (f"run the same command again with --constrained-states (the states decoded "
+                                      f"within the layout; the trained stages are reused), or {longer}")
+    return (f"the fine-tuned game played no turn in {' and '.join(empty)}: its state generations were malformed "
+            f"(the log names each): {way}")
 
 
 def cli() -> None:
-    """The ``animegamer-finetune`` console script: a user error is one message and exit code 2."""
-    exit_on_user_error(main)(sys.argv[1:])
+    """The ``animegamer-finetune`` console script: a user error is one message and exit code 2; a game that
+    played no turn, its error and exit code 1 (:data:`NOTHING_PLAYED_EXIT_CODE`)."""
+    summary = exit_on_user_error(main)(sys.argv[1:])
+    if summary.get(FAILED):
+        raise SystemExit(NOTHING_PLAYED_EXIT_CODE)
 
 
 if __name__ == "__main__":
