@@ -10,6 +10,7 @@ from animegamer.checks import validate_pipeline_run
 from animegamer.config.compose import config_dir
 from animegamer.config.schema import register_configs
 from animegamer.errors import exit_on_user_error
+from animegamer.utils.http import redact
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("data_pipeline")
@@ -20,7 +21,8 @@ def run(cfg: DictConfig) -> dict:
 
     setup_logging(cfg.log_level)
     validate_pipeline_run(cfg)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    # What the manifests record: a password or query key in a URL (pipeline.caption.url) is masked.
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True))
     typed = OmegaConf.to_object(cfg)
     report = run_pipeline(typed.pipeline, resolved, typed.model)
     return report

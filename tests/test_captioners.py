@@ -6,14 +6,13 @@ import hashlib
 import io
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
+from http_fakes import FakeChatServer, huge, no_proxy, redirect, silent, trickle  # noqa: F401 - no_proxy: autouse
 from PIL import Image
 
 from animegamer.config.schema import CaptionConfig
@@ -344,60 +343,6 @@ def test_prompt_captioner_frames_and_reference(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- http backend
-class FakeOpenAI:
-    """A chat-completions endpoint on 127.0.0.1 answering from a script of (status, content or body)."""
-
-    def __init__(self, script: list[tuple[int, str]], delay_s: float = 0.0) -> None:
-        self.script = list(script)
-        self.delay_s = delay_s
-        self.requests: list[dict[str, Any]] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                owner.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                time.sleep(owner.delay_s)
-                status, content = owner.script.pop(0) if owner.script else (500, "script exhausted")
-                if status == 200:
-                    payload = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
-                    data = json.dumps(payload).encode()
-                else:
-                    data = content.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except OSError:  # the client gave up (timeout test)
-                    pass
-
-            def log_message(self, *args: Any) -> None:  # keep test output clean
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self) -> "FakeOpenAI":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """urllib honours proxy variables; a local test server must be reached directly."""
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    yield
-
-
 def http_cfg(url: str, **overrides: Any) -> CaptionConfig:
     base = dict(backend="http", url=url, model_name="tiny-vl", api_key_env="TEST_CAPTION_KEY", num_frames=3,
                 retries=2, timeout_s=5.0, max_new_tokens=64)
@@ -408,7 +353,7 @@ def http_cfg(url: str, **overrides: Any) -> CaptionConfig:
 def test_http_malformed_then_good(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TEST_CAPTION_KEY", "sk-test")
     Image.new("RGB", (7, 9), (1, 2, 3)).save(tmp_path / "ep01.png")
-    with FakeOpenAI([(200, "Sure, the character is talking."), (200, f"```json\n{GOOD_TEXT}\n```")]) as server:
+    with FakeChatServer([(200, "Sure, the character is talking."), (200, f"```json\n{GOOD_TEXT}\n```")]) as server:
         captioner = build_captioner(http_cfg(server.url, reference_images=str(tmp_path)))
         assert captioner.needs_frames
         result = captioner.caption(make_ctx("ep01"))
@@ -432,7 +377,7 @@ def test_http_malformed_then_good(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
 def test_http_server_errors_are_failed_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TEST_CAPTION_KEY", raising=False)
-    with FakeOpenAI([(500, '{"error": "overloaded"}')] * 3) as server:
+    with FakeChatServer([(500, '{"error": "overloaded"}')] * 3) as server:
         captioner = build_http_captioner(http_cfg(server.url), backoff_s=0.0)
         result = captioner.caption(make_ctx())
     assert result.status == "failed" and result.attempts == 3 and len(server.requests) == 3
@@ -441,16 +386,16 @@ def test_http_server_errors_are_failed_attempts(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_http_error_then_good_and_timeout() -> None:
-    with FakeOpenAI([(503, "busy"), (200, GOOD_TEXT)]) as server:
+    with FakeChatServer([(503, "busy"), (200, GOOD_TEXT)]) as server:
         result = build_http_captioner(http_cfg(server.url), backoff_s=0.0).caption(make_ctx())
     assert result.ok and result.attempts == 2
-    with FakeOpenAI([(200, GOOD_TEXT)], delay_s=1.0) as server:
+    with FakeChatServer([(200, GOOD_TEXT)], delay_s=1.0) as server:
         result = build_http_captioner(http_cfg(server.url, timeout_s=0.2, retries=0), backoff_s=0.0).caption(make_ctx())
     assert result.status == "failed" and "timed out" in result.error.lower()
 
 
 def test_http_unreachable_endpoint() -> None:
-    with FakeOpenAI([]) as server:
+    with FakeChatServer([]) as server:
         url = server.url
     result = build_http_captioner(http_cfg(url, retries=0), backoff_s=0.0).caption(make_ctx())
     assert result.status == "failed" and "request failed" in result.error
@@ -590,3 +535,126 @@ def test_run_captioner_warns_once_about_unknown_films(caplog: pytest.LogCaptureF
     warnings = [m for m in caplog.messages if "not among the inputs" in m]
     assert warnings == ["caption records name films that are not among the inputs: ['ep3'] (the inputs' film ids: "
                         "['ep01', 'ep02']; a record may also name a film by its file name or path)"]
+
+
+# --------------------------------------------------------------------------- http backend: limits and secrets
+CAPTION_KEY = "sk-caption-secret-4711"
+URL_PASSWORD = "pw-caption-secret-0815"
+QUERY_KEY = "qk-caption-secret-2342"
+
+
+def test_http_trickled_answer_is_cut_at_the_request_deadline() -> None:
+    """A byte every 0.2 s keeps each read within timeout_s: only the whole request's deadline ends it."""
+    with FakeChatServer([trickle(GOOD_TEXT, 0.2)]) as server:
+        captioner = build_http_captioner(http_cfg(server.url, deadline_s=0.5, retries=0), backoff_s=0.0)
+        started = time.monotonic()
+        result = captioner.caption(make_ctx())
+        elapsed = time.monotonic() - started
+    assert result.status == "failed" and result.attempts == 1
+    assert "within the request deadline of 0.5 s (pipeline.caption.deadline_s)" in result.error, result.error
+    assert 0.5 <= elapsed < 2.0  # the whole answer would have taken len(body) * 0.2 s > 30 s
+
+
+def test_http_silent_server_spends_the_budget_then_fails_every_clip_at_once() -> None:
+    with FakeChatServer([], otherwise=silent) as server:
+        captioner = build_http_captioner(http_cfg(server.url, deadline_s=0.3, budget_s=0.5, retries=2), backoff_s=0.0)
+        started = time.monotonic()
+        results = [captioner.caption(make_ctx(start=float(i), end=i + 1.0)) for i in range(3)]
+        elapsed = time.monotonic() - started
+    # Clip 1: the first attempt ends at its 0.3 s deadline, the second at the budget's last 0.2 s; the
+    # budget ending is not retried, and the clips after it send no request.
+    assert len(server.requests) == 2 and [r.attempts for r in results] == [2, 1, 1]
+    assert "ran out during a request" in results[0].error and "(pipeline.caption.budget_s)" in results[0].error
+    assert all("request budget of 0.5 s (pipeline.caption.budget_s) is spent" in r.error for r in results[1:])
+    assert 0.5 <= elapsed < 1.5, elapsed
+
+
+def test_http_huge_answer_is_refused_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import animegamer.utils.http as http_client
+
+    cap, total = 64 * 1024, 40 * 2**20
+    monkeypatch.setattr(http_client, "MAX_RESPONSE_BYTES", cap)
+    script = [huge(total, announce=True, text=GOOD_TEXT), huge(total, announce=False, text=GOOD_TEXT)]
+    with FakeChatServer(script) as server:
+        result = build_http_captioner(http_cfg(server.url, retries=1), backoff_s=0.0).caption(make_ctx())
+    assert result.status == "failed" and result.attempts == 2 and len(server.requests) == 2
+    assert f"exceeds the cap of {cap} bytes on an answer; reading stopped" in result.error, result.error
+    assert server.sent_bytes < total  # neither body was read to its end (the first not at all)
+
+
+def test_http_authorization_stays_with_the_endpoints_host_on_a_redirect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_CAPTION_KEY", CAPTION_KEY)
+    with FakeChatServer([(200, GOOD_TEXT)]) as other:
+        target = other.url_on("localhost") + "/chat/completions"
+        with FakeChatServer([redirect(target)]) as server:
+            result = build_http_captioner(http_cfg(server.url, retries=0), backoff_s=0.0).caption(make_ctx())
+    assert result.ok, result.error
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {CAPTION_KEY}"
+    assert other.requests[0]["method"] == "GET" and "Authorization" not in other.requests[0]["headers"]
+
+
+def test_http_refused_key_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_CAPTION_KEY", CAPTION_KEY)
+    with FakeChatServer([], otherwise=(401, '{"error": "invalid api key"}')) as server:
+        result = build_http_captioner(http_cfg(server.url, retries=2), backoff_s=0.0).caption(make_ctx())
+    assert len(server.requests) == 1 and result.status == "failed" and result.attempts == 1
+    assert "HTTP 401" in result.error and "not retried" in result.error
+    assert "pipeline.caption.api_key_env" in result.error and "invalid api key" in result.error
+
+
+def test_http_key_in_api_key_env_is_refused_by_both_checks() -> None:
+    from animegamer.config.schema import PipelineConfig
+    from animegamer.config.validate import check_pipeline
+
+    cfg = http_cfg("http://127.0.0.1:9/v1", api_key_env=CAPTION_KEY)
+    with pytest.raises(ValueError, match="caption.api_key_env must name an environment variable") as error:
+        build_captioner(cfg)
+    assert CAPTION_KEY not in str(error.value)
+    problems = [p for p in check_pipeline(PipelineConfig(caption=cfg)) if "api_key_env" in p]
+    assert len(problems) == 1 and problems[0].startswith("pipeline.caption.api_key_env must name an environment")
+    assert CAPTION_KEY not in problems[0]
+    # every backend's config is recorded in the manifests: the check does not depend on the backend
+    assert any("api_key_env" in p for p in check_pipeline(PipelineConfig(caption=CaptionConfig(api_key_env="a-b"))))
+    problems = check_pipeline(PipelineConfig(caption=http_cfg("http://h/v1", deadline_s=0, budget_s=-1.0)))
+    assert "pipeline.caption.deadline_s=0 must be > 0" in problems
+    assert "pipeline.caption.budget_s=-1.0 must be >= 0 (0: no limit)" in problems
+
+
+def test_http_secrets_reach_no_shard_manifest_report_or_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, toy_film: Any, tmp_path: Path
+) -> None:
+    """A server echoing the key (and the URL's password and query key) in its error body: the caption
+    failure reasons that the shards keep, the manifests' config, the report and the log mask them."""
+    import tarfile
+
+    from conftest import pipeline_overrides, run_pipeline
+
+    monkeypatch.setenv("TEST_CAPTION_KEY", CAPTION_KEY)
+    echo = (401, json.dumps({"error": f"key {CAPTION_KEY} refused; password {URL_PASSWORD}; query key {QUERY_KEY}"}))
+    output = tmp_path / "out"
+    with FakeChatServer([], otherwise=echo) as server:
+        url = f"http://user:{URL_PASSWORD}@127.0.0.1:{server.port}/v1?key={QUERY_KEY}"
+        overrides = ["pipeline.caption.backend=http", f"pipeline.caption.url='{url}'", "pipeline.caption.model_name=m",
+                     "pipeline.caption.api_key_env=TEST_CAPTION_KEY", "pipeline.workers=1",
+                     "pipeline.clips.max_clips_per_shot=1", "pipeline.steps=[process,finalize]"]
+        with caplog.at_level(logging.DEBUG):
+            run_pipeline(pipeline_overrides(output, [toy_film.video_path], None, *overrides))
+    assert server.requests, "the pipeline made no caption request"
+    first = server.requests[0]
+    assert first["headers"]["Authorization"] == f"Bearer {CAPTION_KEY}"
+    assert first["path"] == f"/v1/chat/completions?key={QUERY_KEY}"
+    texts = {"log": caplog.text}
+    for path in sorted(output.rglob("*")):
+        if path.suffix == ".tar":
+            with tarfile.open(path) as tar:
+                texts.update({f"{path}:{m.name}": tar.extractfile(m).read().decode("utf-8", "replace")
+                              for m in tar.getmembers() if m.name.endswith(".json")})
+        elif path.suffix in (".json", ".jsonl", ".md", ".txt", ".log"):
+            texts[str(path)] = path.read_text(encoding="utf-8", errors="replace")
+    manifest = json.loads((output / "clips" / "manifest.json").read_text())
+    assert manifest["config"]["pipeline"]["caption"]["url"] == f"http://***@127.0.0.1:{server.port}/v1?key=***"
+    reasons = [text for name, text in texts.items() if ".tar:" in name and "HTTP 401" in text]
+    assert reasons, "no shard records the caption failure"
+    for name, text in texts.items():
+        for secret in (CAPTION_KEY, URL_PASSWORD, QUERY_KEY):
+            assert secret not in text, f"{secret} in {name}"

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, runtime_chec
 
 import numpy as np
 
+from animegamer.utils.http import client_setting_problems
+
 from .fields import Caption, States
 
 if TYPE_CHECKING:  # the schema pulls in Hydra; backends only read plain attributes from it
@@ -171,7 +173,8 @@ def validate_caption_config(cfg: "CaptionConfig") -> None:
     _require(cfg.num_frames >= 1, f"caption.num_frames must be >= 1, got {cfg.num_frames}")
     _require(cfg.retries >= 0, f"caption.retries must be >= 0, got {cfg.retries}")
     _require(cfg.max_new_tokens >= 1, f"caption.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-    _require(cfg.timeout_s > 0, f"caption.timeout_s must be > 0, got {cfg.timeout_s}")
+    client_problems = client_setting_problems("caption", cfg)  # the judge's config is checked alike
+    _require(not client_problems, "; ".join(client_problems))
     if cfg.backend == BACKEND_JSONL:
         _require(bool(cfg.path), "caption.path must name a .jsonl file or a folder of them for backend=jsonl")
     if cfg.backend == BACKEND_VLM:

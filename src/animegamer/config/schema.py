@@ -286,7 +286,11 @@ class CaptionConfig:
     num_frames: int = 4
     max_new_tokens: int = 256
     retries: int = 2
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # http: per socket operation (connecting, each read)
+    deadline_s: float = 180.0  # http: per request, the answer's body included
+    # http: seconds one worker process may spend on requests; 0 = no limit (a run's request time grows
+    # with its films). Once spent, the clips left fail at once with that reason.
+    budget_s: float = 0.0
     trust_remote_code: bool = False
 
 
@@ -517,7 +521,10 @@ class JudgeConfig:
     temperature: float = 0.7  # > 0: the samples are independent draws of the judge
     max_tokens: int = 300
     retries: int = 2  # per sample: a malformed answer or a failed request is asked again this many times
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # per socket operation (connecting, each read)
+    deadline_s: float = 300.0  # per request, the answer's body included
+    # all the run's requests; 0 = no limit. Once spent, the games left are reported unscored.
+    budget_s: float = 3600.0
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from animegamer.config.schema import NUM_MOTION_LEVELS, EncodersConfig, PipelineConfig
+from animegamer.utils.http import client_setting_problems, redact
 
 # decord 0.6 copies decoded frames with a 16-pixel-aligned line size: other widths fail to decode.
 DECODER_WIDTH_MULTIPLE = 16
@@ -83,6 +84,7 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
     problems += choice("pipeline.motion.estimator", p.motion.estimator, ("farneback", "raft"))
     problems += choice("pipeline.motion.bins", p.motion.bins, ("quantile", "fixed"))
     problems += choice("pipeline.caption.backend", p.caption.backend, ("jsonl", "vlm", "http", "none"))
+    problems += client_setting_problems("pipeline.caption", p.caption)  # whatever the backend: the config is recorded
     problems += choice("pipeline.precompute.dtype", p.precompute.dtype, ("float32", "bfloat16", "float16"))
     for step in p.steps:
         problems += choice("pipeline.steps[]", step, PIPELINE_STEPS)
@@ -121,7 +123,7 @@ def _check_caption(p: PipelineConfig) -> list[str]:
     if c.backend == "vlm" and not Path(c.model_path or "/nonexistent").is_dir():
         return [f"pipeline.caption.model_path={c.model_path!r}: the vlm backend needs a local model folder"]
     if c.backend == "http" and not c.url.startswith(("http://", "https://")):
-        return [f"pipeline.caption.url={c.url!r}: the http backend needs an http(s) URL"]
+        return [f"pipeline.caption.url={redact(c.url)!r}: the http backend needs an http(s) URL"]
     if c.num_frames <= 0 or c.num_frames > p.clips.frames:
         return [f"pipeline.caption.num_frames={c.num_frames} must be in 1..pipeline.clips.frames={p.clips.frames}"]
     return []

@@ -11,6 +11,11 @@ the reason, a failed request (timeout, 429, 5xx) is sent again after a back-off,
 without a valid answer is unavailable, never guessed. Each game is judged ``samples`` times: its
 score is the mean of its valid samples and their standard deviation is its spread. Without an
 endpoint every score is unavailable, as the model-based metrics of Table 1 are without weights.
+
+Each request has a deadline (``deadline_s``) and the run a budget (``budget_s``): once it is spent the
+games left are not judged, and the record says so. A game whose clip is missing or cannot be decoded
+is not judged (its turn numbers and state history would be wrong): it is reported unscored with the
+reason, and the other games are judged.
 """
 from __future__ import annotations
 
@@ -22,14 +27,13 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from animegamer.config.validate import ConfigError, positive
 from animegamer.metrics.common import available, format_metric, unavailable
-from animegamer.utils.http import (IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient, answer_with_retries,
-                                   api_key_from_env)
+from animegamer.utils.http import (ERROR_DETAIL_CHARS, IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient,
+                                   answer_with_retries, api_key_from_env, client_setting_problems, redact)
 
 log = logging.getLogger("animegamer.metrics.judge")  # the same name under ``python -m``
 
@@ -51,6 +55,7 @@ PAPER_JUDGE_MODEL = "GPT-4V"
 NO_ENDPOINT = "no judge endpoint: set evaluation.judge.url and evaluation.judge.model_name"
 SCORE_DECIMALS = 2
 LABEL = "judge"  # how the retry loop's log lines name this client
+SETTINGS = "evaluation.judge"  # the config node, as messages name it
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
@@ -66,6 +71,7 @@ class JudgedTurn:
 class JudgedGame:
     id: str
     turns: tuple[JudgedTurn, ...]
+    problem: str = ""  # why the game cannot be judged (a missing or unreadable clip): reported, never asked
 
 
 def _signed(delta: int) -> str:
@@ -168,26 +174,19 @@ def parse_scores(text: str) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- scoring
-def public_endpoint(url: str) -> str:
-    """The endpoint as the report may show it: without user, password, query or fragment."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 def _settings(cfg) -> dict:
-    return {"model": cfg.model_name or None, "endpoint": public_endpoint(cfg.url) if cfg.url else None,
+    return {"model": cfg.model_name or None, "endpoint": redact(cfg.url) if cfg.url else None,
             "prompt_version": JUDGE_PROMPT_VERSION, "prompt_sha256": prompt_sha256(),
             "samples_per_game": cfg.samples, "frames_per_turn": cfg.frames_per_turn,
-            "temperature": cfg.temperature, "score_range": list(SCORE_RANGE)}
+            "temperature": cfg.temperature, "score_range": list(SCORE_RANGE), "deadline_s": cfg.deadline_s,
+            "budget_s": cfg.budget_s}
 
 
 def unavailable_record(cfg, reason: str, games: int = 0) -> dict:
     """Every dimension unavailable with ``reason`` (no endpoint, or no game to judge)."""
     return {**_settings(cfg), "games": games, "games_scored": 0, "reason": reason,
             "scores": {key: unavailable(reason) for key in DIMENSIONS}, "spread": {key: None for key in DIMENSIONS},
-            "per_game": []}
+            "per_game": [], "budget_exhausted": False}
 
 
 def _sd(values: Sequence[float]) -> Optional[float]:
@@ -195,29 +194,37 @@ def _sd(values: Sequence[float]) -> Optional[float]:
     return statistics.stdev(values) if len(values) >= 2 else None
 
 
-def game_summary(game_id: str, samples: Sequence[dict]) -> dict:
-    """Mean and standard deviation of a game's valid samples, per dimension (None when none is valid)."""
+def game_summary(game_id: str, samples: Sequence[dict], problem: str = "") -> dict:
+    """Mean and standard deviation of a game's valid samples, per dimension (None when none is valid);
+    ``reason``: why the game is unscored (``problem``, else its last sample's error), "" when scored."""
     valid = [s["scores"] for s in samples if s["scores"] is not None]
     mean = {key: statistics.mean(v[key] for v in valid) for key in DIMENSIONS} if valid else None
     sd = {key: _sd([v[key] for v in valid]) for key in DIMENSIONS} if valid else None
-    return {"id": game_id, "samples": list(samples), "valid_samples": len(valid), "mean": mean, "sd": sd}
+    reason = "" if mean is not None else problem or (samples[-1]["error"] if samples else "no sample asked")
+    return {"id": game_id, "samples": list(samples), "valid_samples": len(valid), "mean": mean, "sd": sd,
+            "reason": reason}
 
 
-def summarize(cfg, per_game: Sequence[dict]) -> dict:
+def _game_reason(game: Mapping) -> str:
+    """Why a game is unscored (records written before games carried their ``reason``: the last error)."""
+    return game.get("reason") or (game["samples"][-1]["error"] if game.get("samples") else "not judged")
+
+
+def summarize(cfg, per_game: Sequence[dict], budget_exhausted: bool = False) -> dict:
     """Table 2's judge column: per dimension the mean over scored games of each game's mean, and the
     spread as the mean over games of each game's sample standard deviation (the judge's own noise)."""
     scored = [g for g in per_game if g["mean"] is not None]
     if not scored:
-        reason = "no game scored" + (f": {per_game[-1]['samples'][-1]['error']}" if per_game and per_game[-1]["samples"]
-                                     else "")
-        return {**unavailable_record(cfg, reason, len(per_game)), "per_game": list(per_game)}
+        reason = "no game scored" + (f": {_game_reason(per_game[-1])}" if per_game else "")
+        return {**unavailable_record(cfg, reason, len(per_game)), "per_game": list(per_game),
+                "budget_exhausted": budget_exhausted}
     scores, spread = {}, {}
     for key in DIMENSIONS:
         scores[key] = available(statistics.mean(g["mean"][key] for g in scored))
         sds = [g["sd"][key] for g in scored if g["sd"][key] is not None]
         spread[key] = statistics.mean(sds) if sds else None
     return {**_settings(cfg), "games": len(per_game), "games_scored": len(scored), "scores": scores,
-            "spread": spread, "per_game": list(per_game)}
+            "spread": spread, "per_game": list(per_game), "budget_exhausted": budget_exhausted}
 
 
 class Judge:
@@ -226,8 +233,8 @@ class Judge:
     def __init__(self, cfg, backoff_s: float = RETRY_BACKOFF_S) -> None:
         self.cfg = cfg
         self.backoff_s = backoff_s
-        self.client = OpenAIChatClient(cfg.url, cfg.model_name, cfg.timeout_s,
-                                       api_key_from_env(cfg.api_key_env, LABEL))
+        self.client = OpenAIChatClient(cfg.url, cfg.model_name, cfg.timeout_s, api_key_from_env(cfg.api_key_env, LABEL),
+                                       deadline_s=cfg.deadline_s, budget_s=cfg.budget_s or None, settings=SETTINGS)
 
     def sample(self, game: JudgedGame) -> dict:
         """One judgement of ``game``: ``{"scores": {...} or None, "attempts": n, "error": ""}``."""
@@ -242,12 +249,16 @@ class Judge:
     def score(self, games: Sequence[JudgedGame]) -> dict:
         per_game = []
         for game in games:
+            if game.problem:
+                log.warning("judge: game %s is not judged: %s", game.id, game.problem)
+                per_game.append(game_summary(game.id, [], game.problem))
+                continue
             samples = [self.sample(game) for _ in range(self.cfg.samples)]
             per_game.append(game_summary(game.id, samples))
             mean = per_game[-1]["mean"]
             log.info("judge: game %s: %d/%d valid samples%s", game.id, per_game[-1]["valid_samples"],
                      len(samples), f", overall {mean['overall']:.2f}" if mean else "")
-        return summarize(self.cfg, per_game)
+        return summarize(self.cfg, per_game, self.client.budget_exhausted)
 
 
 def judge_games(cfg, games: Sequence[JudgedGame], backoff_s: float = RETRY_BACKOFF_S) -> dict:
@@ -259,17 +270,44 @@ def judge_games(cfg, games: Sequence[JudgedGame], backoff_s: float = RETRY_BACKO
     return Judge(cfg, backoff_s).score(games)
 
 
-def games_from_report(games: Sequence[Mapping]) -> list[JudgedGame]:
-    """Evaluation's report games (``metrics.report``'s format), their clips decoded; turns without a
-    clip (a game that stopped) are left out, and so are games with no turn left."""
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:ERROR_DETAIL_CHARS]
+
+
+def _clip_frames(turn: Mapping, number: int) -> tuple[Optional[np.ndarray], str]:
+    """A played turn's clip decoded, or None and why it cannot be judged."""
     from animegamer.data.shards import decode_video
 
+    if not turn.get("video"):
+        return None, f"turn {number} has no clip recorded"
+    path = Path(turn["video"])
+    if not path.is_file():
+        return None, f"turn {number}: clip {path} is missing"
+    try:
+        frames = decode_video(path.read_bytes())
+    except Exception as error:  # noqa: BLE001 - decord raises its own error type or RuntimeError by failure
+        return None, f"turn {number}: clip {path} cannot be decoded ({_first_line(error)})"
+    if len(frames) == 0:
+        return None, f"turn {number}: clip {path} has no frames"
+    return frames, ""
+
+
+def games_from_report(games: Sequence[Mapping]) -> list[JudgedGame]:
+    """Evaluation's report games (``metrics.report``'s format: the turns played), their clips decoded.
+    A game with a missing or unreadable clip, or without a played turn, comes back with its ``problem``
+    and no turn: judging the turns left would show the judge wrong turn numbers and state history."""
     judged = []
     for game in games:
-        turns = tuple(JudgedTurn(str(t["instruction"]), decode_video(Path(t["video"]).read_bytes()), dict(t["states"]))
-                      for t in game.get("turns", []) if t.get("video") and Path(t["video"]).is_file())
-        if turns:
-            judged.append(JudgedGame(str(game["id"]), turns))
+        turns, problem = [], ""
+        for number, turn in enumerate(game.get("turns", []), start=1):
+            frames, problem = _clip_frames(turn, number)
+            if frames is None:
+                break
+            turns.append(JudgedTurn(str(turn["instruction"]), frames, dict(turn["states"])))
+        if not game.get("turns"):
+            problem = "no turn was played" + (f" (the game stopped: {game['stopped']})" if game.get("stopped") else "")
+        judged.append(JudgedGame(str(game["id"]), () if problem else tuple(turns), problem))
     return judged
 
 
@@ -292,14 +330,17 @@ def judge_cell(record: Mapping, key: str) -> str:
 
 
 def table2_lines(record: Mapping) -> list[str]:
-    """report.md's "Table 2: MLLM judge" section for one evaluation."""
+    """report.md's "Table 2: MLLM judge" section for one evaluation (table cells escaped: a reason quotes
+    the judge's answer, which may hold a ``|``)."""
+    from animegamer.metrics.report import markdown_row  # report.py draws this section: imported when it does
+
     model = f"`{record['model']}`" if record.get("model") else "none"
     lines = ["## Table 2: MLLM judge", "",
              f"Judge: {model}; prompt version {record['prompt_version']} (sha256 {record['prompt_sha256']}); "
              f"{record['games_scored']} of {record['games']} games scored, {record['samples_per_game']} samples per "
              f"game, {record['frames_per_turn']} frames per turn.", "",
              f"| Dimension | Ours (mean ± sd) | Paper ({PAPER_JUDGE_MODEL}) |", "|---|---|---|"]
-    lines += [f"| {DIMENSION_LABELS[key]} | {judge_cell(record, key)} | not recorded |" for key in DIMENSIONS]
+    lines += [markdown_row(DIMENSION_LABELS[key], judge_cell(record, key), "not recorded") for key in DIMENSIONS]
     failed = [g for g in record.get("per_game", []) if g["mean"] is None]
     lines += ["", f"Scores from {SCORE_RANGE[0]} to {SCORE_RANGE[1]}, higher is better. A game's score is the mean "
               "of its valid samples; ours is the mean over the scored games, ± the mean over games of the samples' "
@@ -307,9 +348,12 @@ def table2_lines(record: Mapping) -> list[str]:
               "`src/animegamer/templates/judge_prompt.txt.j2`, so ours and the paper's scores come from different "
               "prompts (and judges, unless ours is GPT-4V). The repository does not record the paper's Table 2 "
               "numbers."]
+    if record.get("budget_exhausted"):
+        lines += ["", f"The judge's request budget ({SETTINGS}.budget_s = {record['budget_s']:g} s) ran out: the "
+                  "games judged after that are not scored."]
     if failed:
         lines += ["", "Games without a valid judgement (not scored, not a zero): "
-                  + "; ".join(f"{g['id']}: {g['samples'][-1]['error']}" for g in failed if g["samples"]) + "."]
+                  + "; ".join(f"{g['id']}: {_game_reason(g)}" for g in failed) + "."]
     return lines
 
 
@@ -339,24 +383,20 @@ def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) ->
     return metrics["judge"]
 
 
-# An environment variable's name: what evaluation.judge.api_key_env must hold (the key stays in the environment).
-ENV_VAR_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 JUDGE_TEMPERATURE_RANGE = (0.0, 2.0)  # what OpenAI-compatible servers accept
 
 
 def check_judge(judge) -> list[str]:
     """``evaluation.judge``: an http(s) endpoint with a model name, or no endpoint (scores unavailable)."""
-    key = "evaluation.judge"
+    key = SETTINGS
     problems = []
     if judge.url and not judge.url.startswith(("http://", "https://")):
-        problems.append(f"{key}.url={judge.url!r}: must be an http(s) base URL such as http://127.0.0.1:8000/v1 "
-                        "(or '' for no judge)")
+        problems.append(f"{key}.url={redact(judge.url)!r}: must be an http(s) base URL such as "
+                        "http://127.0.0.1:8000/v1 (or '' for no judge)")
     if judge.url and not judge.model_name:
-        problems.append(f"{key}.model_name is empty: name the model the endpoint at {judge.url} serves")
-    if judge.api_key_env and not re.fullmatch(ENV_VAR_NAME, judge.api_key_env):
-        problems.append(f"{key}.api_key_env must name an environment variable (letters, digits, _), not hold "
-                        "a key: export the key in that variable instead")
-    problems += positive(key, judge, ("samples", "frames_per_turn", "image_max_side", "max_tokens", "timeout_s"))
+        problems.append(f"{key}.model_name is empty: name the model the endpoint at {redact(judge.url)} serves")
+    problems += client_setting_problems(key, judge)
+    problems += positive(key, judge, ("samples", "frames_per_turn", "image_max_side", "max_tokens"))
     if judge.retries < 0:
         problems.append(f"{key}.retries={judge.retries} must be >= 0")
     low, high = JUDGE_TEMPERATURE_RANGE
