@@ -552,7 +552,7 @@ def test_http_trickled_answer_is_cut_at_the_request_deadline() -> None:
         elapsed = time.monotonic() - started
     assert result.status == "failed" and result.attempts == 1
     assert "within the request deadline of 0.5 s (pipeline.caption.deadline_s)" in result.error, result.error
-    assert 0.5 <= elapsed < 2.0  # the whole answer would have taken len(body) * 0.2 s > 30 s
+    assert 0.5 <= elapsed < 3.0  # the whole answer would have taken len(body) * 0.2 s > 30 s
 
 
 def test_http_silent_server_spends_the_budget_then_fails_every_clip_at_once() -> None:
@@ -566,7 +566,7 @@ def test_http_silent_server_spends_the_budget_then_fails_every_clip_at_once() ->
     assert len(server.requests) == 2 and [r.attempts for r in results] == [2, 1, 1]
     assert "ran out during a request" in results[0].error and "(pipeline.caption.budget_s)" in results[0].error
     assert all("request budget of 0.5 s (pipeline.caption.budget_s) is spent" in r.error for r in results[1:])
-    assert 0.5 <= elapsed < 1.5, elapsed
+    assert 0.5 <= elapsed < 3.0, elapsed
 
 
 def test_http_huge_answer_is_refused_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -296,7 +296,7 @@ def test_a_trickled_answer_is_cut_at_the_request_deadline():
     assert record["games_scored"] == 0 and record["deadline_s"] == 0.5
     reason = record["per_game"][0]["reason"]
     assert "within the request deadline of 0.5 s (evaluation.judge.deadline_s)" in reason, reason
-    assert 0.5 <= elapsed < 2.0  # the whole answer would have taken len(body) * 0.2 s > 20 s
+    assert 0.5 <= elapsed < 3.0  # the whole answer would have taken len(body) * 0.2 s > 20 s
 
 
 def test_a_silent_server_costs_the_run_budget_then_the_games_left_are_unscored():
@@ -307,7 +307,7 @@ def test_a_silent_server_costs_the_run_budget_then_the_games_left_are_unscored()
         elapsed = time.monotonic() - started
     # g1's first sample: its first attempt ends at the 0.3 s deadline, its second at the budget's last
     # 0.2 s (not retried); no request after that.
-    assert len(server.requests) == 2 and 0.5 <= elapsed < 1.5, elapsed
+    assert len(server.requests) == 2 and 0.5 <= elapsed < 3.0, elapsed
     assert record["budget_exhausted"] is True and record["games_scored"] == 0 and record["budget_s"] == 0.5
     g1, g2 = record["per_game"]
     assert [s["attempts"] for s in g1["samples"]] == [2, 1, 1] and [s["attempts"] for s in g2["samples"]] == [1, 1, 1]
