@@ -134,3 +134,35 @@ def test_words_load_the_exports_own_tokenizer(tmp_path):
     assert ids == TokenIds.from_tokenizer(saved)
     assert check_mllm(cfg.model) == []  # 'words' is no folder and no error
     assert check_mllm(ModelConfig(mllm=MLLMConfig(tokenizer=str(tmp_path / "missing"))))
+
+
+# --------------------------------------------------------------------------- the query block
+# Of a prediction's norm: a hundred times float32 rounding, and several hundred times below what one
+# query token moves in the others with these random weights (0.5-1.2 %).
+MOVED_FRACTION = 1e-5
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_every_query_token_sees_the_whole_query_block(model_cfg, vocab, attention):
+    """The target turn's N query tokens attend to each other both ways (the block is read as one
+    representation); everything before the block stays causal. The CPU learning test cannot see a
+    causal query block: its representation head scores about the mean representation either way."""
+    model = _model(model_cfg, vocab, attention=attention)
+    batch = _batch(model_cfg, vocab)
+    queries = batch["query_mask"][0].nonzero().flatten()
+    first, last = int(queries[0]), int(queries[-1])
+    assert last - first + 1 == model.num_query_tokens
+    with torch.no_grad():
+        before, pred = model.hidden_states(**_inputs(batch)), model(**batch)["pred"]
+        # Only the last query position reads this row: the history turn's frame positions take its reps.
+        model.causal_lm.get_input_embeddings().weight[int(batch["input_ids"][0, last])] *= -1
+        after, moved = model.hidden_states(**_inputs(batch)), model(**batch)["pred"]
+    blind = (moved - pred)[0, :-1].norm(dim=-1) <= MOVED_FRACTION * pred[0, :-1].norm(dim=-1)
+    assert not blind.any(), f"{int(blind.sum())} of {len(blind)} query tokens do not see the last one"
+    torch.testing.assert_close(after[0, :first], before[0, :first], rtol=0, atol=0)  # nothing before the block
+
+
+def _inputs(batch: dict) -> dict:
+    """The batch's keys that :meth:`GameStateMLLM.hidden_states` takes."""
+    return {k: batch[k] for k in ("input_ids", "history_reps", "history_index", "query_mask", "position_ids",
+                                  "padding_mask")}
