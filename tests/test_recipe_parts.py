@@ -51,6 +51,9 @@ def test_the_demonstration_game_is_played_again_only_when_something_it_depends_o
     (out / recipe.STORY_RECORD).unlink()  # a game cut short leaves no record
     recipe.story_or_reuse(None, out)
     assert story["plays"] == 4 and recipe.story_or_reuse(None, out) == first and story["plays"] == 4
+    (out / recipe.STORY_RECORD).write_text("{not json")  # a damaged record: played again, not a traceback
+    recipe.story_or_reuse(None, out)
+    assert story["plays"] == 5
 
 
 class FirstCallDone(Exception):

@@ -180,26 +180,28 @@ def play_story(composed, out: Path) -> dict:
 
 
 def story_turns(out: Path) -> list[dict]:
-    """The turns game.json in ``out`` records (none without one)."""
+    """The turns game.json in ``out`` records (none without a readable one)."""
+    from animegamer.config.disk_checks import read_json_object
     from animegamer.game import GAME_FILE
-    from animegamer.utils.io import read_json_if_exists
 
-    return (read_json_if_exists(out / GAME_FILE) or {}).get("turns") or []
+    turns = (read_json_object(out / GAME_FILE) or {}).get("turns")
+    return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
 
 
 def reused_story(out: Path, fp: str) -> dict | None:
     """The demonstration game in ``out`` when it was played to its end with fingerprint ``fp`` and every
-    file of it is in place (None: play it)."""
+    file of it is in place (None: play it; an unreadable record too)."""
+    from animegamer.config.disk_checks import read_json_object
     from animegamer.game import INDEX_FILE
-    from animegamer.utils.io import read_json_if_exists
 
-    record = read_json_if_exists(out / STORY_RECORD)
-    if not record or record.get("fingerprint") != fp or not (out / INDEX_FILE).is_file():
+    record = read_json_object(out / STORY_RECORD) or {}
+    story = record.get("story") if record.get("fingerprint") == fp else None
+    if not isinstance(story, dict) or not (out / INDEX_FILE).is_file():
         return None
     turns = story_turns(out)
-    if len(turns) != record["story"]["played"] or not all((out / t["video"]).is_file() for t in turns):
+    if len(turns) != story.get("played") or not all((out / str(t.get("video"))).is_file() for t in turns):
         return None
-    return record["story"]
+    return story
 
 
 def story_or_reuse(composed, out: Path) -> dict:
