@@ -35,12 +35,14 @@ def _raft(cfg: MotionConfig) -> FlowEstimator:
     """RAFT from torchvision with local weights (torchvision is optional: not installed by default)."""
     import torch
 
+    from animegamer.checkpoints.safe_load import load_weights_only
+
     try:
         from torchvision.models.optical_flow import raft_large
     except ImportError as exc:  # pragma: no cover - depends on the user's environment
         raise RuntimeError("motion.estimator=raft needs torchvision installed") from exc
     model = raft_large(weights=None)
-    model.load_state_dict(torch.load(cfg.raft_weights, map_location="cpu", weights_only=True))
+    model.load_state_dict(load_weights_only(cfg.raft_weights, mmap=False))
     model.eval()
 
     def estimate(prev_gray: np.ndarray, next_gray: np.ndarray) -> np.ndarray:

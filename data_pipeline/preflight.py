@@ -2,9 +2,10 @@
 
 :func:`early_problems` runs first (the output folder is writable and, with the toy film, holds no clips
 of other films), then :func:`check_run`, in the main process before any work: every input exists and
-holds videos, the caption source exists and parses (its records naming no input film are warned about
-once, here), every step asked for can run, and every step that reads an earlier step's output finds
-it, current. It raises :class:`ConfigError` listing every problem of both, in seconds.
+holds videos, the caption source exists and parses (every bad line named; its coverage of the input
+films is warned about once, here: records naming no input film, films without a record, overlapping
+records), every step asked for can run, and every step that reads an earlier step's output finds it,
+current. It raises :class:`ConfigError` listing every problem of both, in seconds.
 
 What a finished output folder holds for training and held-out use is counted by
 :func:`animegamer.preflight.split_counts`, which the training recipes' pre-flight reads.
@@ -91,12 +92,16 @@ def early_problems(cfg: PipelineConfig, toy_dir: Path | None) -> list[str]:
 
 
 def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
-    """The run's caption backend, knowing every film of the run (id -> path); warns once about caption
-    records that name no input film. Raises ConfigError when the caption source is unusable."""
+    """The run's caption backend, knowing every film of the run (id -> path); warns once about the
+    caption import's coverage of the films. Raises ConfigError when the caption source is unusable."""
     from data_pipeline.captioners.base import build_captioner
+    from data_pipeline.captioners.jsonl import LISTED_BAD_LINES, CaptionFileError, listed
 
     try:
         return build_captioner(cfg.caption, {film_id: path for path, film_id in films.items()})
+    except CaptionFileError as error:  # every bad line, one problem each
+        raise ConfigError([f"pipeline.caption ({cfg.caption.backend}): {problem}"
+                           for problem in listed(error.problems, LISTED_BAD_LINES, "bad lines")]) from None
     except (OSError, ValueError) as error:
         raise ConfigError([f"pipeline.caption ({cfg.caption.backend}): {error}"]) from None
 

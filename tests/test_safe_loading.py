@@ -1,7 +1,8 @@
-"""A malicious pickle in a shard, a checkpoint or an export is refused and never runs (issue 7 item 5).
+"""A malicious pickle in a shard, a checkpoint or an export is refused and never runs.
 
 Every payload here would create a marker file when unpickled; each test checks the load fails with a
-clear error and the marker does not exist afterwards.
+clear error (a user error, which entry points print with exit code 2) and the marker does not exist
+afterwards.
 """
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
-from safetensors import SafetensorError
 from torch import nn
+
+from animegamer.errors import UnsafeCheckpointError, UserError
+
+REFUSED = "refused: it does not load as weights only"
 
 
 class Evil:
@@ -76,7 +80,7 @@ def test_project_checkpoint_io_refuses_a_pickled_payload(tmp_path, marker, legac
     from animegamer.training.checkpointing import AtomicCheckpointIO
 
     path = evil_checkpoint(tmp_path / "step-0000003.ckpt", marker, legacy)
-    with pytest.raises(RuntimeError, match="cannot load as a weights-only checkpoint"):
+    with pytest.raises(UnsafeCheckpointError, match=f"step-0000003.ckpt: {REFUSED}"):
         AtomicCheckpointIO().load_checkpoint(path)
 
 
@@ -110,7 +114,7 @@ def project_trainer(tmp_path: Path):
 def test_resuming_through_the_project_trainer_refuses_a_pickled_payload(tmp_path, marker):
     trainer = project_trainer(tmp_path)
     path = evil_checkpoint(tmp_path / "step-0000003.ckpt", marker)
-    with pytest.raises(RuntimeError, match="cannot load as a weights-only checkpoint"):
+    with pytest.raises(UnsafeCheckpointError, match=f"step-0000003.ckpt: {REFUSED}"):
         trainer.fit(Tiny(), ckpt_path=str(path))
 
 
@@ -134,15 +138,15 @@ def test_checkpoints_the_project_trainer_writes_pass_the_weights_only_check(tmp_
 @pytest.mark.parametrize("legacy", [False, True])
 def test_weights_only_precheck_refuses_files(tmp_path, marker, legacy):
     """FSDP (Lightning's ``_lazy_load``) and DeepSpeed bypass the CheckpointIO: the pre-check guards them."""
-    from animegamer.training.safe_io import UnsafeCheckpointError, ensure_weights_only
+    from animegamer.training.safe_io import ensure_weights_only
 
     path = evil_checkpoint(tmp_path / "step-0000003.ckpt", marker, legacy)
-    with pytest.raises(UnsafeCheckpointError, match="refused: it does not load as weights only"):
+    with pytest.raises(UserError, match=REFUSED):
         ensure_weights_only(path)
 
 
 def test_weights_only_precheck_refuses_a_folder_checkpoint(tmp_path, marker):
-    from animegamer.training.safe_io import UnsafeCheckpointError, ensure_weights_only
+    from animegamer.training.safe_io import ensure_weights_only
 
     folder = tmp_path / "step-0000003.ckpt"  # DeepSpeed layout: a folder of .pt files
     (folder / "checkpoint").mkdir(parents=True)
@@ -162,7 +166,7 @@ def test_export_is_safetensors_and_a_pickle_in_its_place_is_refused(tmp_path, ma
         assert f.read(4) != b"PK\x03\x04"  # safetensors (json header length), not a torch zip/pickle
     assert load_export(folder, nn.Linear(3, 2)) == ["bias", "weight"]
     torch.save({"weight": Evil(marker)}, folder / TRAINED_FILE)
-    with pytest.raises(SafetensorError, match="deserializing header"):  # read as safetensors, never unpickled
+    with pytest.raises(UnsafeCheckpointError, match="not a safetensors file"):  # read as safetensors, never unpickled
         load_export(folder, nn.Linear(3, 2))
 
 
@@ -172,10 +176,13 @@ def test_official_importers_refuse_a_pickled_payload(tmp_path, marker):
 
     torch.save({"module": {"w": Evil(marker)}}, tmp_path / "mp_rank_00_model_states.pt")
     torch.save({"llm.w": Evil(marker)}, tmp_path / "pytorch_model.bin")
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(UnsafeCheckpointError, match=f"{REFUSED}.*Weights only load failed"):
         read_official_state_dict(tmp_path)
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(UnsafeCheckpointError, match=f"{REFUSED}.*Weights only load failed"):
         read_official_mllm_state_dict(tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").write_bytes(pickle.dumps({"llm.w": Evil(marker)}))
+    with pytest.raises(UnsafeCheckpointError, match="model.safetensors: not a safetensors file"):
+        read_official_mllm_state_dict(tmp_path)  # a folder with *.safetensors reads those only, never unpickled
 
 
 def test_training_needs_no_network(tmp_path):

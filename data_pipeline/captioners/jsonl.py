@@ -13,7 +13,10 @@ film whose half-open range [start, end) covers the clip's midpoint. When overlap
 the one with the latest ``start`` wins (the more specific, later-starting annotation refines a longer
 one); equal starts go to the record read last (files in name order, lines in file order).
 
-A malformed file is a configuration error: it raises at load time naming ``file:line``.
+A malformed file is a configuration error: loading raises :class:`CaptionFileError` naming every bad line
+as ``file:line: reason`` (not only the first). Loading for the run (the pipeline's pre-flight, which knows
+every film) also warns about the import's coverage: records naming no input film, input films that no
+record names, and records of one film whose spans overlap (both lines named; the rule above decides).
 """
 from __future__ import annotations
 
@@ -38,6 +41,22 @@ END = "end"
 RECORD_FIELDS: tuple[str, ...] = (FILM, START, END) + ANSWER_FIELDS
 JSONL_SUFFIX = ".jsonl"
 VERSION_HEX_CHARS = 12
+LISTED_BAD_LINES = 100  # bad lines an error names one by one; the rest are counted
+LISTED_OVERLAPS = 20  # overlapping pairs the warning names one by one; the rest are counted
+
+
+class CaptionFileError(ValueError):
+    """Bad lines of caption import files; ``problems`` holds one ``file:line: reason`` per bad line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"{len(problems)} bad line(s) in the caption import:\n" + "\n".join(
+            f"  {problem}" for problem in listed(problems, LISTED_BAD_LINES, "bad lines")))
+
+
+def listed(items: list[str], limit: int, what: str) -> list[str]:
+    """``items`` up to ``limit`` of them, then one entry counting the rest."""
+    return items if len(items) <= limit else [*items[:limit], f"... and {len(items) - limit} more {what}"]
 
 
 @dataclass(frozen=True)
@@ -91,24 +110,48 @@ def caption_files(path: str | Path) -> list[Path]:
             raise FileNotFoundError(f"caption folder {str(path)!r} holds no *{JSONL_SUFFIX} file")
         return files
     if not path.is_file():
-        raise FileNotFoundError(f"caption path {str(path)!r} does not exist")
+        raise FileNotFoundError(f"caption path {path} does not exist")
     return [path]
 
 
-def read_records(file: Path) -> list[CaptionRecord]:
-    """All records of one file; the first bad line raises ``ValueError("file:line: reason")``."""
-    records = []
-    with open(file, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+def parse_line(raw: bytes, source: str) -> CaptionRecord | None:
+    """One line of an import file (None: blank); a bad line raises ValueError with its reason."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") from None
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("invalid JSON: arrays or objects nested too deeply to read") from None
+    return parse_record(data, source)
+
+
+def read_file_records(file: Path) -> tuple[list[CaptionRecord], list[str]]:
+    """The records of one file and its bad lines, each ``"file:line: reason"``."""
+    records, problems = [], []
+    with open(file, "rb") as handle:  # bytes: a line that is not UTF-8 is named, not the whole file
+        for line_no, raw in enumerate(handle, start=1):
             source = f"{file}:{line_no}"
             try:
-                records.append(parse_record(json.loads(line), source))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{source}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
-            except ValueError as exc:
-                raise ValueError(f"{source}: {exc}") from exc
+                record = parse_line(raw, source)
+            except (ValueError, TypeError, RecursionError) as exc:
+                problems.append(f"{source}: {exc}")
+                continue
+            if record is not None:
+                records.append(record)
+    return records, problems
+
+
+def read_records(file: Path) -> list[CaptionRecord]:
+    """All records of one file; bad lines raise :class:`CaptionFileError` naming every one."""
+    records, problems = read_file_records(file)
+    if problems:
+        raise CaptionFileError(problems)
     return records
 
 
@@ -129,23 +172,68 @@ class JsonlCaptioner:
     def __init__(
         self, path: str | Path, film_paths: Optional[FilmPaths] = None, warn_unknown_films: bool = True
     ) -> None:
+        """``warn_unknown_films``: warn about the import's coverage of ``film_paths`` (records naming
+        none of them, films no record names, overlapping records); off where only some films are known
+        (a worker), so that a run warns once."""
         files = caption_files(path)
         self.version = files_version(files)
         self._film_paths = film_paths
         self._by_film: dict[str, list[CaptionRecord]] = defaultdict(list)
+        problems: list[str] = []
         for file in files:
-            for record in read_records(file):
+            records, bad = read_file_records(file)
+            problems += bad
+            for record in records:
                 self._by_film[record.film].append(record)
+        if problems:
+            raise CaptionFileError(problems)
         for records in self._by_film.values():
             records.sort(key=lambda r: r.start)  # stable: equal starts keep their reading order
         self._starts = {film: [r.start for r in records] for film, records in self._by_film.items()}
         total = sum(len(r) for r in self._by_film.values())
         logger.info("caption import: %d records for %d films from %d file(s), version %s",
                     total, len(self._by_film), len(files), self.version)
+        if warn_unknown_films:
+            self.warn_coverage()
+
+    def warn_coverage(self) -> None:
+        """Warn about records naming no input film, input films without a record (each film once: its
+        clips will all fail to caption), and records of one film whose spans overlap."""
         unknown = self.unknown_films()
-        if warn_unknown_films and unknown:
+        if unknown:
             logger.warning("caption records name films that are not among the inputs: %s (the inputs' film ids: %s; a "
                            "record may also name a film by its file name or path)", unknown, sorted(self._film_paths))
+        for film_id in self.films_without_records():
+            logger.warning("film %r (%s) has no caption record: none of its clips will be captioned (a record names "
+                           "a film by its id, path, file name or file stem)", film_id, self._film_paths[film_id])
+        overlaps = self.overlaps()
+        if overlaps:
+            logger.warning("caption records of one film overlap (where they do, a clip takes the record with the later "
+                           "start): %s", "; ".join(listed(overlaps, LISTED_OVERLAPS, "overlaps")))
+
+    def films_without_records(self) -> list[str]:
+        """Input films (ids) that no record names by any of their aliases."""
+        return [film_id for film_id in sorted(self._film_paths or {})
+                if not any(self._by_film.get(alias) for alias in film_aliases(film_id, self._film_paths))]
+
+    def overlaps(self) -> list[str]:
+        """Each record whose span starts inside an earlier-starting record of the same film (its aliases
+        counted as one film), named with that record: ``"a:3 [5.00, 8.00) overlaps a:1 [0.00, 10.00)"``."""
+        known = {alias: film_id for film_id in self._film_paths or {}
+                 for alias in film_aliases(film_id, self._film_paths)}
+        films: dict[str, list[CaptionRecord]] = defaultdict(list)
+        for name, records in self._by_film.items():
+            films[known.get(name, name)] += records
+        found = []
+        for records in films.values():
+            reach: Optional[CaptionRecord] = None  # the record reaching furthest among those started so far
+            for record in sorted(records, key=lambda r: r.start):
+                if reach is not None and reach.end > record.start:
+                    found.append(f"{record.source} [{record.start:.2f}, {record.end:.2f}) overlaps "
+                                 f"{reach.source} [{reach.start:.2f}, {reach.end:.2f})")
+                if reach is None or record.end > reach.end:
+                    reach = record
+        return found
 
     def unknown_films(self) -> list[str]:
         """Film names of records that match no known film (id, path, file name or stem): almost always

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
+from animegamer.checkpoints.export import EXPORT_FILE, export_folder_problems
 from animegamer.config.trained_data import clip_size_problems, split_problems
 from animegamer.config.disk_checks import check_shard_shapes, check_weight_folders, read_json_object
 from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline, choice,
@@ -118,10 +118,6 @@ REPRESENTATION_KEYS = ("text_tokens", "image_tokens", "width", "fusion")  # what
 LORA_PARTS = ("decoder", "mllm")  # the networks that carry a LoRA
 
 
-def is_export(folder: str) -> bool:
-    return bool(folder) and (Path(folder) / TRAINED_FILE).is_file()
-
-
 # what an export given for a role must hold, and where users find one that does
 EXPORT_ROLES = {"mllm": ("mllm", "the game-state MLLM: a phase (b) export, e.g. b/export"),
                 "renderer": ("decoder", "a renderer: a phase (a) or (c) export, e.g. a_joint/export or c/export")}
@@ -171,10 +167,12 @@ def validate_pipeline_run(cfg) -> None:
     problems = check_pipeline(p, cfg.model.encoders)
     steps = p.steps or PIPELINE_STEPS
     reps, adaptation = p.representations.export, p.adaptation.export
-    if reps and not is_export(reps):
-        problems.append(f"pipeline.representations.export={reps!r}: not a phase (a) export folder")
-    if adaptation and not is_export(adaptation):
-        problems.append(f"pipeline.adaptation.export={adaptation!r}: not a phase (b) export folder")
+    if reps:
+        problems += export_folder_problems(f"pipeline.representations.export={reps!r}", reps,
+                                           "not a phase (a) export folder")
+    if adaptation:
+        problems += export_folder_problems(f"pipeline.adaptation.export={adaptation!r}", adaptation,
+                                           "not a phase (b) export folder")
     if "precompute" in steps and p.precompute.enabled:
         problems += check_encoders(cfg.model.encoders)
         problems += check_weight_folders(cfg.model, ("t5", "clip", "vae"))
@@ -327,8 +325,9 @@ def check_training(cfg) -> list[str]:
     problems += local_folder("model.decoder.path", dec.path)
     if dec.official_checkpoint and not Path(dec.official_checkpoint).exists():
         problems.append(f"model.decoder.official_checkpoint={dec.official_checkpoint!r}: no such file or folder")
-    if phase.init_from and not Path(phase.init_from).is_dir():
-        problems.append(f"phase.init_from={phase.init_from!r}: no such export folder (train the earlier stage first)")
+    if phase.init_from:
+        problems += export_folder_problems(f"phase.init_from={phase.init_from!r}", phase.init_from,
+                                           "no such export folder", "train the earlier stage first")
     if not 0 < cfg.data.val_fraction < 1:
         problems.append(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
     problems += check_bad_sample_budget(cfg.data.bad_sample_budget) + check_remote_settings(cfg.data)
@@ -349,12 +348,14 @@ def validate_eval_run(cfg) -> None:
     problems = []
     for key in ("mllm_export", "renderer_export"):
         path = getattr(e, key)
-        if not path or not (Path(path) / "trained.safetensors").is_file():
-            problems.append(f"evaluation.{key}={path!r}: not an export folder (train the phase first)")
-    if e.reconstruction_export and not (Path(e.reconstruction_export) / "trained.safetensors").is_file():
-        problems.append(f"evaluation.reconstruction_export={e.reconstruction_export!r}: not a phase (a) export folder")
-    if e.benchmark and not Path(e.benchmark).is_file():
-        problems.append(f"evaluation.benchmark={e.benchmark!r}: no such file")
+        problems += export_folder_problems(f"evaluation.{key}={path!r}", path, hint="train the phase first")
+    if e.reconstruction_export:
+        problems += export_folder_problems(f"evaluation.reconstruction_export={e.reconstruction_export!r}",
+                                           e.reconstruction_export, "not a phase (a) export folder")
+    if e.benchmark:
+        from animegamer.evaluation import benchmark_file_problems  # late: evaluation loads the data readers
+
+        problems += benchmark_file_problems(e.benchmark)  # its game ids become folders under evaluation.out
     root = Path(cfg.data.root)
     for folder in (cfg.data.clips, cfg.data.sessions):
         if not (root / folder / MANIFEST).exists():

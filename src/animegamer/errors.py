@@ -32,6 +32,12 @@ class InvalidInputError(UserError, ValueError):
     """A file the command reads exists but holds something it cannot use."""
 
 
+class UnsafeCheckpointError(InvalidInputError):
+    """A weights file refused before anything in it ran: it holds pickled objects beyond torch's
+    weights-only allow-list (loading it fully could run code from the file), or it is not in the safe
+    format (safetensors) that its role promises."""
+
+
 def is_user_error(error: BaseException) -> bool:
     """True for :class:`UserError`, the configuration check's ``ConfigError`` and Hydra's refusal of an
     override (unknown group or key, wrong type, bad syntax) in a config composed by the command."""

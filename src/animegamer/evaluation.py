@@ -20,6 +20,7 @@ from animegamer.checkpoints.export import recorded_start
 from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
+from animegamer.errors import InvalidInputError
 from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
 from animegamer.metrics.common import available, mean_metric, unavailable
 from animegamer.metrics.latent_motion import latent_motion
@@ -39,6 +40,70 @@ VAE_ROUND_TRIP = "vae_round_trip"
 VAE_ROUND_TRIP_LABEL = "VAE round trip (the clip's own latents decoded: every renderer's ceiling)"
 STATE_KEYS = ("ML", "SC", "ET", "ST")
 STAGES = ("mllm", "sample", "vae_decode", "total")
+GAMES_FOLDER = "games"  # each benchmark game plays into games/<id> under evaluation.out
+# Characters that would make a name more than one path component (NUL ends a path in the OS).
+PATH_SEPARATORS = ("/", "\\", "\0")
+
+
+def plain_name_problem(name) -> str | None:
+    """Why ``name`` cannot be used as one file or folder name inside a folder (None: it can): it must be a
+    non-empty string without a path separator, and not ``.`` or ``..``, so that joined to the folder it
+    never leaves it."""
+    if not isinstance(name, str) or not name.strip():
+        return f"{name!r} is not a non-empty string"
+    if name in (".", "..") or any(separator in name for separator in PATH_SEPARATORS):
+        return f"{name!r} is not a plain name (no '/', '\\', NUL, '.' or '..'): it would name a path outside its folder"
+    return None
+
+
+def benchmark_problems(benchmark, source: str) -> list[str]:
+    """What keeps ``benchmark`` (read from ``source``: a file, or the clip shards) from being played
+    into its folders: its shape, and each game id and turn key, which become the names of
+    ``games/<id>`` and ``truth/<key>.mp4`` under ``evaluation.out``."""
+    games = benchmark.get("games") if isinstance(benchmark, dict) else None
+    if not isinstance(games, list):
+        return [f"{source}: not a benchmark (a JSON object whose \"games\" is a list of games)"]
+    problems = []
+    for number, game in enumerate(games, start=1):
+        if not isinstance(game, dict) or not isinstance(game.get("turns"), list):
+            problems.append(f"{source}: game {number} is not an object with \"id\" and a \"turns\" list")
+            continue
+        if (why := plain_name_problem(game.get("id"))) is not None:
+            problems.append(f"{source}: game {number} id {why}")
+        for turn_number, turn in enumerate(game["turns"], start=1):
+            key = turn.get("key") if isinstance(turn, dict) else None
+            if key is not None and (why := plain_name_problem(key)) is not None:
+                problems.append(f"{source}: game {number} turn {turn_number} key {why}")
+    return problems
+
+
+def _load_benchmark(path: str | Path) -> tuple[object, list[str]]:
+    """The content of the benchmark file ``path`` and what keeps it from being played."""
+    try:
+        benchmark = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, [f"evaluation.benchmark={str(path)!r}: {path} does not exist"]
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8 or JSON
+        return None, [f"evaluation.benchmark={str(path)!r}: not a readable JSON file ({type(error).__name__}: "
+                      f"{str(error)[:200]})"]
+    return benchmark, benchmark_problems(benchmark, str(path))
+
+
+def benchmark_file_problems(path: str | Path) -> list[str]:
+    """Every problem of the benchmark file ``path`` (the evaluation's pre-flight reports them)."""
+    return _load_benchmark(path)[1]
+
+
+def read_benchmark(path: str | Path) -> dict:
+    """The benchmark file ``path``, refused with every problem at once unless it can be played safely."""
+    benchmark, problems = _load_benchmark(path)
+    refuse(problems)
+    return benchmark
+
+
+def refuse(problems: list[str]) -> None:
+    if problems:
+        raise InvalidInputError("\n".join(problems))
 
 
 def held_out_games(cfg: RunConfig) -> dict:
@@ -146,7 +211,7 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
     frames_by_key = first_frames(cfg, keys)
     truth_clips = write_truth_clips(cfg, keys, out / TRUTH_FOLDER)
     report_games, turns = [], []
-    folders = [out / "games" / game["id"] for game in benchmark["games"]]
+    folders = [out / GAMES_FOLDER / game["id"] for game in benchmark["games"]]
     # evaluation.batch_games games advance together; each plays as it would alone.
     outcomes = play_games(models, [[t["instruction"] for t in game["turns"]] for game in benchmark["games"]], folders,
                           seed=cfg.seed, batch_games=cfg.evaluation.batch_games, overwrite=True,
@@ -359,9 +424,13 @@ def evaluate(cfg: RunConfig) -> dict:
 
     e = cfg.evaluation
     out = Path(e.out)
-    out.mkdir(parents=True, exist_ok=True)
     forget_record(out)  # what is played now replaces the metrics an earlier record vouched for
-    benchmark = json.loads(Path(e.benchmark).read_text()) if e.benchmark else held_out_games(cfg)
+    if e.benchmark:
+        benchmark = read_benchmark(e.benchmark)
+    else:
+        benchmark = held_out_games(cfg)
+        refuse(benchmark_problems(benchmark, benchmark["source"]))  # clip keys of shards made elsewhere name folders too
+    out.mkdir(parents=True, exist_ok=True)  # only once the games' folders are known to stay inside it
     (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
     manifest = clip_manifest(cfg.data.root, cfg.data.clips)
     models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(manifest))

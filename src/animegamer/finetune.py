@@ -126,7 +126,8 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
     start_a = start / A_JOINT / "export"
     size = trained_clip_size(start_a)
     if size is None:
-        raise MissingInputError(f"{start_a}: not an export folder (no export.json); --from names a run folder "
+        why = "no export.json" if start_a.exists() else f"{start_a} does not exist"
+        raise MissingInputError(f"{start_a}: not an export folder ({why}); --from names a run folder "
                                 f"holding a_joint/export and b/export")
     common = ["experiment=finetune_film", f"model={model}", f"pipeline.output={out}/pipeline",
               f"output_dir={out}/" + "${phase.name}", *size.overrides()]

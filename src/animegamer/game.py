@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
     """Every missing or mismatched input of the command line, found before any model is built."""
-    from animegamer.checkpoints.export import TRAINED_FILE
+    from animegamer.checkpoints.export import export_folder_problems
     from animegamer.checks import check_export_role, check_export_sizes
 
     problems = []
@@ -624,10 +624,8 @@ def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
     exports = [("--mllm", args.mllm, "mllm")] if args.mllm else []
     exports += [("--renderer", folder, "renderer") for folder in args.renderer]
     for option, folder, role in exports:
-        if not (Path(folder) / TRAINED_FILE).is_file():
-            problems.append(f"{option} {folder}: not an export folder (no {TRAINED_FILE}; train the phase first)")
-        else:
-            problems += check_export_role(option, folder, role) or check_export_sizes(option, folder, cfg.model)
+        missing = export_folder_problems(f"{option} {folder}", folder, hint="train the phase first")
+        problems += missing or check_export_role(option, folder, role) or check_export_sizes(option, folder, cfg.model)
     manifest = Path(args.clips_manifest)
     if not (manifest / MANIFEST if manifest.is_dir() else manifest).is_file():
         problems.append(f"--clips-manifest {manifest}: no such {MANIFEST} (run the pipeline first)")

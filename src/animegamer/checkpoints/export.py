@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
+from animegamer.checkpoints.safe_load import load_safetensors
 from animegamer.config.trained_data import TRAINED_DATA_KEY, trained_data_record
 from animegamer.utils.io import atomic_dir, save_tensors
 from animegamer.utils.state import clean_name, require
@@ -63,6 +63,21 @@ def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[
     return folder
 
 
+def export_folder_problems(label: str, folder: str | Path, what: str = "not an export folder", hint: str = "") -> list[str]:
+    """Why ``folder`` (given as ``label``, e.g. ``--mllm DIR`` or ``evaluation.mllm_export='DIR'``) is no
+    export folder, each reason ``"<label>: <what>..."``: it is not given, it does not exist (a mistyped
+    path is called so), or it holds no ``trained.safetensors``. ``hint``: how to get one."""
+    hint = f" ({hint})" if hint else ""
+    if not str(folder):
+        return [f"{label}: {what}{hint}"]
+    path = Path(folder)
+    if not path.exists():
+        return [f"{label}: {what}: {path} does not exist{hint}"]
+    if not (path / TRAINED_FILE).is_file():
+        return [f"{label}: {what}: {path} holds no {TRAINED_FILE}{hint}"]
+    return []
+
+
 def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...] = ()) -> list[str]:
     """Load an export into ``module``; every tensor must find its parameter with the same shape.
 
@@ -74,9 +89,7 @@ def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...]
     if not path.exists():
         raise FileNotFoundError(f"{folder}: not an export folder (no {TRAINED_FILE})")
     warn_if_unfinished(folder)
-    tensors = load_file(str(path))
-    if prefixes:
-        tensors = {k: v for k, v in tensors.items() if k.startswith(prefixes)}
+    tensors = load_safetensors(path, (lambda key: key.startswith(prefixes)) if prefixes else None)
     params = dict(module.named_parameters())
     problems = [f"{k}: not in the model" for k in tensors if k not in params]
     problems += [f"{k}: shape {tuple(v.shape)} != {tuple(params[k].shape)}" for k, v in tensors.items()

@@ -98,6 +98,7 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
     problems += choice("pipeline.representations.dtype", p.representations.dtype, ("float16", "bfloat16", "float32"))
     if not p.toy_film and not p.inputs and ("process" in (p.steps or PIPELINE_STEPS)):
         problems.append("pipeline.inputs is empty: name films, folders or globs (or use data=toy)")
+    problems += _check_toy_film(p)
     if enc is not None:
         factor = vae_spatial_factor(enc)
         if p.clips.height % factor or p.clips.width % factor:
@@ -116,10 +117,31 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
     return problems
 
 
+def _check_toy_film(p: PipelineConfig) -> list[str]:
+    """The toy film replaces the run's films and captions: a user's own ones given beside it would be
+    dropped unread, so the combination is refused with what to drop."""
+    if not p.toy_film or not set(p.steps or PIPELINE_STEPS) & set(CAPTION_STEPS):
+        return []
+    given = []
+    if p.inputs:
+        given.append(f"pipeline.inputs={list(p.inputs)}")
+    if p.caption.path:
+        given.append(f"pipeline.caption.path={p.caption.path!r}")
+    if not given:
+        return []
+    named = " and ".join(given)
+    return [f"pipeline.toy_film=true (data=toy, the default) replaces {named} with the toy film and its captions: "
+            f"add data=films to process your own films (pipeline.inputs and their caption file), or drop {named} "
+            f"to use the toy film"]
+
+
 def _check_caption(p: PipelineConfig) -> list[str]:
     c = p.caption
-    if c.backend == "jsonl" and not p.toy_film and not Path(c.path or "/nonexistent").exists():
+    if c.backend == "jsonl" and not p.toy_film and not c.path:
         return [f"pipeline.caption.path={c.path!r}: the jsonl backend needs a caption file or folder"]
+    if c.backend == "jsonl" and not p.toy_film and not Path(c.path).exists():
+        return [f"pipeline.caption.path={c.path!r}: {c.path} does not exist (the jsonl backend reads a caption "
+                f"file or a folder of them)"]
     if c.backend == "vlm" and not Path(c.model_path or "/nonexistent").is_dir():
         return [f"pipeline.caption.model_path={c.model_path!r}: the vlm backend needs a local model folder"]
     if c.backend == "http" and not c.url.startswith(("http://", "https://")):

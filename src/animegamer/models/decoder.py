@@ -152,15 +152,13 @@ def _restore_motion_scope(embedding: nn.Module, cfg: DecoderConfig) -> None:
     ``ofs_embedding.*`` tensors, but its config says ``ofs_embed_dim=None`` (the embedder is not a
     diffusers option at these widths), so ``from_pretrained`` drops them; they are read back here.
     """
-    from safetensors import safe_open
+    from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors
 
     folder = _find_transformer_folder(cfg.path)
     found: Dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():
-                if key.startswith(_OFS_KEY_PREFIX):
-                    found[key[len(_OFS_KEY_PREFIX):]] = handle.get_tensor(key)
+    for file in sorted(folder.glob(f"*{SAFETENSORS_SUFFIX}")):
+        tensors = load_safetensors(file, lambda key: key.startswith(_OFS_KEY_PREFIX))
+        found.update({key[len(_OFS_KEY_PREFIX):]: value for key, value in tensors.items()})
     if not found:
         return  # a plain CogVideoX folder: the embedder starts at its zero-output init
     embedding.load_state_dict(found, strict=True)

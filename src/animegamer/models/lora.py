@@ -124,7 +124,8 @@ def load_adapter(network: nn.Module, folder: str | Path, label: str) -> None:
     silently partial LoRA would look like a trained model and behave like an untrained one. ``label``
     names the network in errors."""
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+
+    from animegamer.checkpoints.safe_load import load_safetensors
 
     folder = Path(folder)
     saved = json.loads((folder / CONFIG_FILE).read_text())
@@ -135,7 +136,7 @@ def load_adapter(network: nn.Module, folder: str | Path, label: str) -> None:
     if (saved["r"], saved["lora_alpha"]) != (current.r, current.lora_alpha):
         raise ValueError(f"adapter in {folder} has rank {saved['r']} / alpha {saved['lora_alpha']}, the "
                          f"{label}'s has rank {current.r} / alpha {current.lora_alpha}")
-    result = set_peft_model_state_dict(network.peft_module, load_file(str(folder / WEIGHTS_FILE)),
+    result = set_peft_model_state_dict(network.peft_module, load_safetensors(folder / WEIGHTS_FILE),
                                        adapter_name=ADAPTER)
     missing = [key for key in result.missing_keys if is_lora_name(key)]
     if result.unexpected_keys or missing:

@@ -619,7 +619,7 @@ class GameStateMLLM(nn.Module):
 
         A model without LoRA gets the folder's adapter (its rank / alpha) added first.
         """
-        from safetensors.torch import load_file
+        from animegamer.checkpoints.safe_load import load_safetensors
 
         folder = Path(folder)
         meta = json.loads((folder / META_FILE).read_text())
@@ -632,7 +632,7 @@ class GameStateMLLM(nn.Module):
         elif self.has_lora:
             raise ValueError(f"{folder} holds no LoRA adapter but the model has one")
         by_canonical = {canonical_name(n): p for n, p in self.named_parameters()}
-        modules = load_file(str(folder / MODULES_FILE))
+        modules = load_safetensors(folder / MODULES_FILE)
         unknown = sorted(k for k in modules if k not in by_canonical)
         wrong = [f"{k}: file {tuple(v.shape)} vs model {tuple(by_canonical[k].shape)}"
                  for k, v in modules.items() if k in by_canonical and v.shape != by_canonical[k].shape]

@@ -37,6 +37,7 @@ from torch import nn
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.lora import ADAPTER as LORA_ADAPTER
+from animegamer.checkpoints.safe_load import load_weights_only
 from animegamer.models.official_import import ImportReport, copy_into
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def read_official_state_dict(path: str | Path) -> Dict[str, torch.Tensor]:
         if not candidates:
             raise FileNotFoundError(f"no mp_rank_00_model_states.pt under {path}")
         path = candidates[0]
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = load_weights_only(path)
     state = checkpoint.get("module", checkpoint)
     return {k[len(OFFICIAL_PREFIX):] if k.startswith(OFFICIAL_PREFIX) else k: v for k, v in state.items()}
 

@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors, load_weights_only
 from animegamer.models.lora import ADAPTER
 from animegamer.models.mllm import GameStateMLLM, canonical_name
 from animegamer.models.official_import import ImportReport, copy_into
@@ -52,7 +53,8 @@ _BIN_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth")
 def read_official_mllm_state_dict(path: str | Path) -> Dict[str, torch.Tensor]:
     """All tensors of a checkpoint file or folder (``pytorch_model*.bin`` shards or ``*.safetensors``).
 
-    ``.bin`` / ``.pt`` files are read with ``torch.load(weights_only=True)``: tensors only, no code.
+    ``.bin`` / ``.pt`` files are read with ``torch.load(weights_only=True)``: tensors only, no code; a
+    file that needs more is refused (:mod:`animegamer.checkpoints.safe_load`).
     """
     path = Path(path).expanduser()
     if path.is_dir():
@@ -67,15 +69,8 @@ def read_official_mllm_state_dict(path: str | Path) -> Dict[str, torch.Tensor]:
         raise FileNotFoundError(f"official MLLM checkpoint not found: {path}")
     state: Dict[str, torch.Tensor] = {}
     for file in files:
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            part = load_file(str(file))
-        else:
-            try:  # memory-mapped: a 7B checkpoint is not read into memory twice
-                part = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError:  # legacy (non-zip) serialization cannot be mapped
-                part = torch.load(file, map_location="cpu", weights_only=True)
+        # memory-mapped: a 7B checkpoint is not read into memory twice
+        part = load_safetensors(file) if file.suffix == SAFETENSORS_SUFFIX else load_weights_only(file)
         state.update(_unwrap(part, file))
     return state
 

@@ -78,13 +78,12 @@ def import_official_decoder(model: ReconstructionModel, path: str) -> None:
 
 def export_holds_lora(export: str | Path) -> bool:
     """Whether an export folder carries decoder LoRA tensors (its tensor names only; nothing is read)."""
-    from safetensors import safe_open
+    from animegamer.checkpoints.safe_load import safetensors_keys
 
     path = Path(export) / TRAINED_FILE
     if not path.exists():
         raise FileNotFoundError(f"{export}: not an export folder (no {TRAINED_FILE})")
-    with safe_open(str(path), framework="pt") as f:
-        return any(is_lora_name(key) for key in f.keys())
+    return any(is_lora_name(key) for key in safetensors_keys(path))
 
 
 def build_reconstruction(cfg: RunConfig, exports: Sequence[str | Path] = (),

@@ -29,6 +29,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from animegamer.checkpoints.safe_load import load_weights_only
 from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
                                                       set_aside, write_file_record, write_folder_record,
@@ -113,13 +114,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         fsync_folder(path.parent)
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} not found")
-        try:
-            return torch.load(path, map_location=map_location or "cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - name the file and the reason
-            raise RuntimeError(f"{path}: cannot load as a weights-only checkpoint ({error})") from error
+        return load_weights_only(path, map_location=map_location or "cpu", mmap=False)
 
     def remove_checkpoint(self, path) -> None:
         fs = get_filesystem(path)

@@ -159,6 +159,10 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # Pre-flight, before anything is built: the run folder's record against this config.
     clean_partials(folder)
     resume = resume_checkpoint(folder)
+    if resume is not None:
+        # Refused here, before anything is built: FSDP and DeepSpeed read checkpoints past the
+        # weights-only CheckpointIO, so every pickle file of the checkpoint is checked first.
+        ensure_weights_only(resume, checkpoint_safe_globals(cfg.trainer.strategy))
     resuming = run_folder_callbacks(cfg, resolved, resume)
     keep_last = cfg.checkpoint.keep_last  # for every save: periodic, preemption and final
     checkpoints = KeepLastCheckpoint(folder, cfg.checkpoint.every_n_steps, keep_last)
@@ -178,8 +182,6 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])
     if resume is not None:
         log.info("resuming from %s", resume)
-        # FSDP and DeepSpeed read checkpoints past the weights-only CheckpointIO: refuse pickled code first.
-        ensure_weights_only(resume, checkpoint_safe_globals(cfg.trainer.strategy))
     started = time.time()
     try:
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)

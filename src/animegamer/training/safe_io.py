@@ -15,11 +15,12 @@ from typing import Iterable, Sequence
 
 import torch
 
+from animegamer.checkpoints.safe_load import load_weights_only
+from animegamer.errors import UnsafeCheckpointError
+
+__all__ = ["PICKLE_SUFFIXES", "UnsafeCheckpointError", "ensure_weights_only"]
+
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
-
-
-class UnsafeCheckpointError(RuntimeError):
-    """A checkpoint holds pickled objects outside torch's weights-only allow-list."""
 
 
 def _pickle_files(path: Path) -> Iterable[Path]:
@@ -36,19 +37,8 @@ def ensure_weights_only(path: str | Path, safe_globals: Sequence = ()) -> None:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} not found")
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
     allowed = torch.serialization.safe_globals(list(safe_globals)) if safe_globals else contextlib.nullcontext()
     with allowed:
         for file in _pickle_files(path):
-            try:
-                try:
-                    torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-                except RuntimeError as error:
-                    if "mmap" not in str(error):
-                        raise
-                    torch.load(file, map_location="cpu", weights_only=True)  # legacy (non-zip) format
-            except Exception as error:  # noqa: BLE001 - any refusal names the file and the reason
-                raise UnsafeCheckpointError(
-                    f"{file}: refused: it does not load as weights only (tensors and plain containers); "
-                    f"loading it fully could run code from the file. Only resume from checkpoints this "
-                    f"project wrote. ({type(error).__name__}: {error})") from error
+            load_weights_only(file)  # memory-mapped: tensors are not read
