@@ -53,6 +53,9 @@ class CaptionFileError(ValueError):
         super().__init__(f"{len(problems)} bad line(s) in the caption import:\n" + "\n".join(
             f"  {problem}" for problem in listed(problems, LISTED_BAD_LINES, "bad lines")))
 
+    def __reduce__(self):  # raised in a pipeline worker, it reaches the parent process whole
+        return type(self), (self.problems,)
+
 
 def listed(items: list[str], limit: int, what: str) -> list[str]:
     """``items`` up to ``limit`` of them, then one entry counting the rest."""
@@ -145,14 +148,6 @@ def read_file_records(file: Path) -> tuple[list[CaptionRecord], list[str]]:
             if record is not None:
                 records.append(record)
     return records, problems
-
-
-def read_records(file: Path) -> list[CaptionRecord]:
-    """All records of one file; bad lines raise :class:`CaptionFileError` naming every one."""
-    records, problems = read_file_records(file)
-    if problems:
-        raise CaptionFileError(problems)
-    return records
 
 
 def files_version(files: Sequence[Path]) -> str:
