@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from tqdm import tqdm
 
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest
+from animegamer.utils.command import recorded_command
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, RECOMPUTED, REUSED, fingerprint, reuse_counts
@@ -189,7 +189,7 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     sources = made_from(cfg.output, "features")
     manifest = {
         "kind": "features",
-        "command": " ".join(sys.argv),
+        "command": recorded_command(),
         "config": resolved,
         "clip_manifest_sha256": sha256_file(clip_dir / MANIFEST),
         **settings,

@@ -4,7 +4,7 @@ Both kinds of job are plain functions of picklable arguments so a process pool c
 both write their results through :class:`Staging` atomically, so a killed run loses at most the
 jobs that were in flight. A clip task stages its clips (cut, flow, mp4) and its captions apart, each
 with its fingerprint: when only the caption source changed, a task re-captions its clips and keeps
-the rest.
+the rest; when only failed captions are asked for again, it captions those clips alone.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_finger
 from data_pipeline.ingest import FilmInfo, probe, readable_error
 from data_pipeline.motion import clip_flow, make_estimator
 from data_pipeline.shots import Shot, detect_cuts, shots_from_cuts
-from data_pipeline.staging import Staging
+from data_pipeline.staging import Staging, captions_to_retry
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +168,11 @@ def captioner_for(caption_cfg, film_paths: dict[str, str], version: str | None =
 
 
 def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineConfig, captioner,
-                     with_clips: bool) -> tuple[list[tuple[str, bytes, dict]], dict[str, dict], dict]:
-    """Caption every window, and (``with_clips``) measure and encode it; frames are decoded only when
-    clips are made or the captioner looks at them."""
+                     with_clips: bool, kept: dict[str, dict]
+                     ) -> tuple[list[tuple[str, bytes, dict]], dict[str, dict], dict]:
+    """Caption every window but those in ``kept`` (key -> staged caption fields, kept as they are), and
+    (``with_clips``) measure and encode it; frames are decoded only when clips are made or the
+    captioner looks at them."""
     from data_pipeline.captioners.base import ClipContext
 
     timings = dict.fromkeys(TASK_TIMINGS, 0.0)
@@ -179,6 +181,9 @@ def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineCon
     no_frames = np.zeros((0, cfg.clips.height, cfg.clips.width, 3), np.uint8)
     staged, captions = [], {}
     for window in windows:
+        if window.key in kept:
+            captions[window.key] = kept[window.key]
+            continue
         t0 = time.perf_counter()
         frames = source.clip_frames(window) if source is not None else no_frames
         t1 = time.perf_counter()
@@ -208,11 +213,16 @@ def run_task(film_id: str, task: int, cfg_dict: dict, root: str, captioner_versi
     captioner = captioner_for(cfg.caption, {film.film_id: film.path}, captioner_version)
     task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
     clips_current = staging.task_done(film_id, task, task_fp)
-    if clips_current and staging.captions(film_id, task, caption_fp) is not None:
+    previous = staging.captions(film_id, task, caption_fp) if clips_current else None
+    retry = captions_to_retry(previous, cfg.caption.retry_failed, captioner.name)
+    if previous is not None and not retry:
         return staging.task_info(film_id, task)
+    kept = {key: fields for key, fields in previous["captions"].items() if key not in retry} if previous else {}
+    if retry:
+        log.info("task %d of %s: asking again for %d failed caption(s)", task, film_id, len(retry))
     try:
         windows = task_windows(plan, task, cfg)
-        staged, captions, timings = _cut_and_caption(film, windows, cfg, captioner, with_clips=not clips_current)
+        staged, captions, timings = _cut_and_caption(film, windows, cfg, captioner, not clips_current, kept)
     except Exception as exc:
         record = {"film_id": film_id, "task": task, "reason": DECODE_ERROR, "detail": readable_error(exc, typed=True),
                   "traceback": traceback.format_exc(limit=5), FINGERPRINT: caption_fp}
@@ -223,6 +233,7 @@ def run_task(film_id: str, task: int, cfg_dict: dict, root: str, captioner_versi
         info = {"film_id": film_id, "task": task, "clips": len(staged), FINGERPRINT: task_fp,
                 "timings": {k: v for k, v in timings.items() if k != "caption"}}
         staging.write_task(film_id, task, staged, info)
+    caption_seconds = timings["caption"] + (previous["timings"]["caption"] if previous else 0.0)
     staging.write_captions(film_id, task, {FINGERPRINT: caption_fp, "captions": captions,
-                                           "timings": {"caption": timings["caption"]}})
+                                           "timings": {"caption": caption_seconds}})
     return staging.task_info(film_id, task)

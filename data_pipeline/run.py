@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -18,13 +18,15 @@ from animegamer.config.validate import PIPELINE_STEPS
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
+from data_pipeline.captioners.base import BACKEND_NONE
+from data_pipeline.captioners.failures import CaptionsFailedError, caption_secrets, stop_reason, summary, tally_captions
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
 from data_pipeline.lineage import INDEX_FILES, SOURCES, stale_reason
 from data_pipeline.preflight import check_run, early_problems
 from data_pipeline.clips import short_shots_warning
 from data_pipeline.process import film_from_plan, plan_film, run_task
-from data_pipeline.staging import Staging
+from data_pipeline.staging import Staging, captions_to_retry
 from data_pipeline.writer import REPORT
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ TOY_DIR = "toy_film"
 # Report keys of the steps after finalize (each reports its output, counts and reuse).
 DERIVED_KEYS = tuple(SOURCES)  # the derived artefacts, each reported under its own key
 STEP_SECONDS = "step_seconds"  # report key: wall seconds of each step's latest run
+CAPTIONS_RETRIED = "captions_retried"  # reuse key: failed captions asked for again in the latest process step
+CAPTIONS = "captions"  # report key: per backend, the clips captioned and failed, with the first reasons
 # Report keys kept per step across runs: a run of some steps updates only their entries.
 MERGED_KEYS = ("reuse", STEP_SECONDS)
 
@@ -89,17 +93,74 @@ def _plan_jobs(staging: Staging, cfg: PipelineConfig, films: dict[str, str]) -> 
     return jobs
 
 
-def _task_jobs(staging: Staging, cfg: PipelineConfig, film_id: str, plan: dict, captioner) -> tuple[list[int], int]:
-    """(tasks to run, how many of them only re-caption) of one planned film."""
-    todo, captions_only = [], 0
+def _task_jobs(staging: Staging, cfg: PipelineConfig, film_id: str, plan: dict,
+               captioner) -> tuple[list[int], int, int]:
+    """(tasks to run, how many of them only re-caption, how many failed captions they ask for again)
+    of one planned film."""
+    todo, captions_only, retried = [], 0, 0
     for task in range(len(plan["tasks"])):
         task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
         clips_current = staging.task_done(film_id, task, task_fp)
-        if clips_current and staging.captions(film_id, task, caption_fp) is not None:
+        captions = staging.captions(film_id, task, caption_fp) if clips_current else None
+        retry = captions_to_retry(captions, cfg.caption.retry_failed, captioner.name)
+        if captions is not None and not retry:
             continue
         todo.append(task)
         captions_only += clips_current
-    return todo, captions_only
+        retried += len(retry)
+    return todo, captions_only, retried
+
+
+def captions_to_make(cfg: PipelineConfig, films: dict[str, str], captioner) -> bool:
+    """Whether the process step would caption any clip of ``films``: one of them has no current plan
+    (nor a current rejection), or a task's captions are not current or hold failures asked for again.
+    Reads staged records only; a film is hashed only where it has been planned before."""
+    staging = Staging(Path(cfg.output))
+    for path, film_id in films.items():
+        if staging.plan(film_id) is None and staging.rejection(path) is None:
+            return True
+        plan_fp = plan_fingerprint(path, cfg, staging.hash_cache)
+        plan = staging.plan(film_id, plan_fp)
+        if plan is None and staging.rejection(path, plan_fp) is None:
+            return True
+        if plan is not None and _task_jobs(staging, cfg, film_id, plan, captioner)[0]:
+            return True
+    return False
+
+
+def probe_caption_endpoint(cfg: PipelineConfig, films: dict[str, str], captioner) -> None:
+    """Before any work: the http caption endpoint answers, takes the key and serves the path
+    (captioners/probe.py), when the process step has clips of ``films`` to caption. Raises ConfigError."""
+    from animegamer.config.validate import ConfigError
+    from data_pipeline.captioners.probe import probe_problems, probed
+
+    if probed(cfg.caption) and captions_to_make(cfg, films, captioner):
+        if problems := probe_problems(cfg.caption):
+            raise ConfigError(problems)
+
+
+def staged_captions(cfg: PipelineConfig, films: dict[str, str], captioner) -> Iterator[tuple[str, dict]]:
+    """(clip key, caption fields) of every clip of ``films`` whose clips and captions are staged and
+    current, in film and key order."""
+    staging = Staging(Path(cfg.output))
+    for path, film_id in sorted(films.items(), key=lambda item: item[1]):
+        plan = staging.plan(film_id, plan_fingerprint(path, cfg, staging.hash_cache))
+        for task in range(len(plan["tasks"]) if plan is not None else 0):
+            task_fp, caption_fp = task_fingerprints(plan, task, cfg, captioner)
+            record = staging.captions(film_id, task, caption_fp)
+            if record is not None and staging.task_done(film_id, task, task_fp):
+                yield from sorted(record["captions"].items())
+
+
+def caption_outcome(cfg: PipelineConfig, films: dict[str, str], captioner) -> tuple[dict, Optional[str]]:
+    """The caption tally of ``films``' staged clips per backend (report.json's ``captions``) and why the
+    run stops (None: it goes on); every backend with failures but ``none`` is summarised at WARNING."""
+    tallies = tally_captions(staged_captions(cfg, films, captioner), caption_secrets(cfg.caption))
+    for tally in tallies.values():
+        if tally.failed and tally.backend != BACKEND_NONE:
+            log.warning(summary(tally))
+    return ({name: tally.to_json() for name, tally in tallies.items()},
+            stop_reason(tallies, cfg.caption.min_captioned_share))
 
 
 def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
@@ -111,7 +172,7 @@ def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
     root = str(cfg.output)
     plan_jobs = _plan_jobs(staging, cfg, films)
     _map(plan_film, [(path, film_id, cfg_dict, root) for path, film_id in plan_jobs], cfg.workers, "shots")
-    jobs, total_tasks, captions_only = [], 0, 0
+    jobs, total_tasks, captions_only, retried = [], 0, 0, 0
     for path, film_id in films.items():
         plan = staging.plan(film_id, plan_fingerprint(path, cfg, staging.hash_cache))
         if plan is None:  # rejected
@@ -122,17 +183,20 @@ def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
             log.warning(warning)
         clean_stale_temps(staging.film_dir(film_id))
         staging.remove_tasks_from(film_id, len(plan["tasks"]))
-        todo, only_captions = _task_jobs(staging, cfg, film_id, plan, captioner)
+        todo, only_captions, failed_captions = _task_jobs(staging, cfg, film_id, plan, captioner)
         jobs += [(film_id, t, cfg_dict, root, captioner.version) for t in todo]
         total_tasks += len(plan["tasks"])
         captions_only += only_captions
+        retried += failed_captions
     _map(run_task, jobs, cfg.workers, "clips")
     reuse = {"plans": reuse_counts(len(films) - len(plan_jobs), len(plan_jobs)),
              "clip_tasks": reuse_counts(total_tasks - len(jobs) + captions_only, len(jobs) - captions_only),
              "caption_tasks": reuse_counts(total_tasks - len(jobs), len(jobs))}
     for stage, counts in reuse.items():
         log.info("%s: %d reused, %d recomputed", stage, counts[REUSED], counts[RECOMPUTED])
-    return reuse
+    if retried:
+        log.info("failed captions asked for again: %d (pipeline.caption.retry_failed)", retried)
+    return {**reuse, CAPTIONS_RETRIED: retried}
 
 
 def running_steps(cfg: PipelineConfig) -> list[str]:
@@ -221,17 +285,27 @@ def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     # A session-shard step that is only on by default checks its input when its turn comes.
     checked = [s for s in steps if s != "session_shards" or _session_shards_asked(cfg)]
     captioner = check_run(cfg, checked, list(cfg.steps), all_films, problems)
+    my_films = assigned_films(cfg, all_parts=False) if "process" in steps else {}
+    if "process" in steps:
+        probe_caption_endpoint(cfg, my_films, captioner)
     report: dict = {"output": str(cfg.output)}
     reuse: dict = {}
     seconds: dict[str, float] = {}
     if "process" in steps:
         with _timed(seconds, "process"):
-            reuse.update(process(cfg, assigned_films(cfg, all_parts=False), captioner))
+            reuse.update(process(cfg, my_films, captioner))
     if "finalize" in steps:
         from data_pipeline.writer import finalize
 
         with _timed(seconds, "finalize"):
             report = finalize(cfg, resolved, all_films, {}, captioner)
+    if needs_films:  # this run captioned (or gathered) these films' clips: enough of them captioned?
+        captions, stop = caption_outcome(cfg, all_films if "finalize" in steps else my_films, captioner)
+        if "finalize" in steps:  # report.json describes the shards: all films
+            report[CAPTIONS] = captions
+        if stop is not None:
+            _record(Path(cfg.output), report, reuse, seconds)
+            raise CaptionsFailedError(stop)
     if "precompute" in steps:
         from data_pipeline.precompute import precompute
 
@@ -258,7 +332,12 @@ def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         with _timed(seconds, "adaptation"):
             report["adaptation"] = build_adaptation_shards(cfg, model_cfg, resolved)
     reuse.update({key: report[key]["reuse"] for key in DERIVED_KEYS if key in report})
+    _record(Path(cfg.output), report, reuse, seconds)
+    return report
+
+
+def _record(root: Path, report: dict, reuse: dict, seconds: dict[str, float]) -> None:
+    """The run's reuse counts and step times into ``report`` and ``root``'s report.json."""
     report["reuse"] = reuse
     report[STEP_SECONDS] = seconds
-    update_report(Path(cfg.output), {k: v for k, v in report.items() if k != "output"})
-    return report
+    update_report(root, {k: v for k, v in report.items() if k != "output"})

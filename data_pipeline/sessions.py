@@ -9,14 +9,15 @@ are none.
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
 from animegamer.data.split import SESSIONS_FILE, consecutive_runs, shot_id
+from animegamer.utils.command import recorded_command
 from animegamer.utils.io import sha256_file, write_json_atomic
 from data_pipeline.captioners import STATUS_OK
+from data_pipeline.captioners.failures import ADVICE
 from data_pipeline.fingerprint import FINGERPRINT
 from data_pipeline.lineage import MADE_FROM, built_summary, index, reused_summary, step_fingerprint
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
@@ -46,6 +47,7 @@ def clip_stats(metas: list[dict], runs: list[list[dict]], sessions: list[dict], 
     return {
         "clips": len(metas),
         "captioned_clips": len(captioned),
+        "captioners": sorted({m["captioner"]["name"] for m in metas}),
         "films": len({m["film"] for m in metas}),
         "shots": len({shot_id(m["film"], m["shot"]) for m in metas}),
         "longest_run": max((len(r) for r in runs), default=0),
@@ -62,8 +64,9 @@ def why_no_sessions(stats: dict) -> str | None:
     if not stats["clips"]:
         return "there are no clips (see report.json: skipped_inputs, failed_tasks)"
     if not stats["captioned_clips"]:
-        return (f"none of the {stats['clips']} clips is captioned (report.json: caption_failed): check "
-                "pipeline.caption (e.g. the film names and time spans in the caption file)")
+        advice = "; ".join(ADVICE.get(name, "check pipeline.caption") for name in stats["captioners"])
+        return (f"none of the {stats['clips']} clips is captioned (report.json: caption_failed names them, "
+                f"captions gives the first reasons): {advice}")
     return (f"the longest run of consecutive captioned clips is {stats['longest_run']} "
             f"({stats['captioned_clips']} of {stats['clips']} clips captioned, {stats['shots']} shots), "
             f"but pipeline.sessions.turns={turns} needs {turns}: lower pipeline.sessions.turns to at most "
@@ -96,7 +99,7 @@ def build_sessions(cfg: PipelineConfig) -> dict:
     _tell(stats, reason)
     record = {
         "kind": "sessions",
-        "command": " ".join(sys.argv),
+        "command": recorded_command(),
         **settings,
         "clip_manifest_sha256": sha256_file(clip_dir / MANIFEST),
         MADE_FROM: sources,

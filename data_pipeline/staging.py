@@ -7,7 +7,9 @@ restarted run skips what is current and redoes the rest; because every task is a
 (film, plan, config), the final shards come out byte-identical.
 
 Captions are staged apart from the clips (``task-NNNNN.captions.json`` beside ``task-NNNNN/``), so a
-changed caption source re-captions clips without cutting and encoding them again.
+changed caption source re-captions clips without cutting and encoding them again, and a backend whose
+failures can pass (:data:`~data_pipeline.captioners.base.RETRIED_BACKENDS`) is asked again for the
+failed clips of a current record only (:func:`captions_to_retry`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from animegamer.utils.io import atomic_dir, read_json, read_json_if_exists, write_json_atomic
+from data_pipeline.captioners.base import RETRIED_BACKENDS, STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, path_key
 
 STAGING_DIR = ".staging"
@@ -24,6 +27,15 @@ PLAN_FILE = "plan.json"
 TASK_FILE = "task.json"
 TASK_PREFIX = "task-"
 HASH_CACHE_DIR = "hashes"
+
+
+def captions_to_retry(record: dict | None, retry_failed: bool, backend: str) -> list[str]:
+    """Keys of the clips of a staged captions ``record`` (None: none staged) whose caption failed and is
+    asked for again: with ``retry_failed`` (``caption.retry_failed``), for a backend whose failures can
+    pass."""
+    if record is None or not retry_failed or backend not in RETRIED_BACKENDS:
+        return []
+    return sorted(key for key, fields in record["captions"].items() if fields["captioner"]["status"] != STATUS_OK)
 
 
 def _current(record: dict | None, fingerprint: str | None) -> dict | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -15,6 +14,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SHOTS_FILE, shot_id
+from animegamer.utils.command import recorded_command
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
 from data_pipeline.captioners import STATUS_OK
 from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
@@ -124,7 +124,7 @@ def write_step_manifest(root: Path, step: str, resolved: dict, lineage: tuple[di
     from, its fingerprint, ``fields``, the counts and shards), written into its folder last, so a set
     is current only once complete; returns the step's summary."""
     sources, step_fp = lineage
-    manifest = {"kind": step, "command": " ".join(sys.argv), "config": resolved, **fields, MADE_FROM: sources,
+    manifest = {"kind": step, "command": recorded_command(), "config": resolved, **fields, MADE_FROM: sources,
                 FINGERPRINT: step_fp, "counts": counts, "shards": shards}
     write_json_atomic(output_path(root, step) / MANIFEST, manifest)
     return built_summary(root, step, counts)
@@ -184,7 +184,7 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
     manifest = {
         "kind": "clips",
         "format_version": FORMAT_VERSION,
-        "command": " ".join(sys.argv),
+        "command": recorded_command(),
         "config": resolved_config,
         "sources": collected.sources,
         "counts": {"films": len(collected.sources), "clips": len(clips), "skipped_inputs": len(collected.skipped),

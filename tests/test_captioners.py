@@ -623,11 +623,14 @@ def test_http_key_in_api_key_env_is_refused_by_both_checks() -> None:
 def test_http_secrets_reach_no_shard_manifest_report_or_log(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, toy_film: Any, tmp_path: Path
 ) -> None:
-    """A server echoing the key (and the URL's password and query key) in its error body: the caption
-    failure reasons that the shards keep, the manifests' config, the report and the log mask them."""
+    """A server echoing the key (and the URL's password and query key) in its error body: the pre-flight's
+    refusal, the caption failure reasons that the shards keep, the manifests' config, the report and the
+    log mask them."""
     import tarfile
 
     from conftest import pipeline_overrides, run_pipeline
+
+    from animegamer.config.validate import ConfigError
 
     monkeypatch.setenv("TEST_CAPTION_KEY", CAPTION_KEY)
     echo = (401, json.dumps({"error": f"key {CAPTION_KEY} refused; password {URL_PASSWORD}; query key {QUERY_KEY}"}))
@@ -637,13 +640,18 @@ def test_http_secrets_reach_no_shard_manifest_report_or_log(
         overrides = ["pipeline.caption.backend=http", f"pipeline.caption.url='{url}'", "pipeline.caption.model_name=m",
                      "pipeline.caption.api_key_env=TEST_CAPTION_KEY", "pipeline.workers=1",
                      "pipeline.clips.max_clips_per_shot=1", "pipeline.steps=[process,finalize]"]
+        with pytest.raises(ConfigError, match="HTTP 401 Unauthorized from .*/v1/models") as refused:
+            run_pipeline(pipeline_overrides(output, [toy_film.video_path], None, *overrides))
+        assert [r["method"] for r in server.requests] == ["GET"] and not output.exists()
+        # past the probe and the minimal captioned share: every clip's request is refused in turn
+        overrides += ["pipeline.caption.probe=off", "pipeline.caption.min_captioned_share=0"]
         with caplog.at_level(logging.DEBUG):
             run_pipeline(pipeline_overrides(output, [toy_film.video_path], None, *overrides))
-    assert server.requests, "the pipeline made no caption request"
-    first = server.requests[0]
+    assert len(server.requests) > 1, "the pipeline made no caption request"
+    first = server.requests[1]
     assert first["headers"]["Authorization"] == f"Bearer {CAPTION_KEY}"
     assert first["path"] == f"/v1/chat/completions?key={QUERY_KEY}"
-    texts = {"log": caplog.text}
+    texts = {"log": caplog.text, "refusal": str(refused.value)}
     for path in sorted(output.rglob("*")):
         if path.suffix == ".tar":
             with tarfile.open(path) as tar:

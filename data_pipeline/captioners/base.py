@@ -30,6 +30,13 @@ BACKEND_VLM = "vlm"
 BACKEND_HTTP = "http"
 BACKEND_NONE = "none"
 BACKENDS: tuple[str, ...] = (BACKEND_JSONL, BACKEND_VLM, BACKEND_HTTP, BACKEND_NONE)
+# Backends whose failures can pass (a server down, overloaded or out of budget): a run again asks once
+# more for their failed clips (``caption.retry_failed``). The others answer a clip the same way again
+# for the same version: jsonl reads the same file, vlm decodes greedily, none is off.
+RETRIED_BACKENDS: tuple[str, ...] = (BACKEND_HTTP,)
+# How the http endpoint is checked before any work (``caption.probe``; captioners/probe.py).
+PROBE_MODELS, PROBE_CONNECT, PROBE_OFF = "models", "connect", "off"
+PROBES: tuple[str, ...] = (PROBE_MODELS, PROBE_CONNECT, PROBE_OFF)
 
 FilmPaths = Mapping[str, "str | Path"]
 
@@ -173,6 +180,10 @@ def validate_caption_config(cfg: "CaptionConfig") -> None:
     _require(cfg.num_frames >= 1, f"caption.num_frames must be >= 1, got {cfg.num_frames}")
     _require(cfg.retries >= 0, f"caption.retries must be >= 0, got {cfg.retries}")
     _require(cfg.max_new_tokens >= 1, f"caption.max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    _require(0.0 <= cfg.min_captioned_share <= 1.0,
+             f"caption.min_captioned_share must be in [0, 1] (0: never stop), got {cfg.min_captioned_share}")
+    _require(cfg.probe in PROBES, f"caption.probe={cfg.probe!r} is not one of {list(PROBES)}")
+    _require(cfg.probe_timeout_s > 0, f"caption.probe_timeout_s must be > 0, got {cfg.probe_timeout_s}")
     client_problems = client_setting_problems("caption", cfg)  # the judge's config is checked alike
     _require(not client_problems, "; ".join(client_problems))
     if cfg.backend == BACKEND_JSONL:

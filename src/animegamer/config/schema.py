@@ -292,6 +292,16 @@ class CaptionConfig:
     # with its films). Once spent, the clips left fail at once with that reason.
     budget_s: float = 0.0
     trust_remote_code: bool = False
+    # http: a run again asks once more for the clips whose caption failed (a server's failures can
+    # pass), keeping their clips; false keeps the failures until a caption setting changes.
+    retry_failed: bool = True
+    # A run stops (exit 2, after writing what it did) when fewer of its clips than this share are
+    # captioned; 0 = never (backend none never stops).
+    min_captioned_share: float = 0.05
+    # http, before any work: "models" (GET {url}/models: the server answers, takes the key and serves
+    # the path; no tokens spent), "connect" (a TCP connection only, for servers without /models), "off".
+    probe: str = "models"
+    probe_timeout_s: float = 5.0  # http: bounds the probe (connecting and the answer)
 
 
 @dataclass

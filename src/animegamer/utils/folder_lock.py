@@ -26,9 +26,7 @@ import errno
 import json
 import logging
 import os
-import shlex
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -37,6 +35,7 @@ from pathlib import Path
 from typing import Iterator
 
 from animegamer.errors import UserError
+from animegamer.utils.command import recorded_command
 from animegamer.utils.io import read_json
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ class Holder:
     @classmethod
     def me(cls) -> "Holder":
         return cls(pid=os.getpid(), host=socket.gethostname(), since=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   command=shlex.join(sys.argv), token=uuid.uuid4().hex, start=process_start(os.getpid()))
+                   command=recorded_command(), token=uuid.uuid4().hex, start=process_start(os.getpid()))
 
     def describe(self) -> str:
         return f"pid {self.pid} on host {self.host} since {self.since}, command: {self.command}"

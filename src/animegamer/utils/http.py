@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHAT_COMPLETIONS_PATH = "/chat/completions"
+MODELS_PATH = "/models"  # GET: the models an endpoint serves (no tokens spent)
 RETRY_BACKOFF_S = 1.0  # a busy server (429/503) usually recovers within seconds
 ERROR_DETAIL_CHARS = 300
 ANSWER_SNIPPET_CHARS = 200  # how much of a bad answer is kept in the error message
@@ -70,11 +71,16 @@ T = TypeVar("T")
 
 class GenerationError(RuntimeError):
     """No answer was produced (HTTP error, timeout, unreachable server): counts as one failed attempt.
-    ``retryable=False`` (refused credentials, a spent budget): the retry loop stops at once."""
+    ``retryable=False`` (refused credentials, a spent budget): the retry loop stops at once. ``status``:
+    the HTTP status of an error answer; ``unreachable``: no connection was made (refused, unknown host,
+    no route, a connection timeout)."""
 
-    def __init__(self, message: str, retryable: bool = True) -> None:
+    def __init__(self, message: str, retryable: bool = True, status: Optional[int] = None,
+                 unreachable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.status = status
+        self.unreachable = unreachable
 
 
 # --------------------------------------------------------------------------- secrets
@@ -292,9 +298,9 @@ class _SameOriginCredentials(urllib.request.HTTPRedirectHandler):
 
 
 class OpenAIChatClient:
-    """``POST {url}/chat/completions``; one call, no retries. The key, when one is given, is sent as a
-    bearer token; without one, a user and password in ``url`` are sent as basic credentials (never in
-    the URL requested or shown).
+    """``POST {url}/chat/completions``; one call, no retries (:meth:`models`: ``GET {url}/models``). The
+    key, when one is given, is sent as a bearer token; without one, a user and password in ``url`` are
+    sent as basic credentials (never in the URL requested or shown).
 
     Limits (None: no limit): ``timeout_s`` per socket operation, ``deadline_s`` per request (body
     included), ``budget_s`` over every request of this client (a run), ``max_response_bytes`` per answer
@@ -305,8 +311,8 @@ class OpenAIChatClient:
                  deadline_s: Optional[float] = None, budget_s: Optional[float] = None,
                  max_response_bytes: Optional[int] = None, settings: str = "") -> None:
         parts = urlsplit(url)
-        path = parts.path.rstrip("/") + CHAT_COMPLETIONS_PATH
-        self._url = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], path, parts.query, ""))
+        self._parts = parts
+        self._url = self._address(CHAT_COMPLETIONS_PATH)
         self._headers = {"Content-Type": "application/json"}
         secrets = [api_key or "", *url_secrets(url)]
         if api_key:
@@ -326,6 +332,12 @@ class OpenAIChatClient:
         self.settings = settings
         self.spent_s = 0.0  # seconds spent on requests so far (what budget_s bounds)
 
+    def _address(self, path: str) -> str:
+        """``path`` under the endpoint's base URL, with its query and without its user and password."""
+        parts = self._parts
+        return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/") + path,
+                           parts.query, ""))
+
     def redact(self, text: str) -> str:
         """``text`` without this client's key and URL secrets (:func:`redact`)."""
         return redact(text, self._secrets)
@@ -337,8 +349,8 @@ class OpenAIChatClient:
     def _setting(self, name: str) -> str:
         return f"{self.settings}.{name}" if self.settings else name
 
-    def _error(self, message: str, retryable: bool = True) -> GenerationError:
-        return GenerationError(self.redact(message), retryable)
+    def _error(self, message: str, retryable: bool = True, **details: Any) -> GenerationError:
+        return GenerationError(self.redact(message), retryable, **details)
 
     def complete(self, parts: Sequence[ContentPart], max_tokens: int, temperature: float = 0.0) -> str:
         """The assistant's text for one user message made of ``parts``."""
@@ -351,13 +363,28 @@ class OpenAIChatClient:
             limit, by_budget = self.budget_s - self.spent_s, True
         started = time.monotonic()
         try:
-            raw = self._post(body, limit, by_budget)
+            raw = self._send(urllib.request.Request(self._url, data=body, headers=self._headers, method="POST"),
+                             self.endpoint, limit, by_budget)
         finally:
             self.spent_s += time.monotonic() - started
         return answer_text(raw, self.redact)
 
-    def _post(self, body: bytes, limit: Optional[float], by_budget: bool) -> bytes:
-        request = urllib.request.Request(self._url, data=body, headers=self._headers, method="POST")
+    def models(self) -> list[str]:
+        """``GET {url}/models``: the ids of the models the endpoint serves. A cheap request (no tokens
+        spent, outside the run's budget) that tells an unreachable endpoint, a refused key or a wrong
+        path (:class:`GenerationError` with ``unreachable`` or ``status``) before any work; an answer
+        that is not a model list gives ``[]``."""
+        address = self._address(MODELS_PATH)
+        request = urllib.request.Request(address, headers=self._headers, method="GET")
+        raw = self._send(request, self.redact(address), self.deadline_s, by_budget=False)
+        try:
+            listed = json.loads(raw)["data"]
+            return [str(model["id"]) for model in listed if isinstance(model, dict) and "id" in model]
+        except (ValueError, KeyError, TypeError):
+            return []
+
+    def _send(self, request: urllib.request.Request, shown: str, limit: Optional[float], by_budget: bool) -> bytes:
+        """The body of the answer to ``request`` (``shown``: its URL as messages show it)."""
         timeout = self.timeout_s if limit is None else min(self.timeout_s, limit)
         watchdog = _Watchdog(limit)
         opener = urllib.request.build_opener(_WatchedHTTPHandler(watchdog), _WatchedHTTPSHandler(watchdog),
@@ -368,45 +395,45 @@ class OpenAIChatClient:
         with watchdog:
             try:
                 with opener.open(request, timeout=timeout) as response:
-                    raw = self._read(response)
+                    raw = self._read(response, shown)
             except GenerationError as exc:
                 error = exc
             except urllib.error.HTTPError as exc:  # before URLError: it is a subclass
-                error = self._http_error(exc)
-            except urllib.error.URLError as exc:
-                error = self._error(f"cannot reach {self.endpoint}: {exc.reason}")
+                error = self._http_error(exc, shown)
+            except urllib.error.URLError as exc:  # no connection made, or the request not sent
+                error = self._error(f"cannot reach {shown}: {exc.reason}", unreachable=True)
             except (OSError, http.client.HTTPException) as exc:  # read timeouts, dropped or garbled connections
-                error = self._error(f"request to {self.endpoint} failed: {exc!r}")
+                error = self._error(f"request to {shown} failed: {exc!r}")
         # Whatever the cut connection raised (or a body cut short), the limit ended it; so did a socket
         # timeout of the limit's length that came before the watchdog.
         if watchdog.fired or (error is not None and limit is not None and time.monotonic() - started >= limit):
             if by_budget:
-                logger.warning("%s: the run's request budget of %g s is spent", self.endpoint, self.budget_s)
+                logger.warning("%s: the run's request budget of %g s is spent", shown, self.budget_s)
                 raise self._error(f"the run's request budget of {self.budget_s:g} s ({self._setting('budget_s')}) "
-                                  f"ran out during a request to {self.endpoint}", retryable=False)
-            raise self._error(f"no complete answer from {self.endpoint} within the request deadline of {limit:g} s "
+                                  f"ran out during a request to {shown}", retryable=False)
+            raise self._error(f"no complete answer from {shown} within the request deadline of {limit:g} s "
                               f"({self._setting('deadline_s')})")
         if error is not None:
             raise error
         return raw
 
-    def _read(self, response: http.client.HTTPResponse) -> bytes:
+    def _read(self, response: http.client.HTTPResponse, shown: str) -> bytes:
         """The body, in chunks, refused past ``max_response_bytes`` (announced or as it arrives)."""
         cap = self.max_response_bytes
         announced = response.headers.get("Content-Length", "")
         if announced.isdigit() and int(announced) > cap:
-            raise self._error(f"the answer from {self.endpoint} announces {int(announced)} bytes, over the cap of "
+            raise self._error(f"the answer from {shown} announces {int(announced)} bytes, over the cap of "
                               f"{cap} bytes on an answer; not read")
         chunks, size = [], 0
         while chunk := response.read(min(READ_CHUNK_BYTES, cap + 1 - size)):
             chunks.append(chunk)
             size += len(chunk)
             if size > cap:
-                raise self._error(f"the answer from {self.endpoint} exceeds the cap of {cap} bytes on an answer; "
+                raise self._error(f"the answer from {shown} exceeds the cap of {cap} bytes on an answer; "
                                   "reading stopped")
         return b"".join(chunks)
 
-    def _http_error(self, exc: urllib.error.HTTPError) -> GenerationError:
+    def _http_error(self, exc: urllib.error.HTTPError, shown: str) -> GenerationError:
         longest_secret = max((len(secret) for secret in self._secrets), default=0)
         try:  # redacted before it is cut: a secret is never cut in half
             detail = self.redact(exc.read(ERROR_DETAIL_CHARS + longest_secret).decode("utf-8", "replace"))
@@ -414,12 +441,12 @@ class OpenAIChatClient:
             detail = ""
         finally:
             exc.close()
-        head = f"HTTP {exc.code} {exc.reason} from {self.endpoint}"
+        head = f"HTTP {exc.code} {exc.reason} from {shown}"
         if exc.code in REFUSED_STATUSES:
             return self._error(f"{head}: the endpoint refused the credentials (the key in the environment variable "
                                f"{self._setting('api_key_env')} names, or the URL's user and password); not retried: "
-                               f"{detail[:ERROR_DETAIL_CHARS]}", retryable=False)
-        return self._error(f"{head}: {detail[:ERROR_DETAIL_CHARS]}")
+                               f"{detail[:ERROR_DETAIL_CHARS]}", retryable=False, status=exc.code)
+        return self._error(f"{head}: {detail[:ERROR_DETAIL_CHARS]}", status=exc.code)
 
 
 # --------------------------------------------------------------------------- the retry loop
