@@ -30,8 +30,18 @@ seed  ACC-S trained / majority / untrained   MAE-S trained / majority / untr.   
 ====  =====================================  =================================  ===================
 
 Without the representation loss (``model.mllm.rec_weight=0``) the ratio was 3.23 (seed 0, these films
-and the word tokenizer; 10.75 with the byte tokenizer), so the test's bound is 2.0, between 1.09 and 3.23. Each margin is below the smallest measured gap by at least three state values (0.125 ACC-S,
-0.125 MAE-S).
+and the word tokenizer; 10.75 with the byte tokenizer). Each state margin is below the smallest measured
+gap by at least three state values (0.125 ACC-S, 0.125 MAE-S).
+
+Measured again on 2026-12-04, the same configuration on 2 cores shared with other work (20-28 min a
+seed, phase (b) 200-570 s of it): seeds 0-2 gave representation ratios 0.97 / 1.02 / 0.97, as above.
+With the target turn's query block made causal (each query token seeing only the earlier ones,
+``allowed_matrix`` in src/animegamer/mllm/masks.py), seeds 0-2 gave 0.97 / 1.00 / 0.99 (ACC-S 0.708 /
+0.750 on seeds 0 and 1): at this size the representation head scores about the mean representation
+either way, so no bound on this ratio tells the two apart.
+tests/test_phase_b_learning.py::test_every_query_token_sees_the_whole_query_block checks the query
+block directly. The ratio's bound is 1.4, 0.3 above the largest trained ratio (1.09) and far below
+3.23: it fails a representation loss that leaves the head well off the mean representation.
 """
 from __future__ import annotations
 
@@ -46,8 +56,9 @@ MAE_S_UNDER_UNTRAINED = 1.0
 ACC_S_OVER_MAJORITY = 0.04
 # Majority-class minus trained MAE-S: measured 0.583-0.833.
 MAE_S_UNDER_MAJORITY = 0.375
-# Representation MSE over the mean representation's: measured 0.97-1.09 trained, 3.23 without the loss.
-REP_MSE_RATIO_MAX = 2.0
+# Representation MSE over the mean representation's: measured 0.97-1.09 trained (0.97-1.00 with a causal
+# query block), 3.23 without the loss.
+REP_MSE_RATIO_MAX = 1.4
 
 pytestmark = pytest.mark.slow
 
