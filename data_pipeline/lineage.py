@@ -13,6 +13,7 @@ from pathlib import Path
 
 from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SESSIONS_FILE
+from animegamer.data.storage import ShardSource
 from animegamer.utils.io import read_json_if_exists
 from data_pipeline.fingerprint import FINGERPRINT, fingerprint, reuse_counts, shards_digest
 
@@ -65,10 +66,18 @@ def reusable(root: str | Path, name: str, step_fingerprint: str) -> dict | None:
     data = index(root, name)
     if data is None or data.get(FINGERPRINT) != step_fingerprint:
         return None
-    folder = (Path(root) / INDEX_FILES[name]).parent
-    if not all((folder / shard["name"]).is_file() for shard in data.get("shards", [])):
+    if "shards" in data and not all(Path(shard.path).is_file() for shard in
+                                    ShardSource((Path(root) / INDEX_FILES[name]).parent).shards(data)):
         return None
     return data
+
+
+def shards_problem(root: str | Path, name: str) -> str | None:
+    """What is wrong with the shard names in ``name``'s manifest (see ShardSource.shards), or None."""
+    data = index(root, name)
+    if data is None or "shards" not in data:
+        return None
+    return ShardSource((Path(root) / INDEX_FILES[name]).parent).shards_problem(data)
 
 
 def stale_reason(root: str | Path, name: str) -> str | None:

@@ -19,7 +19,8 @@ import numpy as np
 from tqdm import tqdm
 
 from animegamer.config.schema import ModelConfig, PipelineConfig
-from animegamer.data.shards import iter_samples, read_manifest
+from animegamer.data.shards import folder_shards, iter_samples
+from animegamer.data.storage import Shard
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.captioners import STATUS_OK
@@ -87,12 +88,12 @@ def _captioned(samples, skipped: list[str]):
             skipped.append(sample["__key__"])
 
 
-def feature_inputs(clip_url: str) -> str:
+def feature_inputs(clip_shard: Shard) -> str:
     """Fingerprint of everything the features of a clip shard are computed from: each clip's key,
     whether it is encoded (captioned), its mp4 bytes and its motion text."""
     return fingerprint([(s["__key__"], s["json"]["captioner"]["status"] == STATUS_OK,
                          hashlib.sha256(s["mp4"]).hexdigest(), s["json"]["motion_text"])
-                        for s in iter_samples([clip_url], video=False)])
+                        for s in iter_samples([clip_shard], video=False)])
 
 
 def _feature_record(sample: dict, features: dict[str, np.ndarray]) -> dict:
@@ -101,12 +102,12 @@ def _feature_record(sample: dict, features: dict[str, np.ndarray]) -> dict:
     return record
 
 
-def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int) -> dict:
+def write_feature_shard(encoders, clip_shard: Shard, out_path: Path, batch_size: int) -> dict:
     """One feature shard from one clip shard, renamed into place when complete."""
     skipped: list[str] = []
 
     def records():
-        for batch in _batches(_captioned(iter_samples([clip_url]), skipped), batch_size):
+        for batch in _batches(_captioned(iter_samples([clip_shard]), skipped), batch_size):
             features = encode_batch(encoders, batch)
             for i, sample in enumerate(batch):
                 yield _feature_record(sample, {name: array[i] for name, array in features.items()})
@@ -114,16 +115,16 @@ def write_feature_shard(encoders, clip_url: str, out_path: Path, batch_size: int
     return {**write_shard(out_path, records()), "skipped": skipped}
 
 
-def rewrite_json(clip_url: str, out_path: Path) -> dict:
+def rewrite_json(clip_shard: Shard, out_path: Path) -> dict:
     """The feature shard at ``out_path`` with the clip shard's json and its own features: for a clip
     shard whose feature inputs are unchanged (same clips, mp4 bytes and motion texts, in order)."""
     skipped: list[str] = []
-    old = iter_samples([str(out_path)], video=False)
+    old = iter_samples([out_path], video=False)
 
     def records():
-        for sample, features in zip(_captioned(iter_samples([clip_url], video=False), skipped), old, strict=True):
+        for sample, features in zip(_captioned(iter_samples([clip_shard], video=False), skipped), old, strict=True):
             if sample["__key__"] != features["__key__"]:
-                raise RuntimeError(f"{out_path}: holds {features['__key__']} where {clip_url} has {sample['__key__']}")
+                raise RuntimeError(f"{out_path}: holds {features['__key__']} where {clip_shard} has {sample['__key__']}")
             yield _feature_record(sample, features)
 
     # written beside the old shard (still read while writing), renamed over it when complete
@@ -154,8 +155,8 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     clip_dir, out_dir = Path(cfg.output) / CLIPS_DIR, Path(cfg.output) / FEATURES_DIR
     settings = _settings(model, cfg)
     settings_fp = fingerprint(settings)
-    clip_shards = read_manifest(clip_dir)["shards"]
-    names = {s["name"] for s in clip_shards}
+    clip_shards = folder_shards(clip_dir)  # names checked: a feature shard is written under each one
+    names = {shard.name for shard in clip_shards}
     for stale in out_dir.glob("shard-*.tar"):
         if stale.name not in names:
             stale.unlink()
@@ -163,27 +164,27 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     encoders = None
     shards, reused = [], 0
     for source in tqdm(clip_shards, desc="precompute", unit="shard", disable=None):
-        clip_url, out_path = str(clip_dir / source["name"]), out_dir / source["name"]
+        out_path, clip_sha256 = out_dir / source.name, source.entry["sha256"]
         done_path = out_dir / f".{out_path.name}.json"  # per-shard record, written after the shard
-        record = _matching_record(done_path, out_path, **{SOURCE_SHA256: source["sha256"], FINGERPRINT: settings_fp})
+        record = _matching_record(done_path, out_path, **{SOURCE_SHA256: clip_sha256, FINGERPRINT: settings_fp})
         if record is not None:  # the very clip shard, the same settings: nothing to read again
             reused += 1
             shards.append(record)
             continue
-        inputs_fp = feature_inputs(clip_url)
+        inputs_fp = feature_inputs(source)
         record = _matching_record(done_path, out_path, **{INPUTS: inputs_fp, FINGERPRINT: settings_fp})
         if record is None:
             if encoders is None:
                 encoders = build_frozen_encoders(model.encoders, device=cfg.precompute.device,
                                                  dtype=getattr(torch, cfg.precompute.dtype))
-            record = write_feature_shard(encoders, clip_url, out_path, cfg.precompute.batch_size)
+            record = write_feature_shard(encoders, source, out_path, cfg.precompute.batch_size)
         else:
             reused += 1
-            if record[SOURCE_SHA256] == source["sha256"]:
+            if record[SOURCE_SHA256] == clip_sha256:
                 shards.append(record)
                 continue
-            record = rewrite_json(clip_url, out_path)
-        record.update({SOURCE_SHA256: source["sha256"], INPUTS: inputs_fp, FINGERPRINT: settings_fp})
+            record = rewrite_json(source, out_path)
+        record.update({SOURCE_SHA256: clip_sha256, INPUTS: inputs_fp, FINGERPRINT: settings_fp})
         write_json_atomic(done_path, record)
         shards.append(record)
     sources = made_from(cfg.output, "features")

@@ -22,7 +22,7 @@ from animegamer.config.validate import ConfigError
 from animegamer.utils.io import read_json
 from data_pipeline.fingerprint import file_identity
 from data_pipeline.ingest import find_inputs
-from data_pipeline.lineage import PRODUCER, SOURCES, stale_reason
+from data_pipeline.lineage import PRODUCER, SOURCES, shards_problem, stale_reason
 from data_pipeline.staging import Staging
 from data_pipeline.writer import CLIPS_DIR, MANIFEST
 
@@ -108,12 +108,14 @@ def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
 
 def step_problems(cfg: PipelineConfig, running: list[str], requested: list[str]) -> list[str]:
     """Steps asked for that cannot run, and steps whose input (made by a step not in this run) is
-    missing or made from inputs that changed since."""
+    missing, made from inputs that changed since, or names a shard by other than a plain file name."""
     problems = [f"pipeline.steps names {step} but {why}" for step, why in _SWITCHED_OFF.items()
                 if step in requested and step not in running]
     for step in running:
         for source in SOURCES.get(STEP_ARTEFACT.get(step, ""), ()):
-            if PRODUCER[source] not in running and (reason := stale_reason(cfg.output, source)):
+            if PRODUCER[source] in running:
+                continue
+            if reason := stale_reason(cfg.output, source) or shards_problem(cfg.output, source):
                 problems.append(f"step {step}: {reason}")
     return problems
 

@@ -17,7 +17,8 @@ from tqdm import tqdm
 
 from animegamer.checkpoints.export import TRAINED_FILE
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
-from animegamer.data.shards import iter_samples, shard_urls
+from animegamer.data.shards import folder_shards, iter_samples
+from animegamer.data.storage import Shard
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.reconstruction import build_encoder
 from animegamer.utils.io import npy_bytes, sha256_file
@@ -54,17 +55,18 @@ def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: di
     reused = reused_summary(cfg.output, "representations", lineage[1])
     if reused is not None:
         return reused
+    sources = folder_shards(features)  # names checked before any model is built
     encoder = load_encoder(model, settings.export).to(settings.device)
     dtype = np.dtype(settings.dtype) if settings.dtype != "bfloat16" else np.float32
 
-    def rep_records(url: str):
-        for batch in _batches(iter_samples([url], video=False), settings.batch_size):
+    def rep_records(shard: Shard):
+        for batch in _batches(iter_samples([shard], video=False), settings.batch_size):
             for sample, rep in zip(batch, encode_representations(encoder, batch, dtype)):
                 yield {"__key__": sample["__key__"], REP: npy_bytes(rep),
                        "json": json.dumps(sample["json"], sort_keys=True).encode()}
 
-    shards = [write_shard(out_dir / Path(url).name, rep_records(url))
-              for url in tqdm(shard_urls(features), desc="representations", unit="shard", disable=None)]
+    shards = [write_shard(out_dir / shard.name, rep_records(shard))
+              for shard in tqdm(sources, desc="representations", unit="shard", disable=None)]
     return write_step_manifest(
         Path(cfg.output), "representations", resolved, lineage, {"clips": sum(s["count"] for s in shards)}, shards,
         export=str(settings.export), export_sha256=export_sha,

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.data.shards import iter_samples, read_manifest, shard_urls
+from animegamer.data.shards import folder_shards, iter_samples, read_manifest
 from animegamer.data.split import SESSIONS_FILE, consecutive_runs, shot_id
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import sha256_file, write_json_atomic
@@ -91,7 +91,7 @@ def build_sessions(cfg: PipelineConfig) -> dict:
         previous = index(cfg.output, "sessions")
         _tell(previous["stats"], previous["why_no_sessions"])
         return {**reused, "why_no_sessions": previous["why_no_sessions"]}
-    metas = [s["json"] for s in iter_samples(shard_urls(clip_dir), video=False)]
+    metas = [s["json"] for s in iter_samples(folder_shards(clip_dir), video=False)]
     runs = consecutive_runs(metas, is_captioned)  # of one film each, in (film, clip) order
     sessions = [session for run in runs for session in sessions_of_run(run, cfg.sessions.turns, cfg.sessions.stride)]
     stats = clip_stats(metas, runs, sessions, cfg.sessions.turns)

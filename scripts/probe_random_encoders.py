@@ -30,7 +30,7 @@ import torch
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.data.shards import iter_samples, shard_urls
+from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.split import HeldOut
 from animegamer.models.frozen_encoders import build_frozen_encoders
 from data_pipeline.toyfilm import CHARACTER_JOINER
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     encoders = build_frozen_encoders(encoders_cfg, which=("clip", "t5"))
     split = HeldOut(args.data, CLIPS_DIR, args.val_fraction)
     frames, metas, held = [], [], []
-    for sample in iter_samples(shard_urls(args.data / CLIPS_DIR)):
+    for sample in iter_samples(folder_shards(args.data / CLIPS_DIR)):
         frames.append(sample["mp4"][0])
         metas.append(sample["json"])
         held.append(split.clip(sample["__key__"]))

@@ -111,12 +111,12 @@ class Clips:
 
 def load_clips(pipeline_output: str | Path, val_fraction: float) -> tuple[Clips, Clips]:
     """(training clips, held-out clips) of ``pipeline_output/clips``, split by whole shots."""
-    from animegamer.data.shards import iter_samples, shard_urls
+    from animegamer.data.shards import folder_shards, iter_samples
     from animegamer.data.split import HeldOut
 
     split = HeldOut(pipeline_output, CLIPS_DIR, val_fraction)
     parts: dict[bool, tuple[list[torch.Tensor], list[str]]] = {False: ([], []), True: ([], [])}
-    for sample in iter_samples(shard_urls(Path(pipeline_output) / CLIPS_DIR)):
+    for sample in iter_samples(folder_shards(Path(pipeline_output) / CLIPS_DIR)):
         videos, keys = parts[split.clip(sample["__key__"])]
         videos.append(torch.from_numpy(sample["mp4"]))
         keys.append(sample["__key__"])

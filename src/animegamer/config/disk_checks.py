@@ -87,7 +87,7 @@ def _first_sample_shapes(folder) -> dict[str, tuple] | None:
             return None
         shapes: dict[str, tuple] = {}
         first = None
-        with source.open(shards[0][0]) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        with source.open(shards[0].path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 if not info.isfile():
                     continue

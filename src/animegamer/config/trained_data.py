@@ -50,13 +50,15 @@ def clip_content_sha256(root: str | Path, clips_dir: str) -> str | None:
     import json
     import tarfile
 
+    from animegamer.data.storage import ShardSource
+
     folder = Path(root) / clips_dir
     manifest = _read(folder / MANIFEST)
     if manifest is None:
         return None
     digest = hashlib.sha256(json.dumps(manifest.get("motion_bins"), sort_keys=True).encode())
-    for shard in manifest.get("shards") or []:
-        path = folder / str(shard.get("name"))
+    for shard in ShardSource(folder).shards(manifest) if manifest.get("shards") else []:  # names checked
+        path = Path(shard.path)
         if not path.is_file():
             return None
         with tarfile.open(path) as tar:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from animegamer.data.shards import decode_sample
-from animegamer.data.storage import RemoteReadError, ShardSource
+from animegamer.data.storage import RemoteReadError, Shard, ShardSource
 from animegamer.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,9 @@ def index_shard(path: str, source: ShardSource | None = None, entry: Mapping | N
 REMOTE_INDEX_THREADS = 8  # remote shards indexed at once: each scan is a chain of small requests
 
 
-def _index_or_error(source: ShardSource, shard: tuple[str, dict]) -> list[SampleLocation] | Exception:
+def _index_or_error(source: ShardSource, shard: Shard) -> list[SampleLocation] | Exception:
     try:
-        return index_shard(shard[0], source, shard[1])
+        return index_shard(shard.path, source, shard.entry)
     except (tarfile.TarError, OSError, EOFError) as error:
         return error
 
@@ -149,13 +149,15 @@ class IndexedShardDataset(Dataset):
         self.bad_items: list[dict] = []  # shards left out at indexing: {"shard", "key": "*", "reason"}
         self.locations = []
         indexed = 0  # samples in the folder's readable shards, before ``keep``
+        # Names checked (ShardNameError): a manifest naming a path elsewhere is refused, never skipped. The
+        # recorded sha256 is not checked here: this reader never reads a shard whole (the streaming readers do).
         shards = self.source.shards()
         if self.source.remote:
             with ThreadPoolExecutor(REMOTE_INDEX_THREADS) as pool:
                 results = list(pool.map(partial(_index_or_error, self.source), shards))
         else:
             results = [_index_or_error(self.source, shard) for shard in shards]
-        for (url, _), locations in zip(shards, results):
+        for url, locations in zip((shard.path for shard in shards), results):
             if isinstance(locations, Exception):
                 error = locations
                 if not skip_bad:

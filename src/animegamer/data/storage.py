@@ -14,6 +14,11 @@ digests, the held-out split) goes through :class:`ShardSource`. A local folder s
 - a request that fails in a way that may pass (connection refused or reset, timeout, HTTP 5xx, 408,
   429) is sent again after a back-off, ``data.remote_retries`` times; then :class:`RemoteReadError`
   names the URL and the last failure. A file that is not there (404) is not retried.
+
+A manifest names its shards; :meth:`ShardSource.shards` is the one way from a manifest to shard paths:
+each name must pass :func:`animegamer.data.layout.shard_name_problem` (a plain file name of the folder),
+else :class:`ShardNameError` names the manifest and the entry. A shard read whole (:meth:`Shard.stream`)
+is checked against the sha256 its manifest records.
 """
 from __future__ import annotations
 
@@ -23,12 +28,12 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
-from animegamer.data.layout import MANIFEST
-from animegamer.errors import UserError
+from animegamer.data.layout import MANIFEST, SHARD_NAME_RULE, shard_name_problem
+from animegamer.errors import InvalidInputError, UserError
 from animegamer.utils.http import GenerationError, answer_with_retries
 from animegamer.utils.io import read_json, write_json_atomic
 
@@ -44,6 +49,9 @@ REMOTE_BACKOFF_S = 0.5
 # One tar header with the pax records webdataset writes is 1.5 KiB; 16 KiB also covers a small
 # member (json) and the next header, so a clip sample's headers cost one request.
 HEADER_READAHEAD = 16 * 1024
+# A shard read from its start to its end (webdataset's streaming readers) asks for this much at a time.
+STREAM_READAHEAD = 8 * 1024 * 1024
+DIGEST_CHUNK = 1024 * 1024  # what is left of a shard after its tar end, hashed in reads of this size
 INDEX_CACHE = ("animegamer", "shard-index")  # under $XDG_CACHE_HOME (default ~/.cache)
 INDEX_CACHE_VERSION = 1
 # info() fields that change when an object does (HTTP, S3, GCS, local spellings): a cached index is
@@ -55,6 +63,15 @@ RETRIED_STATUS = (408, 425, 429)  # plus every 5xx
 
 class RemoteReadError(UserError):
     """A shard folder given as a URL could not be read after every retry (the message names the URL)."""
+
+
+class ShardNameError(InvalidInputError):
+    """A manifest names a shard by something other than a plain file name of its folder (the message names
+    the manifest and the entry)."""
+
+
+class ShardDigestError(InvalidInputError):
+    """A shard's bytes differ from the sha256 its manifest records (the message names the shard)."""
 
 
 @dataclass(frozen=True)
@@ -304,21 +321,55 @@ class ShardSource:
             return str(error)
         except (OSError, ValueError) as error:
             return f"{where}: unreadable ({type(error).__name__}: {error})"
-        return None if isinstance(manifest, dict) else f"{where}: not a json object"
+        if not isinstance(manifest, dict):
+            return f"{where}: not a json object"
+        # A manifest without a shard list is no shard folder's; the readers that need one say so.
+        return self.shards_problem(manifest) if "shards" in manifest else None
 
-    def shards(self) -> list[tuple[str, dict]]:
-        """(path, manifest entry) of every shard, in the manifest's order."""
-        return [(self.path(entry["name"]), entry) for entry in self.manifest()["shards"]]
+    def shards(self, manifest: Mapping | None = None) -> list["Shard"]:
+        """Every shard the folder's manifest names (``manifest``: that manifest, already read), in its order.
+
+        Raises :class:`ShardNameError` naming the manifest and the entry where a name is not a plain file
+        name of this folder (:func:`~animegamer.data.layout.shard_name_problem`): nothing a manifest holds
+        reaches a reader as a path elsewhere, a URL or a command."""
+        where = self.path(MANIFEST)
+        manifest = self.manifest() if manifest is None else manifest
+        entries = manifest.get("shards") if isinstance(manifest, Mapping) else None
+        if not isinstance(entries, list):
+            raise InvalidInputError(f"{where}: no list of shards ('shards'); is {self.folder} a shard folder "
+                                    f"written by the pipeline?")
+        shards = []
+        for number, entry in enumerate(entries):
+            name = entry.get("name") if isinstance(entry, Mapping) else None
+            why = "not an object with a 'name'" if name is None else shard_name_problem(name)
+            if why is not None:
+                shown = name if name is not None else entry
+                raise ShardNameError(f"{where}: shards[{number}] {shown!r}: {why}; {SHARD_NAME_RULE}. Refused: "
+                                     f"rewrite the manifest with the pipeline step that made the folder")
+            shards.append(Shard(self, self._shard_path(name), dict(entry)))
+        return shards
+
+    def shards_problem(self, manifest: Mapping) -> str | None:
+        """None when every shard of ``manifest`` (this folder's) is named as :meth:`shards` requires."""
+        try:
+            self.shards(manifest)
+        except InvalidInputError as error:
+            return str(error)
+        return None
+
+    def _shard_path(self, name: str) -> str:
+        """The path of a checked shard name inside this folder (or under this URL prefix)."""
+        return f"{self.folder}/{name}" if self.remote else str(Path(self.folder) / name)
 
     @contextmanager
-    def open(self, path: str) -> Iterator[BinaryIO]:
+    def open(self, path: str, readahead: int = HEADER_READAHEAD) -> Iterator[BinaryIO]:
         """A seekable binary file over one shard (``tarfile.open(fileobj=...)`` reads through it); a remote
-        one reads :data:`HEADER_READAHEAD` bytes per request."""
+        one reads ``readahead`` bytes per request (default :data:`HEADER_READAHEAD`: tar headers)."""
         if not self.remote:
             with open(path, "rb") as f:
                 yield f
             return
-        yield RangeReader(self, path, self.size(path))
+        yield RangeReader(self, path, self.size(path), readahead)
 
     def cached(self, path: str, entry: Mapping, build: Callable[[BinaryIO], Any]) -> Any:
         """``build(file)`` of one shard: for a URL computed once per shard version and kept in the local
@@ -347,13 +398,83 @@ class ShardSource:
         return value
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a folder: its ``path`` (a local path or a URL) and its manifest ``entry`` (name,
+    count, sha256). Made by :meth:`ShardSource.shards`, which checks the name; :meth:`at` wraps a path
+    the caller chose itself (a file it wrote), which no manifest named."""
+
+    source: ShardSource
+    path: str
+    entry: Mapping = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def at(cls, path: str | os.PathLike, settings: RemoteSettings = RemoteSettings()) -> "Shard":
+        path = str(path)
+        folder = path.rsplit("/", 1)[0] if is_url(path) else os.path.dirname(path)
+        return cls(ShardSource(folder, settings), path)
+
+    def __str__(self) -> str:  # messages name the shard's path or URL
+        return self.path
+
+    @property
+    def name(self) -> str:
+        return str(self.entry.get("name") or self.path.rsplit("/", 1)[-1])
+
+    @property
+    def sha256(self) -> str | None:
+        return self.entry.get("sha256")
+
+    @contextmanager
+    def stream(self) -> Iterator[BinaryIO]:
+        """The shard as a file read once from its start to its end (a remote one by requests of
+        :data:`STREAM_READAHEAD` bytes). Where the manifest records a sha256, the bytes are hashed as they
+        are read, and a block that ends normally reads what is left and checks the digest
+        (:class:`ShardDigestError` naming the shard); a block left early (an error, a reader that stopped
+        before the end) checks nothing."""
+        with self.source.open(self.path, STREAM_READAHEAD) as raw:
+            if not self.sha256:
+                yield raw
+                return
+            reader = DigestReader(raw, self.path)
+            yield reader
+            found = reader.hexdigest()
+            if found != self.sha256:
+                raise ShardDigestError(
+                    f"{self.path}: its sha256 is {found}, but {self.source.path(MANIFEST)} records {self.sha256}: the "
+                    f"shard changed or was damaged after the manifest was written (run the pipeline step that "
+                    f"wrote it again)")
+
+
+class DigestReader:
+    """A file read front to back whose bytes are hashed on the way (tar readers read through it)."""
+
+    def __init__(self, raw: BinaryIO, name: str) -> None:
+        self.raw, self.name = raw, name
+        self._hash = hashlib.sha256()
+
+    def __repr__(self) -> str:  # webdataset names the stream in its error messages
+        return f"DigestReader({self.name!r})"
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self._hash.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        """The sha256 of the whole file: what was not read yet is read now."""
+        while self.read(DIGEST_CHUNK):
+            pass
+        return self._hash.hexdigest()
+
+
 class RangeReader:
     """A read-only seekable file over a remote file: each read outside the current window fetches
-    ``max(n, HEADER_READAHEAD)`` bytes from the position (tar headers are read through it, never the
-    members they describe)."""
+    ``max(n, readahead)`` bytes from the position (tar headers are read through it by
+    :data:`HEADER_READAHEAD`, never the members they describe; a whole shard by :data:`STREAM_READAHEAD`)."""
 
-    def __init__(self, source: ShardSource, path: str, size: int) -> None:
-        self.source, self.name, self.size = source, path, size
+    def __init__(self, source: ShardSource, path: str, size: int, readahead: int = HEADER_READAHEAD) -> None:
+        self.source, self.name, self.size, self.readahead = source, path, size, readahead
         self.mode = "rb"
         self._position = 0
         self._window_start, self._window = 0, b""
@@ -389,7 +510,7 @@ class RangeReader:
         if not (self._window_start <= self._position and end <= window_end):
             self._window_start = self._position
             self._window = self.source.read_range(self.name, self._position,
-                                                  min(self.size, max(end, self._position + HEADER_READAHEAD)))
+                                                  min(self.size, max(end, self._position + self.readahead)))
         data = self._window[self._position - self._window_start: end - self._window_start]
         self._position = end
         return data
