@@ -5,7 +5,9 @@ of other films), then :func:`check_run`, in the main process before any work: ev
 holds videos, the caption source exists and parses (every bad line named; its coverage of the input
 films is warned about once, here: records naming no input film, films without a record, overlapping
 records), every step asked for can run, and every step that reads an earlier step's output finds it,
-current. It raises :class:`ConfigError` listing every problem of both, in seconds.
+current. It raises :class:`ConfigError` listing every problem of both, in seconds, the caption import's
+bad lines among them. A run refused for its settings (:func:`animegamer.checks.validate_pipeline_run`)
+names its films' and caption import's problems too (:func:`film_problems`), in the same message.
 
 What a finished output folder holds for training and held-out use is counted by
 :func:`animegamer.preflight.split_counts`, which the training recipes' pre-flight reads.
@@ -18,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.config.validate import ConfigError
+from animegamer.config.validate import CAPTION_STEPS, ConfigError
 from animegamer.utils.io import read_json
 from data_pipeline.fingerprint import file_identity
 from data_pipeline.ingest import find_inputs
@@ -95,15 +97,49 @@ def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
     """The run's caption backend, knowing every film of the run (id -> path); warns once about the
     caption import's coverage of the films. Raises ConfigError when the caption source is unusable."""
     from data_pipeline.captioners.base import build_captioner
-    from data_pipeline.captioners.jsonl import LISTED_BAD_LINES, CaptionFileError, listed
+    from data_pipeline.captioners.jsonl import CaptionFileError
 
     try:
         return build_captioner(cfg.caption, {film_id: path for path, film_id in films.items()})
     except CaptionFileError as error:  # every bad line, one problem each
-        raise ConfigError([f"pipeline.caption ({cfg.caption.backend}): {problem}"
-                           for problem in listed(error.problems, LISTED_BAD_LINES, "bad lines")]) from None
+        raise ConfigError(bad_line_problems(cfg, error.problems)) from None
     except (OSError, ValueError) as error:
         raise ConfigError([f"pipeline.caption ({cfg.caption.backend}): {error}"]) from None
+
+
+def bad_line_problems(cfg: PipelineConfig, bad_lines: list[str]) -> list[str]:
+    """One problem per bad line of the caption import (``file:line: reason``), the rest counted."""
+    from data_pipeline.captioners.jsonl import LISTED_BAD_LINES, listed
+
+    return [f"pipeline.caption ({cfg.caption.backend}): {problem}"
+            for problem in listed(bad_lines, LISTED_BAD_LINES, "bad lines")]
+
+
+def caption_import_problems(cfg: PipelineConfig) -> list[str]:
+    """Every bad line of the user's caption import, read without building the captioner (nothing is
+    warned about the import's coverage): what a run refused for other problems names beside them. Empty
+    for the other backends (no model is loaded, no endpoint asked, for a run already refused), for the
+    toy film's captions (the pipeline writes them) and for a path that does not exist (the settings'
+    check, :func:`animegamer.config.validate.check_pipeline`, names it)."""
+    from data_pipeline.captioners.base import BACKEND_JSONL
+    from data_pipeline.captioners.jsonl import caption_files, read_file_records
+
+    c = cfg.caption
+    if c.backend != BACKEND_JSONL or cfg.toy_film or not c.path or not Path(c.path).exists():
+        return []
+    try:
+        bad_lines = [problem for file in caption_files(c.path) for problem in read_file_records(file)[1]]
+    except OSError as error:
+        return [f"pipeline.caption ({c.backend}): {error}"]
+    return bad_line_problems(cfg, bad_lines)
+
+
+def film_problems(cfg: PipelineConfig, steps) -> list[str]:
+    """The user's films (:func:`input_problems`) and caption import (:func:`caption_import_problems`) when
+    ``steps`` read them; read-only, so a run refused for its settings names these in the same message."""
+    if not set(CAPTION_STEPS) & set(steps):
+        return []
+    return input_problems(cfg) + caption_import_problems(cfg)
 
 
 def step_problems(cfg: PipelineConfig, running: list[str], requested: list[str]) -> list[str]:
@@ -125,11 +161,11 @@ def check_run(cfg: PipelineConfig, running: list[str], requested: list[str], fil
     """Everything that can be known before work; returns the run's captioner (None when no step
     captions). ``running``: the steps that will run; ``requested``: pipeline.steps as given;
     ``early``: the problems :func:`early_problems` found."""
-    needs_films = {"process", "finalize"} & set(running)
+    needs_films = set(CAPTION_STEPS) & set(running)
     problems = list(early)
     if needs_films:
         problems += input_problems(cfg)
     problems += step_problems(cfg, running, requested)
-    if problems:
-        raise ConfigError(problems)
+    if problems:  # the caption import's bad lines too: one refusal names every problem
+        raise ConfigError(problems + (caption_import_problems(cfg) if needs_films else []))
     return build_run_captioner(cfg, films) if needs_films else None

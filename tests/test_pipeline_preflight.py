@@ -1,6 +1,7 @@
 """The pipeline's pre-flight: steps that need no films write no toy film and need no caption file; the
 toy film never replaces real clips (and is recognised in an output folder moved elsewhere); every
-problem is listed at once; a step never reads a derived folder made from older inputs."""
+problem is listed at once (every caption setting's too); a step never reads a derived folder made from
+older inputs."""
 from __future__ import annotations
 
 import json
@@ -35,6 +36,17 @@ def test_only_captioning_steps_need_the_caption_file():
         assert caption_problems(steps) == [], steps
     for steps in ("process", "finalize"):
         assert len(caption_problems(steps)) == 1, steps
+
+
+def test_every_caption_setting_problem_is_named():
+    """A missing caption file does not hide a wrong frame count (one run names both)."""
+    cfg = compose_config("pipeline", ["data=films", "pipeline.inputs=[/films]",
+                                      "pipeline.caption.path=/no/captions.jsonl", "pipeline.caption.num_frames=0"])
+    frames = cfg.pipeline.clips.frames
+    assert [p for p in check_pipeline(cfg.pipeline) if p.startswith("pipeline.caption")] == [
+        "pipeline.caption.path='/no/captions.jsonl': /no/captions.jsonl does not exist (the jsonl backend reads a "
+        "caption file or a folder of them)",
+        f"pipeline.caption.num_frames=0 must be in 1..pipeline.clips.frames={frames}"]
 
 
 def test_toy_film_never_replaces_the_clips_of_real_films(tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,7 +23,7 @@ from animegamer.config.disk_checks import check_shard_shapes, check_weight_folde
 from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline, choice,
                                         local_folder, positive)
 from animegamer.data.layout import MANIFEST
-from animegamer.data.storage import check_remote_settings, data_source
+from animegamer.data.storage import check_remote_settings, data_source, is_url
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS, FA4, check_attention_backends
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
 from animegamer.diffusion.step_cache import check_sampling_cache
@@ -161,8 +161,21 @@ def check_export_sizes(key: str, folder: str, model, parts: tuple[str, ...] | No
 
 
 # --------------------------------------------------------------------------- pipeline
-def validate_pipeline_run(cfg) -> None:
-    """Raise :class:`ConfigError` listing every problem of a pipeline run config."""
+def validate_pipeline_run(cfg, refused: Sequence[str] = ()) -> None:
+    """Raise :class:`ConfigError` listing every problem of a pipeline run config. A run refused (for its
+    settings, or for ``refused``: the problems a recipe found in its other stages) names its films' and
+    caption import's problems in the same message: the pipeline's pre-flight would otherwise tell of them
+    only in the run after these are fixed."""
+    problems = pipeline_problems(cfg)
+    if problems or refused:
+        from data_pipeline.preflight import film_problems  # late: the pipeline's readers, for a refusal only
+
+        problems += film_problems(cfg.pipeline, cfg.pipeline.steps or PIPELINE_STEPS)
+        raise ConfigError(list(dict.fromkeys([*problems, *refused])))
+
+
+def pipeline_problems(cfg) -> list[str]:
+    """Every problem of a pipeline run config's settings and the exports it reads."""
     p = cfg.pipeline
     problems = check_pipeline(p, cfg.model.encoders)
     steps = p.steps or PIPELINE_STEPS
@@ -184,8 +197,7 @@ def validate_pipeline_run(cfg) -> None:
         problems += check_mllm(cfg.model)
         problems += check_tokenizer(cfg.model, [("pipeline.adaptation.export", adaptation)])
         problems += check_export_sizes("pipeline.adaptation.export", adaptation, cfg.model)
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 # --------------------------------------------------------------------------- training
@@ -281,32 +293,48 @@ def check_trainer(cfg) -> list[str]:
     return problems
 
 
-def check_phase(cfg, spec) -> list[str]:
+def check_phase(cfg, spec, data: bool = True) -> list[str]:
     """What the configured phase needs: its own checks (its spec's), the weights, frozen encoders and
-    shards it reads."""
+    shards it reads (``data`` False: not the shards, which a recipe makes after checking its stages)."""
     phase, model = cfg.phase, cfg.model
     problems = check_phase_schema(cfg, spec)
-    if problems:
-        return problems  # the phase's own checks read fields this node does not have
+    if _schema_of(phase) is not spec.config:  # the phase's own checks read fields this node does not have
+        return problems + (data_root_problems(cfg) if data else [])
     for check in spec.checks:
         problems += check(cfg)
     problems += check_weight_folders(model, spec.weights)
-    source = data_source(cfg.data, getattr(cfg.data, spec.sample_key(phase)))  # a folder or a URL
-    missing = source.manifest_problem()
-    if missing is None:
-        problems += check_shard_shapes(source, spec.sample_shapes(cfg))
-    elif source.remote:
-        problems.append(f"data.root={cfg.data.root!r}: {missing}")
-    else:
-        problems.append(f"{missing}; run the pipeline first (python -m data_pipeline ...) or set data.root")
+    if data:
+        problems += sample_shard_problems(cfg, spec)
     frozen = spec.frozen_encoders(cfg)
     problems += check_encoders(model.encoders, frozen) + check_weight_folders(model, frozen)
     return problems
 
 
-def check_training(cfg) -> list[str]:
+def data_root_problems(cfg) -> list[str]:
+    """A local ``data.root`` that does not exist, where the phase's own shards cannot be named (an unknown
+    phase, or the node of another phase): whichever phase is meant, its shards are not there."""
+    root = str(cfg.data.root)
+    if is_url(root) or Path(root).is_dir():
+        return []
+    return [f"data.root={root!r}: no such folder; run the pipeline first (python -m data_pipeline ...) or set "
+            f"data.root"]
+
+
+def sample_shard_problems(cfg, spec) -> list[str]:
+    """The phase's sample shards: there, and of the shapes this config makes."""
+    source = data_source(cfg.data, getattr(cfg.data, spec.sample_key(cfg.phase)))  # a folder or a URL
+    missing = source.manifest_problem()
+    if missing is None:
+        return check_shard_shapes(source, spec.sample_shapes(cfg))
+    if source.remote:
+        return [f"data.root={cfg.data.root!r}: {missing}"]
+    return [f"{missing}; run the pipeline first (python -m data_pipeline ...) or set data.root"]
+
+
+def check_training(cfg, data: bool = True) -> list[str]:
     """Phase, model and data agreement: the phase's own needs, sizes between encoders, encoder and
-    decoder, the trainer, the exports it starts from."""
+    decoder, the trainer, the exports it starts from (``data`` False: not the shards, for a recipe
+    checking a stage before they are made)."""
     from animegamer.training.bad_data import check_bad_sample_budget  # Lightning: training runs only
 
     phase, model = cfg.phase, cfg.model
@@ -315,7 +343,10 @@ def check_training(cfg) -> list[str]:
     problems += check_encoder_config(model.encoder)
     problems += positive("phase", phase, ("max_steps", "lr", "batch_size"))
     spec = PHASES.get(phase.name)
-    problems += choice("phase.name", phase.name, PHASES) if spec is None else check_phase(cfg, spec)
+    if spec is None:
+        problems += choice("phase.name", phase.name, PHASES) + (data_root_problems(cfg) if data else [])
+    else:
+        problems += check_phase(cfg, spec, data)
     problems += check_model_sizes(model)
     problems += check_kernels(model)
     problems += check_trainer(cfg)
@@ -344,20 +375,29 @@ def validate_train_run(cfg) -> None:
 # --------------------------------------------------------------------------- evaluation
 def validate_eval_run(cfg) -> None:
     """Exports, shards and the model sizes an evaluation needs, all checked before anything loads."""
+    problems = check_evaluation(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_evaluation(cfg, made: bool = True) -> list[str]:
+    """Every problem of an evaluation config. ``made`` False: its exports and data are made later (a recipe
+    checking its evaluation before its first stage): only its settings and the files it is given."""
     e = cfg.evaluation
     problems = []
-    for key in ("mllm_export", "renderer_export"):
-        path = getattr(e, key)
-        problems += export_folder_problems(f"evaluation.{key}={path!r}", path, hint="train the phase first")
-    if e.reconstruction_export:
-        problems += export_folder_problems(f"evaluation.reconstruction_export={e.reconstruction_export!r}",
-                                           e.reconstruction_export, "not a phase (a) export folder")
+    if made:
+        for key in ("mllm_export", "renderer_export"):
+            path = getattr(e, key)
+            problems += export_folder_problems(f"evaluation.{key}={path!r}", path, hint="train the phase first")
+        if e.reconstruction_export:
+            problems += export_folder_problems(f"evaluation.reconstruction_export={e.reconstruction_export!r}",
+                                               e.reconstruction_export, "not a phase (a) export folder")
     if e.benchmark:
         from animegamer.evaluation import benchmark_file_problems  # late: evaluation loads the data readers
 
         problems += benchmark_file_problems(e.benchmark)  # its game ids become folders under evaluation.out
     root = Path(cfg.data.root)
-    for folder in (cfg.data.clips, cfg.data.sessions):
+    for folder in (cfg.data.clips, cfg.data.sessions) if made else ():
         if not (root / folder / MANIFEST).exists():
             problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
     if e.games <= 0 or e.turns <= 0:
@@ -369,6 +409,8 @@ def validate_eval_run(cfg) -> None:
     problems += check_cfg_parallel(cfg.model.decoder) + check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
     problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
     problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
+    if not made:
+        return problems
     for key, role in (("mllm_export", "mllm"), ("renderer_export", "renderer"), ("reconstruction_export", "renderer")):
         role_problems = check_export_role(f"evaluation.{key}", getattr(e, key), role)
         problems += role_problems or check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
@@ -378,8 +420,7 @@ def validate_eval_run(cfg) -> None:
     from animegamer.evaluation import untrained_game_problems  # late: evaluation loads the data readers
 
     problems += untrained_game_problems(cfg)
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 def check_evaluated_exports(cfg, keys: tuple[str, ...]) -> list[str]:

@@ -4,9 +4,11 @@ The quick start and fine-tuning on a new film are two parameterisations of it, a
 (:mod:`animegamer.ablations`) runs its phase (a) stages; every stage is the same code path as its own
 command.
 
-After the pipeline and before the first training step, :func:`animegamer.preflight.check_recipe`
-checks that the data allows every stage (captioned clips, training sessions, held-out shots), so a run
-that cannot finish fails in seconds with what to change.
+Before any stage, :func:`check_stages` checks every stage's settings, the export it starts from and the
+pipeline's inputs and caption import, and refuses with all their problems at once. After the pipeline
+and before the first training step, :func:`animegamer.preflight.check_recipe` checks that the data
+allows every stage (captioned clips, training sessions, held-out shots), so a run that cannot finish
+fails in seconds with what to change.
 
 With ``Recipe.vae`` set, the pipeline stops after its clip steps, the preset's frozen VAE is trained on
 the training clips (:func:`animegamer.toy_vae.ensure_trained`, reused when already trained from the same
@@ -124,15 +126,49 @@ def evaluation_config(overrides: list[str]):
     return compose_config("evaluate", overrides)
 
 
-def check_start_clip_size(phase_a, start: str) -> None:
+def start_clip_size_problems(phase_a, start: str) -> list[str]:
     """Training from an earlier export continues at the clip size it was trained at."""
     from animegamer.config.trained_data import clip_size_of, trained_clip_size
-    from animegamer.config.validate import ConfigError
 
     trained, configured = trained_clip_size(start), clip_size_of(phase_a.pipeline.clips)
     if trained is not None and trained != configured:
-        raise ConfigError([f"{start} was trained on clips of {trained}, but this run cuts {configured}: "
-                           f"leave pipeline.clips at the trained size ({' '.join(trained.overrides())})"])
+        return [f"{start} was trained on clips of {trained}, but this run cuts {configured}: "
+                f"leave pipeline.clips at the trained size ({' '.join(trained.overrides())})"]
+    return []
+
+
+def check_stages(recipe: Recipe, first_steps: str) -> None:
+    """The recipe's pre-flight before its first stage, every problem in one :class:`ConfigError`: the clip
+    size ``start_a`` was trained at, each training stage's and the evaluation's settings (a problem of
+    several stages named once, with them), the first pipeline call's (``first_steps``) settings and,
+    where anything is refused, its films and caption import. What a stage reads from the pipeline's
+    output or from an earlier stage's export is made later: the pipeline's own pre-flight,
+    :func:`animegamer.preflight.check_recipe` and each stage's validation check it in its turn."""
+    from animegamer.checks import check_evaluation, check_training, validate_pipeline_run
+
+    extra = recipe.extra
+    # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
+    # starts), left out where an earlier stage trains it.
+    made_later = "phase.init_from=''"
+    start_b = [f"phase.init_from={recipe.start_b}"] if recipe.start_b else []
+    joint = compose_config("train", [*recipe.phase_a, "phase=a_joint",
+                                     f"phase.init_from={recipe.start_a}" if recipe.start_a else made_later, *extra])
+    stages = [joint, compose_config("train", [*recipe.phase_b, *start_b, *extra]),
+              compose_config("train", [*recipe.phase_c, made_later, *extra])]
+    if not recipe.start_a:
+        stages.insert(0, compose_config("train", [*recipe.phase_a, "phase=a_warmup", *extra]))
+    if recipe.decoder_base is not None:
+        stages.insert(0, compose_config("train", [*recipe.decoder_base, *extra, *BASE_OVERRIDES]))
+    found: dict[str, list[str]] = {}  # a problem -> the stages that have it (a setting they share: all)
+    for stage in stages:
+        for problem in check_training(stage, data=False):
+            found.setdefault(problem, []).append(str(stage.phase.name))
+    problems = start_clip_size_problems(joint, recipe.start_a) if recipe.start_a else []
+    problems += [f"phase {', '.join(names)}: {problem}" for problem, names in found.items()]
+    if recipe.evaluation:
+        evaluated = evaluation_config([*recipe.evaluation, *extra])
+        problems += [f"evaluation: {problem}" for problem in check_evaluation(evaluated, made=False)]
+    validate_pipeline_run(compose_config("pipeline", [*recipe.pipeline, first_steps, *extra]), problems)
 
 
 def say_if_nothing_played(metrics: dict) -> bool:
@@ -310,6 +346,8 @@ def validation_result(result: dict, key: str, composed, counts, sessions: bool =
 def run_recipe(recipe: Recipe) -> dict:
     from animegamer.preflight import check_recipe
 
+    first_steps = f"pipeline.steps=[{','.join(first_pipeline_steps([*recipe.pipeline, *recipe.extra]))}]"
+    check_stages(recipe, first_steps)
     vae_record = None
     if recipe.vae is not None:
         vae_record = train_vae_stage(recipe)
@@ -319,10 +357,7 @@ def run_recipe(recipe: Recipe) -> dict:
     pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *extra])
     train = lambda stage, *o: train_stage([*stage, *o, *extra], new_folder)
     start_a = recipe.start_a
-    if start_a:
-        check_start_clip_size(compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra]), start_a)
-
-    clips = pipe(f"pipeline.steps=[{','.join(first_pipeline_steps([*recipe.pipeline, *extra]))}]")
+    clips = pipe(first_steps)
     phase_a = compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra])
     phase_b = compose_config("train", [*recipe.phase_b, *extra])
     evaluated = evaluation_config([*recipe.evaluation, *extra]) if recipe.evaluation else None

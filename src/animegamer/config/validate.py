@@ -136,19 +136,22 @@ def _check_toy_film(p: PipelineConfig) -> list[str]:
 
 
 def _check_caption(p: PipelineConfig) -> list[str]:
+    """The backend's source (one per backend) and the frames it is shown, each reported."""
     c = p.caption
+    problems = []
     if c.backend == "jsonl" and not p.toy_film and not c.path:
-        return [f"pipeline.caption.path={c.path!r}: the jsonl backend needs a caption file or folder"]
-    if c.backend == "jsonl" and not p.toy_film and not Path(c.path).exists():
-        return [f"pipeline.caption.path={c.path!r}: {c.path} does not exist (the jsonl backend reads a caption "
-                f"file or a folder of them)"]
+        problems.append(f"pipeline.caption.path={c.path!r}: the jsonl backend needs a caption file or folder")
+    elif c.backend == "jsonl" and not p.toy_film and not Path(c.path).exists():
+        problems.append(f"pipeline.caption.path={c.path!r}: {c.path} does not exist (the jsonl backend reads a "
+                        f"caption file or a folder of them)")
     if c.backend == "vlm" and not Path(c.model_path or "/nonexistent").is_dir():
-        return [f"pipeline.caption.model_path={c.model_path!r}: the vlm backend needs a local model folder"]
+        problems.append(f"pipeline.caption.model_path={c.model_path!r}: the vlm backend needs a local model folder")
     if c.backend == "http" and not c.url.startswith(("http://", "https://")):
-        return [f"pipeline.caption.url={redact(c.url)!r}: the http backend needs an http(s) URL"]
+        problems.append(f"pipeline.caption.url={redact(c.url)!r}: the http backend needs an http(s) URL")
     if c.num_frames <= 0 or c.num_frames > p.clips.frames:
-        return [f"pipeline.caption.num_frames={c.num_frames} must be in 1..pipeline.clips.frames={p.clips.frames}"]
-    return []
+        problems.append(f"pipeline.caption.num_frames={c.num_frames} must be in 1..pipeline.clips.frames="
+                        f"{p.clips.frames}")
+    return problems
 
 
 PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representations", "session_shards",
