@@ -8,17 +8,25 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from animegamer.config.compose import config_dir
-from animegamer.config.schema import register_configs
+from animegamer.config.compose import config_dir, run_command
 from animegamer.errors import exit_on_user_error
-from animegamer.training.runner import run
+
+
+def run(cfg: DictConfig) -> dict:
+    from animegamer.training.runner import run as train  # Lightning: imported once the command line is checked
+
+    return train(cfg)
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
+    """Hydra's options (--multirun, --cfg job, --help) and hydra.* settings; run_command checked the overrides."""
     exit_on_user_error(run)(cfg)  # a configuration problem: its message and exit code 2, no traceback
 
 
+def main() -> None:
+    run_command("train", run, hydra_main)
+
+
 if __name__ == "__main__":
-    register_configs()
     main()

@@ -7,8 +7,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.checks import validate_pipeline_run
-from animegamer.config.compose import config_dir
-from animegamer.config.schema import register_configs
+from animegamer.config.compose import config_dir, run_command
 from animegamer.errors import exit_on_user_error
 from animegamer.utils.http import redact
 from animegamer.utils.logging import setup_logging
@@ -28,9 +27,9 @@ def run(cfg: DictConfig) -> dict:
     return report
 
 
-@hydra.main(config_path=str(config_dir()), config_name="pipeline", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    report = exit_on_user_error(run)(cfg)  # a configuration problem or a wrong path: its message, exit code 2
+def run_and_report(cfg: DictConfig) -> dict:
+    """:func:`run`, then where each step's output is."""
+    report = run(cfg)
     if "counts" in report:
         counts = report["counts"]
         log.info("clip shards: %s (%s clips, %s inputs skipped)", report["output"], counts["clips"],
@@ -39,11 +38,17 @@ def _hydra_main(cfg: DictConfig) -> None:
     for step in ("features", "sessions", "representations", "session_shards", "adaptation"):
         if step in report:
             log.info("%s: %s", step, report[step]["output"])
+    return report
+
+
+@hydra.main(config_path=str(config_dir()), config_name="pipeline", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    """Hydra's options (--cfg job, --help) and hydra.* settings; run_command checked the overrides."""
+    exit_on_user_error(run_and_report)(cfg)  # a configuration problem or a wrong path: its message, exit code 2
 
 
 def main() -> None:
-    register_configs()
-    _hydra_main()
+    run_command("pipeline", run_and_report, _hydra_main)
 
 
 if __name__ == "__main__":

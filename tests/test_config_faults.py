@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 
 from animegamer.checks import validate_eval_run, validate_pipeline_run, validate_train_run
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import OverrideError, compose_config
 from animegamer.config.validate import ConfigError
 
 OFFICIAL_TOKENIZER = SHARED / "reference" / "animegamer_tokenizer"
@@ -355,10 +355,18 @@ def test_networks_are_built_where_the_strategy_wants_them(data_root, overrides, 
 
 # --------------------------------------------------------------------------- the phase node
 def test_a_setting_appended_to_another_phase_is_refused(data_root):
-    """``+phase.pack_tokens`` gets past the schema (Hydra appends it) but would be dropped unread."""
-    text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "+phase.pack_tokens=1024"))
-    assert text.startswith("phase.pack_tokens is not a setting of phase a_joint (PhaseAConfig has name, ")
+    """``+phase.pack_tokens`` (Hydra appends any key given with +) is refused at composition, naming phase (a)'s
+    own keys; a config built otherwise with the key is still refused by the validation (it would be dropped unread)."""
+    with pytest.raises(OverrideError) as caught:
+        train_cfg(data_root, "a_joint", "+phase.pack_tokens=1024")
+    text = str(caught.value)
+    assert text.startswith("+phase.pack_tokens=1024: phase (PhaseAConfig) has no key 'pack_tokens'; its keys: name, ")
     assert "text_dropout" in text and "pad_to_multiple" not in text
+    cfg = train_cfg(data_root, "a_joint")
+    with open_dict(cfg):
+        OmegaConf.update(cfg, "phase.pack_tokens", 1024, force_add=True)
+    text = only_problem(validate_train_run, cfg)
+    assert text.startswith("phase.pack_tokens is not a setting of phase a_joint (PhaseAConfig has name, ")
 
 
 def test_renaming_the_phase_does_not_change_its_schema(data_root):

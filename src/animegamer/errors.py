@@ -8,10 +8,14 @@ other exception keeps its traceback, because it is a bug to report.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Callable, TypeVar
 
 USER_ERROR_EXIT_CODE = 2  # what argparse uses for a wrong command line
+# Set by torchrun and Lightning for each process of a node. Every process of a distributed run checks the same
+# config and refuses it alike, so the node's first one says why and the others only exit with the code.
+LOCAL_RANK_ENV = "LOCAL_RANK"
 
 T = TypeVar("T")
 
@@ -50,7 +54,8 @@ def is_user_error(error: BaseException) -> bool:
 
 
 def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:
-    """Run an entry point; a user error becomes ``error: <message>`` on stderr and exit code 2."""
+    """Run an entry point; a user error becomes ``error: <message>`` on stderr (once per node under a distributed
+    launch) and exit code 2."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -59,8 +64,9 @@ def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:
         except Exception as error:  # noqa: BLE001 - only user errors are caught, the rest re-raised as is
             if not is_user_error(error):
                 raise
-            sys.stderr.write(f"error: {error}\n")
-            sys.stderr.flush()
+            if os.environ.get(LOCAL_RANK_ENV, "0") in ("", "0"):
+                sys.stderr.write(f"error: {error}\n")
+                sys.stderr.flush()
             raise SystemExit(USER_ERROR_EXIT_CODE) from None
 
     return wrapper

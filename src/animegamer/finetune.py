@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
     options = [o for o in overrides if o.startswith("-")]  # the rest are Hydra overrides (key=value)
     if options:
         parser.error(f"unrecognized arguments: {' '.join(options)}")
+    from animegamer.config.compose import compose_config
+
+    compose_config("pipeline", overrides)  # every stage takes them: an unknown key or value refused before any work
     setup_logging("INFO")
     model = preset_for(args.model, args.start)
     plan = schedules(args.start, model, args.official_mllm, args.steps)

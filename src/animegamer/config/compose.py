@@ -1,16 +1,40 @@
-"""Compose the project's Hydra configs outside of ``@hydra.main`` (tests, notebooks, tools)."""
+"""Compose the project's Hydra configs: the one place every command, test and tool composes its config.
+
+:func:`compose_config` refuses what the typed schema (``config/schema.py``) does not know, whether an
+override sets it (``phase.max_step=10``) or adds it (``+phase.max_step=10``: Hydra adds any key given
+with ``+``), with one message naming the key and the closest known one. :func:`run_command` is the
+body of ``train.py``, ``evaluate.py`` and ``python -m data_pipeline``: it composes the command line's
+config here, so a refusal is one message and exit code 2, before anything is written.
+"""
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from hydra.core.config_store import ConfigStore
+from hydra.core.object_type import ObjectType
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from animegamer.config.schema import register_configs
+from animegamer.errors import UserError, exit_on_user_error
 
 CONFIG_DIR_ENV = "ANIMEGAMER_CONFIG_DIR"
+HYDRA_NODE = "hydra"  # Hydra's own settings (hydra.run.dir, hydra/launcher=...): applied by @hydra.main only
+ADDED = ("++", "+")  # prefixes of an override that adds its key (Hydra accepts any key given so)
+DELETED = "~"
+T = TypeVar("T")
+
+
+class OverrideError(UserError):
+    """An override or a config file names a key, a group's option or a value that the schema refuses."""
 
 
 def config_dir() -> Path:
@@ -19,7 +43,180 @@ def config_dir() -> Path:
     return Path(override) if override else Path(__file__).resolve().parents[3] / "configs"
 
 
-def compose_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
+@contextmanager
+def _initialized() -> Iterator[None]:
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return compose(config_name=name, overrides=list(overrides))
+        yield
+
+
+def compose_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """The root config ``name`` (``configs/<name>.yaml``) with ``overrides``; :class:`OverrideError` names
+    an unknown key (added with ``+`` too), group option or wrong value, and the closest known one."""
+    overrides = list(overrides)
+    with _initialized():
+        try:
+            cfg = compose(config_name=name, overrides=overrides)
+        except HydraException as error:
+            raise OverrideError(describe_refusal(error, overrides)) from error
+    unknown = list(unknown_keys(cfg))
+    if unknown:
+        raise OverrideError("\n".join(no_such_key(_override_of(key, overrides), key, schema)
+                                      for key, schema in unknown))
+    return cfg
+
+
+# --------------------------------------------------------------------------- what is refused, in words
+def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, type]]:
+    """(full key, schema of its parent) of every key under ``node`` that its typed schema has no field for.
+    A node typed as a dict (a free-form field) takes any key."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    fields = {f.name for f in dataclasses.fields(schema)}
+    for key, value in node.items_ex(resolve=False):
+        full_key = f"{prefix}{key}"
+        if key not in fields:
+            yield full_key, schema
+        elif isinstance(value, DictConfig):
+            yield from unknown_keys(value, f"{full_key}.")
+
+
+def no_such_key(override: str, full_key: str, schema: type) -> str:
+    """``override``'s refusal: the node of ``full_key`` (typed ``schema``) has no such key; the closest one, or
+    the node's keys when none is close."""
+    parent, _, key = full_key.rpartition(".")
+    known = [f.name for f in dataclasses.fields(schema)]
+    if not parent:  # at the root a group's name is a key too (experiment=NAME)
+        known += [g for g in config_groups() if g not in known]
+    where = parent or "the config"
+    match = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {_join(parent, match[0])}?" if match else f"its keys: {', '.join(known)}"
+    return f"{override}: {where} ({schema.__name__}) has no key '{key}'; {hint}"
+
+
+def describe_refusal(error: HydraException, overrides: Sequence[str]) -> str:
+    """One message for Hydra's refusal of an override: the key, group or value, and what it may be."""
+    cause = error.__cause__
+    if isinstance(error, OverrideParseException):
+        return f"{error.override}: {error}"
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file and "/" in error.missing_cfg_file:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return no_such_option(group, option, error.options or [])
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        full_key, schema = str(cause.full_key), cause.object_type
+        override = _override_of(full_key, overrides)
+        if dataclasses.is_dataclass(schema) and cause.key not in {f.name for f in dataclasses.fields(schema)}:
+            return no_such_key(override, full_key, schema)
+        said = _first_line(cause)
+        if isinstance(cause, ValidationError) and dataclasses.is_dataclass(schema):
+            kinds = {f.name: f.type for f in dataclasses.fields(schema)}
+            if cause.key in kinds:
+                said += f" ({full_key}: {kinds[cause.key]})"
+        return f"{override}: {said}"
+    message = _first_line(error) if isinstance(cause, OmegaConfBaseException) else str(error)
+    return f"{message}: {_first_line(cause)}" if cause is not None else message
+
+
+def no_such_option(group: str, option: str, options: Sequence[str]) -> str:
+    """``group=option`` refused: the closest option and every option (the schemas registered in the group
+    for the config files to build on are left out: they are no choice)."""
+    store = ConfigStore.instance()
+    stored = {Path(name).stem for name in store.list(group)} if store.get_type(group) is ObjectType.GROUP else set()
+    choices = [o for o in options if o not in stored]
+    match = difflib.get_close_matches(option, choices, n=1)
+    hint = f"did you mean {group}={match[0]}? " if match else ""
+    return f"{group}={option}: the group {group} has no option '{option}'; {hint}options: {', '.join(choices)}"
+
+
+def config_groups() -> list[str]:
+    """The config groups of ``configs/`` (``trainer``, ``experiment``, ...), Hydra's own left out."""
+    return sorted(p.name for p in config_dir().iterdir() if p.is_dir() and p.name != HYDRA_NODE)
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _key_of(override: str) -> str:
+    """``phase.lr`` of ``+phase.lr=1``, ``~phase.lr`` or ``phase.lr=[1,2]``."""
+    bare = override.lstrip(DELETED)
+    for prefix in ADDED:
+        if bare.startswith(prefix):
+            bare = bare[len(prefix):]
+            break
+    return bare.split("=", 1)[0].strip()
+
+
+def _override_of(full_key: str, overrides: Sequence[str]) -> str:
+    """The override that set ``full_key`` (or a key under it, or the node above it), else the key itself (a
+    config file set it)."""
+    bare = full_key.split("[", 1)[0]
+    for override in reversed(overrides):
+        key = _key_of(override)
+        if key == bare or bare.startswith(f"{key}.") or key.startswith(f"{bare}."):
+            return override
+    return full_key
+
+
+# --------------------------------------------------------------------------- the commands
+def _hydra_flag(args) -> bool:
+    """A Hydra option that changes what runs (--help, --cfg, --info, --multirun, ...): @hydra.main runs it."""
+    return bool(args.help or args.hydra_help or args.cfg or args.info or args.package or args.multirun
+                or args.shell_completion or args.experimental_rerun or args.config_path or args.config_name
+                or args.config_dir)
+
+
+def _sets_hydra(overrides: Sequence[str]) -> bool:
+    return any(_key_of(o).split(".", 1)[0].split("/", 1)[0] == HYDRA_NODE for o in overrides)
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """Each job's overrides of a ``--multirun`` command line, as Hydra's basic sweeper splits them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the sweeper the configs use
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    with _initialized():
+        try:
+            parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(
+                list(overrides))
+            return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+        except HydraException as error:
+            raise OverrideError(describe_refusal(error, overrides)) from error
+
+
+def run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: Callable[[], None],
+                argv: Sequence[str] | None = None) -> T | None:
+    """The body of a command over the root config ``config_name``: the command line's config composed
+    by :func:`compose_config` and handed to ``task``. A refused key, group or value (every job of a
+    ``--multirun`` sweep checked), or a refusal of ``task``'s own checks, is one message and exit code 2,
+    before anything is written. Hydra's own options (``--help``, ``--cfg job``, ``--multirun``, ...) and
+    overrides of Hydra's settings (``hydra.*``) then go to ``hydra_main`` (the command's ``@hydra.main``),
+    which reads ``sys.argv``."""
+    return exit_on_user_error(_run_command)(config_name, task, hydra_main,
+                                            sys.argv[1:] if argv is None else list(argv))
+
+
+def _run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: Callable[[], None],
+                 argv: list[str]) -> T | None:
+    from hydra._internal.utils import get_args_parser  # @hydra.main's own command line
+
+    register_configs()  # the schemas, for Hydra's composition too
+    args = get_args_parser().parse_args(argv)
+    if args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion:
+        return hydra_main()  # another config root or search path: Hydra's to compose
+    overrides = list(args.overrides)
+    hydra_settings = _sets_hydra(overrides)
+    if args.multirun:  # each job checked (another sweeper's syntax, set in hydra/sweeper=, is Hydra's to read)
+        jobs = [] if hydra_settings else sweep_jobs(overrides)
+    else:
+        jobs = [overrides]
+    composed = [compose_config(config_name, job) for job in jobs]
+    if _hydra_flag(args) or hydra_settings:
+        return hydra_main()
+    return task(composed[0])

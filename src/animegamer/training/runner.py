@@ -207,5 +207,5 @@ def run(cfg: DictConfig) -> dict:
 
     setup_logging(cfg.log_level)
     cfg.output_dir = job_output_dir(cfg.output_dir)  # a --multirun job trains into its own sub-folder
-    validate_train_run(cfg)
+    validate_train_run(cfg, machine=True)
     return train(OmegaConf.to_object(cfg), cfg)
