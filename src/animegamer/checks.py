@@ -365,9 +365,12 @@ def check_training(cfg, data: bool = True) -> list[str]:
     return problems
 
 
-def validate_train_run(cfg) -> None:
-    """Raise :class:`ConfigError` listing every problem of a training run config."""
-    problems = check_training(cfg)
+def validate_train_run(cfg, machine: bool = False) -> None:
+    """Raise :class:`ConfigError` listing every problem of a training run config (``machine``: and what this
+    machine lacks for it, a GPU; ``train.py`` asks, a config checked elsewhere is not refused for it)."""
+    from animegamer.config.validate import check_gpu_available
+
+    problems = check_training(cfg) + (check_gpu_available(cfg.trainer) if machine else [])
     if problems:
         raise ConfigError(problems)
 

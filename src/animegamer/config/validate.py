@@ -158,3 +158,25 @@ PIPELINE_STEPS = ("process", "finalize", "precompute", "sessions", "representati
                   "adaptation")
 # Steps that read the films and the caption source (finalize: its version is part of each task's fingerprint).
 CAPTION_STEPS = ("process", "finalize")
+
+
+# Lightning's accelerators that need CUDA. Several CPU processes train with the cpu preset and DDP instead.
+GPU_ACCELERATORS = ("gpu", "cuda")
+LOCAL_PROCESSES_ENV = "LOCAL_WORLD_SIZE"  # processes per node, set by torchrun
+CPU_PROCESSES = 2  # processes per node suggested where the config asks for every visible GPU (devices=-1)
+
+
+def check_gpu_available(trainer) -> list[str]:
+    """A GPU accelerator where torch sees no CUDA device: refused before the run folder is written (Lightning
+    stops only once the trainer starts), naming the CPU settings of the same layout."""
+    import os
+
+    import torch
+
+    if str(trainer.accelerator).lower() not in GPU_ACCELERATORS or torch.cuda.is_available():
+        return []
+    per_node = os.environ.get(LOCAL_PROCESSES_ENV) or (trainer.devices if trainer.devices > 0 else CPU_PROCESSES)
+    cpu = f"trainer=cpu trainer.strategy=ddp trainer.devices={per_node} trainer.num_nodes={trainer.num_nodes}"
+    return [f"trainer.accelerator={trainer.accelerator!r} needs a CUDA GPU, and torch sees none on this machine: "
+            f"train on the CPU with trainer=cpu, or in several CPU processes with {cpu} (trainer.devices "
+            f"processes on each of trainer.num_nodes machines; under torchrun, --nproc_per_node and --nnodes)"]
