@@ -190,16 +190,15 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
             raise OverrideError(describe_refusal(error, overrides)) from error
 
 
-def run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: Callable[[], None],
-                argv: Sequence[str] | None = None) -> T | None:
-    """The body of a command over the root config ``config_name``: the command line's config composed
-    by :func:`compose_config` and handed to ``task``. A refused key, group or value (every job of a
-    ``--multirun`` sweep checked), or a refusal of ``task``'s own checks, is one message and exit code 2,
-    before anything is written. Hydra's own options (``--help``, ``--cfg job``, ``--multirun``, ...) and
-    overrides of Hydra's settings (``hydra.*``) then go to ``hydra_main`` (the command's ``@hydra.main``),
-    which reads ``sys.argv``."""
-    return exit_on_user_error(_run_command)(config_name, task, hydra_main,
-                                            sys.argv[1:] if argv is None else list(argv))
+def run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: Callable[[], None]) -> T | None:
+    """The body of a command over the root config ``config_name``: the config of the command line
+    (``sys.argv``) composed by :func:`compose_config` and handed to ``task``. A refused key, group or value
+    (every job of a ``--multirun`` sweep checked), or a refusal of ``task``'s own checks, is one message
+    and exit code 2, before anything is written. Hydra's own options (``--help``, ``--cfg job``,
+    ``--multirun``, ...) and overrides of Hydra's settings (``hydra.*``) go on to ``hydra_main`` (the
+    command's ``@hydra.main``) once checked; under ``--multirun`` Hydra writes its sweep folder before
+    each job's own checks."""
+    return exit_on_user_error(_run_command)(config_name, task, hydra_main, sys.argv[1:])
 
 
 def _run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: Callable[[], None],
