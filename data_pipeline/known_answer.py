@@ -1,6 +1,7 @@
 """The known-answer data set: several toy films through the real pipeline, with what is true about them.
 
-    python -m data_pipeline.known_answer OUT [--size ci|gpu] [--clips-only] [--vae FOLDER] [override ...]
+    python -m data_pipeline.known_answer OUT [--size ci|gpu] [--words level|shared] [--clips-only] [--vae FOLDER]
+        [override ...]
 
 Each film is :func:`data_pipeline.toyfilm.make_toy_film` with its own seed and variant (film ``i``:
 seed ``FIRST_SEED + i``, variant ``i``), so the films differ in cast (every group of three of the six
@@ -12,6 +13,12 @@ measured motion levels, captions imported from the generators' JSONL, precompute
 
 ``--clips-only`` stops after the clip shards (what ``python -m animegamer.toy_vae`` trains the frozen
 VAE on); ``--vae FOLDER`` then precomputes the latents with that VAE. Running again reuses what is done.
+
+``--words`` says how a shot's caption names its motion: ``level`` (the default) gives each speed level its
+own verb and adverb (``toyfilm.LEVEL_VOCABULARY``), so the text tells the speed; ``shared`` draws every
+shot's pair from the same pairs whatever its speed (:func:`shared_words`), so only the motion scope (the
+clip's measured flow) tells it. The pictures and every state are the same either way: the stamina state
+still follows the speed, which the ``shared`` text no longer names.
 
 ``OUT/known_answer.json`` holds the measurements: clips and detected shots per film, the measured
 motion level against the generator's speed level (agreement and confusion), captions and their
@@ -32,9 +39,12 @@ from typing import Any, Sequence
 
 from data_pipeline.toyfilm import (
     CHARACTER_JOINER,
+    LEVEL_VOCABULARY,
+    NUM_LEVELS,
     SETTINGS,
     TIRING_LEVEL,
     ToyFilm,
+    _write_captions,
     make_toy_film,
 )
 
@@ -91,15 +101,67 @@ def film_specs(count: int) -> list[FilmSpec]:
     return [FilmSpec(f"ka{i:02d}", FIRST_SEED + i, i) for i in range(count)]
 
 
+# --------------------------------------------------------------------------- caption words
+LEVEL_WORDS = "level"
+SHARED_WORDS = "shared"
+# What each choice of words means (the command lines' help, the benchmark's table).
+CAPTION_WORDS_MEANING = {
+    LEVEL_WORDS: "each speed level its own action words (the text tells the speed)",
+    SHARED_WORDS: "the same action words at every speed level, drawn apart from the speed (only the motion scope "
+                  "tells it)",
+}
+CAPTION_WORDS = tuple(CAPTION_WORDS_MEANING)
+TRUTH_WORDS_KEY = "caption_words"  # where a film's truth file records which words its captions use
+# Mixed into a film's seed for the shared words' draw, so that draw leaves the film's own randomness alone.
+_SHARED_WORDS_STREAM = 1
+
+
+def check_words(words: str) -> None:
+    if words not in CAPTION_WORDS:
+        raise ValueError(f"unknown caption words {words!r}; choose from {list(CAPTION_WORDS)}")
+
+
+def shared_words(seed: int, variant: int, shots: int) -> list[tuple[str, str]]:
+    """Each shot's (motion, adverb) in the ``shared`` captions of the film drawn with ``seed`` and
+    ``variant``: every pair of ``LEVEL_VOCABULARY`` equally often (as every level is), in an order drawn
+    from the seed and variant alone, never from the shots' levels, so that over films every pair meets
+    every speed and the words say nothing about it."""
+    import numpy as np
+
+    pairs = [LEVEL_VOCABULARY[i % NUM_LEVELS] for i in range(shots)]
+    order = np.random.default_rng([seed, variant, _SHARED_WORDS_STREAM]).permutation(shots)
+    return [pairs[int(i)] for i in order]
+
+
+def with_words(film: ToyFilm, words: str) -> ToyFilm:
+    """``film`` with its captions naming the motion by ``words`` (:data:`CAPTION_WORDS`); the captions and
+    truth files are rewritten when they named it otherwise (the video is the same either way)."""
+    check_words(words)
+    wanted = (shared_words(film.seed, film.variant, len(film.shots)) if words == SHARED_WORDS
+              else [LEVEL_VOCABULARY[shot.level - 1] for shot in film.shots])
+    shots = tuple(replace(shot, caption=replace(shot.caption, motion=motion, adverb=adverb))
+                  for shot, (motion, adverb) in zip(film.shots, wanted))
+    recorded = json.loads(film.truth_path.read_text(encoding="utf-8")).get(TRUTH_WORDS_KEY, LEVEL_WORDS)
+    if shots == film.shots and recorded == words:
+        return film
+    film = replace(film, shots=shots)
+    _write_captions(film.captions_path, film.captions)
+    truth = {**film.to_json(), TRUTH_WORDS_KEY: words}
+    film.truth_path.write_text(json.dumps(truth, indent=2) + "\n", encoding="utf-8")
+    return film
+
+
 # --------------------------------------------------------------------------- films
 def _draw(folder: Path, spec: FilmSpec, size: DataSize) -> ToyFilm:
     return make_toy_film(folder, film_id=spec.film_id, seed=spec.seed, variant=spec.variant,
                          width=size.film_width, height=size.film_height, pan_direction=PAN_DIRECTION)
 
 
-def make_films(folder: Path, size: DataSize, workers: int = 1) -> list[ToyFilm]:
-    """Draw the size's films into ``folder`` (``workers`` processes at once); a film whose truth file says
-    it was drawn with the same arguments is reused."""
+def make_films(folder: Path, size: DataSize, workers: int = 1, words: str = LEVEL_WORDS) -> list[ToyFilm]:
+    """Draw the size's films into ``folder`` (``workers`` processes at once), their captions naming the
+    motion by ``words`` (:func:`with_words`); a film whose truth file says it was drawn with the same
+    arguments is reused."""
+    check_words(words)  # before any film is drawn
     from concurrent.futures import ProcessPoolExecutor
 
     films: dict[str, ToyFilm] = {}
@@ -120,7 +182,7 @@ def make_films(folder: Path, size: DataSize, workers: int = 1) -> list[ToyFilm]:
     else:
         drawn = [_draw(folder, spec, size) for spec in missing]
     films.update({film.film_id: film for film in drawn})
-    return [films[spec.film_id] for spec in film_specs(size.films)]
+    return [with_words(films[spec.film_id], words) for spec in film_specs(size.films)]
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -261,9 +323,10 @@ def measure(out: Path, films: Sequence[ToyFilm], val_fraction: float) -> dict[st
 
 # --------------------------------------------------------------------------- all of it
 def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str | None = None,
-          workers: int | None = None, overrides: Sequence[str] = (), films: int | None = None) -> dict[str, Any]:
+          workers: int | None = None, overrides: Sequence[str] = (), films: int | None = None,
+          words: str = LEVEL_WORDS) -> dict[str, Any]:
     """Films, pipeline, measurements; returns (and writes) the measurements. ``films`` replaces the
-    size's number of films."""
+    size's number of films; ``words``: how the captions name the motion (:data:`CAPTION_WORDS`)."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
     data_size = SIZES[size]
@@ -274,7 +337,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
     out = Path(out)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    toy_films = make_films(out / FILMS_DIR, data_size, workers or 1)
+    toy_films = make_films(out / FILMS_DIR, data_size, workers or 1, words)
     seconds["films"] = time.perf_counter() - started
     mark = time.perf_counter()
     run_steps(out, data_size, CLIP_STEPS, workers=workers, overrides=overrides)
@@ -286,6 +349,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
     cfg = pipeline_config(out, data_size, (), vae, workers, overrides)
     result = measure(out, toy_films, float(cfg.data.val_fraction))
     result["size"] = size
+    result[TRUTH_WORDS_KEY] = words
     result["clip_size"] = [int(cfg.pipeline.clips.frames), int(cfg.pipeline.clips.height),
                            int(cfg.pipeline.clips.width)]
     result["vae"] = str(cfg.model.encoders.vae.path)
@@ -301,6 +365,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m data_pipeline.known_answer", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="folder for films/, pipeline/ and known_answer.json")
     parser.add_argument("--size", choices=sorted(SIZES), default="ci")
+    parser.add_argument("--words", choices=CAPTION_WORDS, default=LEVEL_WORDS, help="how captions name the motion: "
+                        + "; ".join(f"{k}: {v}" for k, v in CAPTION_WORDS_MEANING.items()))
     parser.add_argument("--clips-only", action="store_true", help="stop after the clip shards")
     parser.add_argument("--vae", default=None, help="VAE folder (diffusers format) for the precomputed latents")
     parser.add_argument("--workers", type=int, default=None, help="pipeline workers (default: the experiment's)")
@@ -315,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parse_args(argv)
     setup_logging("INFO")
-    exit_on_user_error(build)(args.out, args.size, args.clips_only, args.vae, args.workers, args.overrides, args.films)
+    exit_on_user_error(build)(args.out, args.size, args.clips_only, args.vae, args.workers, args.overrides, args.films,
+                              args.words)
     return 0
 
 

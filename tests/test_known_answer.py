@@ -2,9 +2,12 @@
 CI-size data set through the real pipeline, measured against the generators' truth."""
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -12,7 +15,19 @@ import pytest
 
 from data_pipeline.captioners.fields import Caption as CaptionFields
 from data_pipeline.captioners.fields import build_instruction
-from data_pipeline.known_answer import MEASUREMENTS_FILE, SIZES, build, film_specs
+from data_pipeline.known_answer import (
+    CAPTION_WORDS,
+    LEVEL_WORDS,
+    MEASUREMENTS_FILE,
+    SHARED_WORDS,
+    SIZES,
+    TRUTH_WORDS_KEY,
+    build,
+    film_specs,
+    make_films,
+    shared_words,
+    with_words,
+)
 from data_pipeline.toyfilm import (
     CAST,
     CAST_SIZE_PER_FILM,
@@ -24,11 +39,14 @@ from data_pipeline.toyfilm import (
     TIRING_LEVEL,
     ToyFilm,
     _film_cast,
+    _plan_shots,
     make_toy_film,
 )
 
 # Rules and casts do not depend on the picture size: small films keep these tests to seconds.
 SMALL_FILM = {"width": 192, "height": 108}
+# The rate the known-answer films are drawn (and their shots planned) at: make_toy_film's default.
+FILM_FPS = inspect.signature(make_toy_film).parameters["fps"].default
 RULE_FILMS = 6
 
 
@@ -92,6 +110,63 @@ def test_known_answer_sizes_have_distinct_films() -> None:
     specs = film_specs(SIZES["gpu"].films)
     assert len({s.seed for s in specs}) == len({s.variant for s in specs}) == len({s.film_id for s in specs}) == 24
     assert SIZES["gpu"].films * NUM_SHOTS * 2 >= 200  # two 2-s clips per shot
+
+
+# --------------------------------------------------------------------------- caption words
+def test_shared_words_meet_every_speed_level_and_tell_none() -> None:
+    """Over the gpu size's films (their shot levels planned, nothing drawn), every (motion, adverb) pair
+    meets every level, and the words predict a shot's level no better than chance, where the level words
+    name it exactly."""
+    size = SIZES["gpu"]
+    cells: Counter = Counter()
+    for spec in film_specs(size.films):
+        levels = [plan.level for plan in _plan_shots(spec.seed, spec.variant, size.film_width, size.film_height,
+                                                     FILM_FPS)]
+        words = shared_words(spec.seed, spec.variant, len(levels))
+        assert Counter(words) == {pair: NUM_SHOTS // NUM_LEVELS for pair in LEVEL_VOCABULARY}  # as often as levels
+        cells.update(zip(words, levels))
+    assert {(pair, level) for pair in LEVEL_VOCABULARY for level in range(1, NUM_LEVELS + 1)} <= set(cells)
+    # Each pair's most common level: the share of shots a reader of the words would place right.
+    guessed = sum(max(cells[(pair, level)] for level in range(1, NUM_LEVELS + 1)) for pair in LEVEL_VOCABULARY)
+    shots = size.films * NUM_SHOTS
+    assert guessed / shots < 0.35  # chance is 0.2; the level words give 1.0
+    # Another film's words differ: drawn from its own seed and variant.
+    assert len({tuple(shared_words(s.seed, s.variant, NUM_SHOTS)) for s in film_specs(size.films)}) == size.films
+
+
+def test_words_rewrite_the_captions_and_keep_the_video_and_states(tmp_path: Path) -> None:
+    film = _small_film(tmp_path, 0)
+    original = {path: path.read_bytes() for path in (film.captions_path, film.truth_path, film.video_path)}
+    shared = with_words(film, SHARED_WORDS)
+    expected = shared_words(film.seed, film.variant, len(film.shots))
+    assert [(s.caption.motion, s.caption.adverb) for s in shared.shots] == expected
+    assert [(s.level, s.caption.sc, s.caption.et, s.caption.st) for s in shared.shots] == [
+        (s.level, s.caption.sc, s.caption.et, s.caption.st) for s in film.shots]  # the stamina still follows the speed
+    records = [json.loads(line) for line in film.captions_path.read_text().splitlines()]
+    assert [(r["motion"], r["adverb"]) for r in records] == expected
+    reloaded = ToyFilm.load(film.truth_path)
+    assert reloaded.captions == shared.captions
+    assert json.loads(film.truth_path.read_text())[TRUTH_WORDS_KEY] == SHARED_WORDS
+    assert film.video_path.read_bytes() == original[film.video_path]
+    assert with_words(reloaded, SHARED_WORDS) is reloaded  # already so: nothing written
+    back = with_words(reloaded, LEVEL_WORDS)
+    assert back.captions == film.captions and film.captions_path.read_bytes() == original[film.captions_path]
+    with pytest.raises(ValueError, match="unknown caption words 'verbs'"):
+        with_words(film, "verbs")
+
+
+def test_films_are_drawn_with_the_words_asked_for_and_reused(tmp_path: Path) -> None:
+    size = replace(SIZES["ci"], films=1, film_width=SMALL_FILM["width"], film_height=SMALL_FILM["height"])
+    with pytest.raises(ValueError, match=re.escape(f"choose from {list(CAPTION_WORDS)}")):
+        make_films(tmp_path, size, words="verbs")
+    assert not any(tmp_path.iterdir())  # refused before any film is drawn
+    (level,) = make_films(tmp_path, size)
+    video = level.video_path.stat().st_mtime_ns
+    (shared,) = make_films(tmp_path, size, words=SHARED_WORDS)
+    assert shared.video_path.stat().st_mtime_ns == video  # the same film, its captions rewritten
+    assert [(s.caption.motion, s.caption.adverb) for s in shared.shots] == shared_words(
+        shared.seed, shared.variant, len(shared.shots))
+    assert ToyFilm.load(shared.truth_path).captions == shared.captions
 
 
 # --------------------------------------------------------------------------- the CI data set, end to end

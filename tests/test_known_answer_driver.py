@@ -156,3 +156,42 @@ def test_the_step_cache_compares_typical_turns_and_reads_older_evaluations() -> 
     new, old = {MEAN: mean, MEDIAN: median}, {MEAN: mean}
     assert typical_turns(new, new) == (MEDIAN, [median, median])
     assert typical_turns(new, old) == (MEAN, [mean, mean])
+
+
+def test_every_benchmark_evaluation_sweeps_the_motion_scope_unless_told_not_to(tmp_path: Path, monkeypatch) -> None:
+    """At gpu size the trained game's evaluation (through the recipe) and every other renderer's (the a2
+    decoder, the decoder base, the ablations) reconstruct with the motion sweep on; an ``eval:`` stage
+    override still turns it off. The ci size (its pixels noise) does not sweep."""
+    from dataclasses import replace
+
+    import animegamer.evaluation_reuse as reuse
+    from animegamer.known_answer import MOTION_SWEEP, SIZES, Layout, evaluate_renderer, parse_stage_overrides, recipe_of
+
+    layout = Layout(tmp_path, 0)
+    assert MOTION_SWEEP in recipe_of(layout, SIZES["gpu"]).evaluation
+    assert MOTION_SWEEP not in recipe_of(layout, SIZES["ci"]).evaluation
+    monkeypatch.setattr(reuse, "evaluate_or_reuse", lambda cfg: cfg)  # the composed config, nothing played
+    cfg = evaluate_renderer(layout, SIZES["gpu"], "ablation_x", "mllm", "renderer", reconstruction="renderer")
+    assert cfg.evaluation.motion_sweep is True and cfg.evaluation.reconstruction_export == "renderer"
+    off = replace(SIZES["gpu"], stage_extra=tuple(parse_stage_overrides(["eval:evaluation.motion_sweep=false"])))
+    assert evaluate_renderer(layout, off, "ablation_x", "mllm", "renderer").evaluation.motion_sweep is False
+    assert evaluate_renderer(layout, SIZES["ci"], "ablation_x", "mllm", "renderer").evaluation.motion_sweep is False
+
+
+def test_the_table_names_the_caption_words_and_carries_the_sweep(tmp_path: Path) -> None:
+    from animegamer.metrics.motion_sweep import HEADLINE, PIXEL_FLOW
+    from data_pipeline.known_answer import CAPTION_WORDS_MEANING, SHARED_WORDS, TRUTH_WORDS_KEY
+
+    rho, rising = HEADLINE[PIXEL_FLOW]
+    evaluation = {**EVALUATION, "reconstruction": {**EVALUATION["reconstruction"], rho: _metric(0.9),
+                                                     rising: _metric(0.75)}}
+    rows = rows_of(TRAINED, evaluation)
+    assert next(r for r in rows if r["row"] == RECONSTRUCTION)["metrics"][rho] == 0.9
+    about = {"size": "gpu", "seed": 1, "turns": 6, "reconstruction_clips": 4}
+    write_table(tmp_path / "shared.md", rows, {**about, TRUTH_WORDS_KEY: SHARED_WORDS})
+    first = (tmp_path / "shared.md").read_text().splitlines()[0]
+    assert f"captions with shared words ({CAPTION_WORDS_MEANING[SHARED_WORDS]})" in first
+    write_table(tmp_path / "before.md", rows, about)  # a result from before the choice: the level words
+    assert "captions with level words" in (tmp_path / "before.md").read_text()
+    table = (tmp_path / "shared.md").read_text()
+    assert f"| {RECONSTRUCTION} | " in table and f" {rho} " in table and "0.900" in table

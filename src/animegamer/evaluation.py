@@ -24,6 +24,7 @@ from animegamer.errors import InvalidInputError
 from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
 from animegamer.metrics.common import available, mean_metric, unavailable
 from animegamer.metrics.latent_motion import latent_motion
+from animegamer.metrics.motion_sweep import evaluation_sweep
 from animegamer.metrics.psnr import clip_psnr
 from data_pipeline.captioners.base import STATUS_OK
 
@@ -293,12 +294,14 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     def pixels(latents: torch.Tensor) -> np.ndarray:
         return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
 
-    def reconstructed(index: int, source: int) -> torch.Tensor:
-        """Latents (1, T', C, H, W) of clip ``index`` (its latent shape, motion scope and noise) sampled from
-        clip ``source``'s representation: the same noise either way, so only the conditioning differs."""
+    def reconstructed(index: int, source: int, flow: float | None = None) -> torch.Tensor:
+        """Latents (1, T', C, H, W) of clip ``index`` (its latent shape, motion scope or ``flow``, and noise)
+        sampled from clip ``source``'s representation: the same noise either way, so only the conditioning
+        differs."""
         own, other = items[index], items[source]
+        scope = own["flow"][None] if flow is None else torch.tensor([flow], dtype=own["flow"].dtype)
         clips = ClipBatch(own["latents"][None], other["text"][None].to(device, param.dtype),
-                          other["image"][None].to(device, param.dtype), own["flow"][None].to(device))
+                          other["image"][None].to(device, param.dtype), scope.to(device))
         with torch.no_grad():
             return model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
                                      e.sampling_steps)
@@ -314,6 +317,8 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     # The same motion measured on the latents, against the clips' own: no VAE decoder, no flow estimator.
     own["latent_motion"] = latent_motion([x[0].float().cpu() for x in own_latents],
                                          [items[i]["latents"].float() for i in range(count)])
+    if e.motion_sweep:  # each clip again at every level's flow value: does the motion scope set the speed?
+        own.update(evaluation_sweep(cfg, count, lambda i, flow: reconstructed(i, i, flow), pixels))
     shuffled = shuffled_reconstruction(cfg, count, lambda order: scored([pixels(reconstructed(i, j)) for i, j in enumerate(order)]))
     with torch.no_grad():  # the clips' own latents through the VAE: what any renderer can give back at best
         ceiling = {"label": VAE_ROUND_TRIP_LABEL, **scored([pixels(items[i]["latents"][None]) for i in range(count)])}

@@ -1,6 +1,6 @@
 """The known-answer learning benchmark: does training give a game that works?
 
-    python -m animegamer.known_answer OUT [--size ci|gpu] [--seed N] [override ...]
+    python -m animegamer.known_answer OUT [--size ci|gpu] [--seed N] [--words level|shared] [override ...]
 
 Toy films whose states and motion levels are known (:mod:`data_pipeline.known_answer`) go through the
 whole recipe (:func:`animegamer.recipe.run_recipe`: pipeline clips -> the frozen VAE trained on them ->
@@ -14,10 +14,17 @@ baselines are scored in the same evaluation code:
 * the game rendered by the phase (a2) decoder instead of the phase (c) one (does adaptation help?);
 * the Table 3 ablations without the motion-scope input and without the warm-up: each a2 stage trained
   as its own model and scored as the renderer of the same game and on reconstruction;
+* at gpu size, in every reconstruction, the motion sweep (``evaluation.motion_sweep``,
+  :mod:`animegamer.metrics.motion_sweep`): each held-out clip decoded from the same representation and noise at every level's flow value, and how
+  closely the measured speed follows the requested one (whether the motion scope controls the motion);
 * with ``--step-cache THRESHOLD [THRESHOLD ...]``, the trained game sampled with the step cache
   (``model.diffusion.cache=first_block``) at each threshold: its row, its time per turn against the
   uncached game's, and each turn's clip against the uncached one's (what the cache changes on a trained
   decoder; ``step_cache`` in the result, one record per threshold).
+
+``--words shared`` gives the films' captions the same action words at every speed level
+(:func:`data_pipeline.known_answer.with_words`): the text then says nothing of the speed, and only the motion
+scope can carry it. Each choice of words needs its own ``OUT`` (the films' captions are rewritten).
 
 ``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
 row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
@@ -50,6 +57,7 @@ from animegamer.known_answer_report import (
     write_table,
 )
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
+from data_pipeline.known_answer import CAPTION_WORDS, CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,8 @@ BASE_RENDERER_OVERRIDES = ("model.decoder.motion_scope=false",)
 STAGE_EXPORTS = {A_BASE: "decoder base export", A_WARMUP: "phase a start", A_JOINT: "phase a2 export",
                  PHASE_B: "phase b export", PHASE_C: "phase c export"}
 STEP_CACHE = "trained game, step cache (first block, threshold {threshold:g})"
+# An evaluation's reconstruction also sweeps the motion scope over the levels (BenchmarkSize.motion_sweep).
+MOTION_SWEEP = "evaluation.motion_sweep=true"
 
 
 @dataclass(frozen=True)
@@ -105,17 +115,24 @@ class BenchmarkSize:
     overrides: tuple[str, ...] = ()  # for every stage
     # (stage, override) pairs for one stage each: STAGE_NAMES, e.g. ("base", "phase.batch_size=64")
     stage_extra: tuple[tuple[str, str], ...] = ()
+    motion_sweep: bool = True  # every reconstruction also sweeps the motion scope over the levels
 
     def for_stage(self, stage: str) -> list[str]:
         return [override for name, override in self.stage_extra if name == stage]
+
+    def sweep(self) -> list[str]:
+        """The evaluations' override that turns the sweep on, if the size sweeps (before any caller's)."""
+        return [MOTION_SWEEP] if self.motion_sweep else []
 
 
 SIZES = {
     # 2 CPU cores: the tiny presets' random frozen VAE. Training one does not fit: a step of 2 crops of
     # 9x16x32 took over 3 s on the loaded CI machine (docs/plans/known_answer.md), so CI asserts what
     # needs no pixels back (states, and the conditioning the decoder reads, in latent-derived scores).
-    # Its 40-step decoder base (~10 s) checks that every stage runs over a pre-trained base.
-    "ci": BenchmarkSize("ci", None, base=True),
+    # Its 40-step decoder base (~10 s) checks that every stage runs over a pre-trained base. No motion sweep:
+    # its pixels are noise, and five more samplings and decodes per reconstructed clip in every evaluation
+    # would lengthen the CI test for nothing.
+    "ci": BenchmarkSize("ci", None, base=True, motion_sweep=False),
     # One H200: the preset's VAE for 100 s (150 s gave 26.4 dB held out: docs/plans/known_answer.md).
     # The decoder base too: phases (a) and (c) train adapters over a frozen base, and the first GPU run's
     # random base made noise (docs/plans/known_answer.md).
@@ -176,7 +193,7 @@ def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) ->
         phase_a=stage_overrides(layout, size, "a"), phase_b=stage_overrides(layout, size, "b"),
         phase_c=stage_overrides(layout, size, "c"),
         evaluation=[f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", "evaluation.untrained_game=true",
-                    *size.for_stage("eval")],
+                    *size.sweep(), *size.for_stage("eval")],
         extra=[*data_overrides(layout), *size.overrides, *extra], vae=size.vae,
         vae_out=str(layout.vae) if size.vae else "",
         decoder_base=stage_overrides(layout, size, "base") if size.base else None)
@@ -197,7 +214,8 @@ def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str,
         f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
         *vae_overrides(layout, size), *overrides, f"evaluation.mllm_export='{mllm}'",
         f"evaluation.renderer_export='{renderer}'", f"evaluation.reconstruction_export='{reconstruction}'",
-        *extra, *size.for_stage("eval"), f"evaluation.out='{layout.runs.resolve() / ('eval_' + name)}'"]))
+        *size.sweep(), *extra, *size.for_stage("eval"),
+        f"evaluation.out='{layout.runs.resolve() / ('eval_' + name)}'"]))
 
 
 def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str]) -> str:
@@ -337,7 +355,7 @@ def recipe_result(layout: Layout, bench: BenchmarkSize, summary: dict, data: dic
     vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if bench.vae else {}
     curves, gallery = layout.out / CURVES_FILE, layout.out / GALLERY_FILE
     return {
-        "size": bench.name, "seed": layout.seed, "overrides": list(extra),
+        "size": bench.name, "seed": layout.seed, TRUTH_WORDS_KEY: data[TRUTH_WORDS_KEY], "overrides": list(extra),
         "stage_overrides": [f"{n}:{o}" for n, o in bench.stage_extra],
         "turns": main.get("games", {}).get("completed_turns"),
         "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
@@ -389,7 +407,7 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
                   ablations: Sequence[str] | None = None, films: int | None = None,
                   vae: dict[str, Any] | None = None, a2_renderer: bool = True,
                   stage: Sequence[str] = (), base_reconstruction: bool = True,
-                  step_cache: Sequence[float] = ()) -> dict[str, Any]:
+                  step_cache: Sequence[float] = (), words: str = LEVEL_WORDS) -> dict[str, Any]:
     """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
     every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
     how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
@@ -397,9 +415,11 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     ``stage``: ``STAGE:OVERRIDE`` strings, an override of one stage (:data:`STAGE_NAMES`);
     ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
     ``step_cache``: also play the trained game with the step cache at each of these thresholds
-    (:func:`score_step_cache`)."""
-    from data_pipeline.known_answer import make_films, measure
+    (:func:`score_step_cache`); ``words``: how the films' captions name the motion
+    (:data:`data_pipeline.known_answer.CAPTION_WORDS`)."""
+    from data_pipeline.known_answer import check_words, make_films, measure
 
+    check_words(words)
     bench, data_size, names = resolve_size(size, vae, films, ablations, stage)
     layout = Layout(Path(out), seed)
     seconds: dict[str, float] = {}
@@ -413,13 +433,13 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     eval_overrides = [f"experiment=known_answer_{size}_eval", *data_overrides(layout), *extra]
     eval_cfg = evaluation_config(eval_overrides)
     check_step_cache(eval_overrides, step_cache)
-    drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers))  # the pipeline's workers
+    drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers), words)  # the pipeline's workers
     lap("films")
     summary = run_recipe(recipe_of(layout, bench, extra))
     # Read now: the next seed's recipe writes its own representations and adaptation shards here.
     representation = representation_prediction(layout.pipeline)
     lap("recipe")
-    data = measure(layout.out, drawn, float(eval_cfg.data.val_fraction))
+    data = {**measure(layout.out, drawn, float(eval_cfg.data.val_fraction)), TRUTH_WORDS_KEY: words}
     result = recipe_result(layout, bench, summary, data, extra, representation, seconds)
     # Written after each part, so a run stopped by a time limit leaves what it measured so far.
     write_result(layout.out, result, started)
@@ -464,6 +484,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("out", type=Path, help="folder for the films, pipeline, VAE, runs and results")
     parser.add_argument("--size", choices=sorted(SIZES), default="ci")
     parser.add_argument("--seed", type=int, default=0, help="training and evaluation seed (data and VAE are shared)")
+    parser.add_argument("--words", choices=CAPTION_WORDS, default=LEVEL_WORDS,
+                        help="how the films' captions name the motion (each choice its own OUT): "
+                             + "; ".join(f"{k}: {v}" for k, v in CAPTION_WORDS_MEANING.items()))
     parser.add_argument("--ablations", nargs="*", default=None, metavar="NAME",
                         help=f"Table 3 variants to train and score (default: all of {' '.join(ABLATIONS)})")
     parser.add_argument("--films", type=int, default=None, help="number of films (default: the size's)")
@@ -491,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
                                            ("device", args.vae_device)) if value is not None}
     exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae,
-                                      args.a2_renderer, args.stage, args.base_reconstruction, args.step_cache)
+                                      args.a2_renderer, args.stage, args.base_reconstruction, args.step_cache,
+                                      args.words)
     return 0
 
 

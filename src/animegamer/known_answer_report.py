@@ -10,6 +10,7 @@ from pathlib import Path
 
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.recipe import step_losses
+from data_pipeline.known_answer import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 
 TRAINED = "trained game"
 RECONSTRUCTION = "a2 reconstruction (own representation)"
@@ -117,8 +118,10 @@ def comparisons(rows: list[dict], items: dict[str, int] | None = None) -> dict[s
 def write_table(path: Path, rows: list[dict], about: dict) -> None:
     keys = sorted({k for r in rows for k, v in r["metrics"].items() if v is not None})
     fmt = lambda v: "" if v is None else f"{v:.3f}"
-    lines = [f"Known-answer benchmark, size {about['size']}, seed {about['seed']}: held-out shots "
-             f"({about.get('turns', '?')} game turns, {about.get('reconstruction_clips', '?')} reconstructed clips).", "",
+    words = about.get(TRUTH_WORDS_KEY, LEVEL_WORDS)  # results from before the choice: level words
+    lines = [f"Known-answer benchmark, size {about['size']}, seed {about['seed']}, captions with {words} words "
+             f"({CAPTION_WORDS_MEANING[words]}): held-out shots ({about.get('turns', '?')} game turns, "
+             f"{about.get('reconstruction_clips', '?')} reconstructed clips).", "",
              "| row | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
     lines += [f"| {r['row']} | " + " | ".join(fmt(r["metrics"].get(k)) for k in keys) + " |" for r in rows]
     lines += ["", "Lower is better for " + ", ".join(sorted(LOWER_IS_BETTER & set(keys))) + "; higher for the rest. "

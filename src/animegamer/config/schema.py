@@ -552,6 +552,10 @@ class EvalConfig:
     dreamsim: str = ""  # local DreamSim weights folder; '' -> reported unavailable
     reconstruction_export: str = ""  # phase (a) export: also the Table 3 reconstruction metrics
     reconstruction_clips: int = 8
+    # With reconstruction_export: also decode each reconstructed clip at every level's flow value (its
+    # representation and noise fixed) and score how the measured speed follows the requested one
+    # (metrics/motion_sweep.py). Five more samplings per clip, so off unless asked for.
+    motion_sweep: bool = False
     sampling_steps: int = 0  # 0 = model.diffusion.sampling_steps
     # Also play the benchmark with the MLLM as phase (b) started (its export's seed and init_from, no
     # trained weights) and the same renderer: the "untrained game" baseline row.

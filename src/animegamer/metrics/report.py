@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
+from animegamer.metrics import motion_sweep
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
@@ -359,6 +360,9 @@ def _markdown(
                       f"over {flows.size} clips.", ""]
         if "motion_plot" in plots:
             lines += [f"![motion level confusion]({plots['motion_plot'].name})", ""]
+    sweep = motion_sweep.find(metrics)
+    if sweep:
+        lines += motion_sweep.markdown(sweep, plots["sweep_plot"].name if "sweep_plot" in plots else None)
     states = metrics.get("states") or {}
     if states.get("per_state"):
         lines += ["## States", "", "| State | ACC | MAE | entries | missing predictions |", "|---|---|---|---|---|"]
@@ -463,6 +467,9 @@ def write_report(
     per_state = (metrics.get("states") or {}).get("per_state") or {}
     if per_state and plot_state_accuracy(per_state, out / PLOT_FILES["states_plot"], paper.get("acc_s")):
         plots["states_plot"] = out / PLOT_FILES["states_plot"]
+    sweep = motion_sweep.find(metrics)
+    if sweep and motion_sweep.plot(sweep, out / motion_sweep.PLOT_FILE):
+        plots["sweep_plot"] = out / motion_sweep.PLOT_FILE
 
     payload = {"headline": ours, "paper": dict(paper), "metrics": metrics, "games": _portable(games, out)}
     written["metrics_json"] = out / METRICS_FILE

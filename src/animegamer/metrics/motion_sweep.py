@@ -1,0 +1,203 @@
+"""The motion sweep: does the motion scope control the speed of what the decoder renders?
+
+Each held-out clip is decoded from its own representation and the same noise once at every level's flow
+value (the clip manifest's ``motion_bins.level_flow``: the median flow of the level's clips, what the
+game conditions on), nothing else changed. The speed of each result is measured as ACC-F measures it, by
+the pipeline's flow estimator on the decoded frames (output px per frame,
+:func:`animegamer.metrics.motion.measure_levels`), and on the latents themselves
+(:func:`animegamer.metrics.latent_motion.clip_speed`, latent px per latent frame: no VAE decoder and no
+flow estimator in the way). Per measure: Spearman's rank correlation between the requested and the
+measured speed over every clip and level, and the share of clips whose measured speed rises with the
+level. A decoder that ignores its motion scope renders one clip at every level: correlation 0, no clip
+rising. Unlike ACC-F, neither depends on the bins' edges or on the game predicting the level.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+from animegamer.config.schema import NUM_MOTION_LEVELS
+from animegamer.metrics.common import available, unavailable
+
+LEVELS = tuple(range(1, NUM_MOTION_LEVELS + 1))
+PIXEL_FLOW = "pixel_flow"
+LATENT_SHIFT = "latent_shift"
+UNITS = {PIXEL_FLOW: "output px per frame (the pipeline's flow estimator on the decoded frames)",
+         LATENT_SHIFT: "latent px per latent frame (the sideways shift of the latents)"}
+# Each measure's headline metrics (what the known-answer table shows as columns): correlation, rising share.
+HEADLINE = {PIXEL_FLOW: ("sweep_rho", "sweep_rising"), LATENT_SHIFT: ("sweep_rho_latent", "sweep_rising_latent")}
+SWEEP_KEY = "motion_sweep"  # the detail record, beside the headline metrics
+PLOT_FILE = "motion_sweep.png"
+
+Rendered = TypeVar("Rendered")
+
+
+# --------------------------------------------------------------------------- statistics
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks of ``values``, tied values sharing the mean of their ranks."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = np.arange(1, len(values) + 1)
+    _, first, counts = np.unique(values[order], return_index=True, return_counts=True)
+    for start, count in zip(first, counts):
+        if count > 1:
+            ranks[order[start:start + count]] = ranks[order[start:start + count]].mean()
+    return ranks
+
+
+def rank_correlation(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of two equally long sequences (Pearson's over their average ranks), or
+    None when either has a single value throughout (it has no order to follow)."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} requested but {len(y)} measured values")
+    rx, ry = average_ranks(x), average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    scale = float(np.sqrt((rx ** 2).sum() * (ry ** 2).sum()))
+    return float((rx * ry).sum() / scale) if scale > 0 else None
+
+
+def rises(speeds: Sequence[float]) -> bool:
+    """Whether speeds measured at increasing levels never fall and end above where they start."""
+    steps = np.diff(np.asarray(speeds, dtype=np.float64))
+    return bool((steps >= 0).all() and steps.sum() > 0)
+
+
+def summarise(requested: Sequence[float], measured: np.ndarray) -> dict[str, Any]:
+    """One measure over the sweep: ``measured`` (clips, levels) against the ``requested`` flow per level."""
+    pairs = np.broadcast_to(np.asarray(requested, dtype=np.float64), measured.shape)
+    return {"values": measured.tolist(), "mean_per_level": measured.mean(axis=0).tolist(),
+            "rank_correlation": rank_correlation(pairs.ravel(), measured.ravel()),
+            "rising_share": float(np.mean([rises(row) for row in measured]))}
+
+
+# --------------------------------------------------------------------------- the sweep
+def sweep(render: Callable[[int, float], Rendered], clips: int, level_flow: Mapping[int, float],
+          measures: Mapping[str, Callable[[list[Rendered]], list[float]]]) -> dict[str, Any]:
+    """``render(clip, flow)`` for every clip at every level's flow value; each of ``measures`` turns one
+    clip's renderings (one per level, in level order) into their speeds, or raises ValueError for
+    renderings it cannot measure (that measure is then left out, with the reason). A clip's renderings are
+    measured and dropped before the next clip is rendered."""
+    requested = [float(level_flow[level]) for level in LEVELS]
+    values: dict[str, list[list[float]]] = {name: [] for name in measures}
+    reasons = {} if clips else {name: "no held-out clip to sweep" for name in measures}
+    for clip in range(clips):
+        rendered = [render(clip, flow) for flow in requested]
+        for name, measure in measures.items():
+            if name in reasons:
+                continue
+            try:
+                values[name].append([float(v) for v in measure(rendered)])
+            except ValueError as error:
+                reasons[name] = str(error)
+    found = {name: {"unit": UNITS.get(name, ""),
+                    **({"reason": reasons[name]} if name in reasons else
+                       summarise(requested, np.asarray(rows, dtype=np.float64).reshape(clips, len(LEVELS))))}
+             for name, rows in values.items()}
+    return {"levels": list(LEVELS), "requested": requested, "clips": clips, "measures": found}
+
+
+def headline(result: Mapping[str, Any]) -> dict[str, dict]:
+    """The headline metrics of a sweep (:data:`HEADLINE`), each unavailable with its reason where there is
+    no value (no clip, a measure that could not measure, or measured speeds all equal)."""
+    found = {}
+    for name, (rho_key, rising_key) in HEADLINE.items():
+        measure = result["measures"].get(name) or {"reason": f"{name} not measured"}
+        if "reason" in measure:
+            found.update({rho_key: unavailable(measure["reason"]), rising_key: unavailable(measure["reason"])})
+            continue
+        rho = measure["rank_correlation"]
+        found[rho_key] = (available(rho) if rho is not None else
+                          unavailable("every clip at every level measured the same speed: no order to correlate"))
+        found[rising_key] = available(measure["rising_share"])
+    return found
+
+
+def evaluation_sweep(cfg, clips: int, render: Callable[[int, float], Any],
+                     pixels: Callable[[Any], np.ndarray]) -> dict:
+    """The sweep of an evaluation's reconstruction: ``render(clip, flow)`` gives latents (1, T', C, H, W) of
+    held-out clip ``clip`` sampled at motion scope ``flow`` (its representation and noise fixed),
+    ``pixels`` decodes them to uint8 frames (T, H, W, 3). Returns the headline metrics and the detail
+    (:data:`SWEEP_KEY`), with the level flows of ``cfg``'s clip manifest."""
+    import json
+
+    from animegamer.config.trained_data import clip_manifest
+    from animegamer.game_models import read_level_flow
+    from animegamer.metrics.latent_motion import clip_speed
+    from animegamer.metrics.motion import make_estimator, measure_levels
+
+    manifest = clip_manifest(cfg.data.root, cfg.data.clips)
+    bins = json.loads(manifest.read_text())["motion_bins"]
+    estimator = make_estimator(cfg.pipeline.motion)  # built once (RAFT loads weights)
+
+    def pixel_flows(latents: list) -> list[float]:
+        return measure_levels([pixels(x) for x in latents], bins, cfg.pipeline.motion, estimator)[0]
+
+    def latent_shifts(latents: list) -> list[float]:
+        return [clip_speed(x[0].float().cpu()) for x in latents]
+
+    result = sweep(render, clips, read_level_flow(manifest),
+                   {PIXEL_FLOW: pixel_flows, LATENT_SHIFT: latent_shifts})
+    return {**headline(result), SWEEP_KEY: result}
+
+
+# --------------------------------------------------------------------------- report
+def find(metrics: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The sweep of a report's metrics: its own (a reconstruction report) or its reconstruction's."""
+    return metrics.get(SWEEP_KEY) or (metrics.get("reconstruction") or {}).get(SWEEP_KEY)
+
+
+def plot(result: Mapping[str, Any], path: Path) -> bool:
+    """Requested against measured speed, one panel per measure: each clip's line and the mean per level."""
+    from animegamer.metrics.report import _figure
+
+    measures = [(name, m) for name, m in result["measures"].items() if m.get("values")]
+    if not measures:
+        return False
+    fig = _figure(4.5 * len(measures), 4.0)
+    requested = np.asarray(result["requested"], dtype=np.float64)
+    for index, (name, measure) in enumerate(measures):
+        ax = fig.add_subplot(1, len(measures), index + 1)
+        for row in measure["values"]:
+            ax.plot(requested, row, color="tab:blue", alpha=0.25, linewidth=0.8)
+        ax.plot(requested, measure["mean_per_level"], color="tab:blue", marker="o", linewidth=2,
+                label="mean over clips")
+        if name == PIXEL_FLOW:  # the same unit on both axes: where a clip moving as asked would lie
+            ax.plot(requested, requested, color="gray", linestyle="--", linewidth=1, label="as requested")
+        rho = measure["rank_correlation"]
+        ax.set_title(f"{name.replace('_', ' ')}: rho {'n/a' if rho is None else f'{rho:.2f}'}, "
+                     f"rising {measure['rising_share']:.2f}", fontsize="medium")
+        ax.set_xlabel("requested flow (level's median, px/frame)")
+        ax.set_ylabel(UNITS.get(name, name).split(" (")[0])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def markdown(result: Mapping[str, Any], plot_name: str | None) -> list[str]:
+    """report.md's section: the sweep's table (and its plot, when drawn)."""
+    from animegamer.metrics.report import markdown_row
+
+    flows = " / ".join(f"{v:.2f}" for v in result["requested"])
+    lines = ["## Motion sweep", "",
+             f"{result['clips']} held-out clips, each decoded from its own representation and the same noise at every "
+             f"level's flow value (levels {LEVELS[0]}-{LEVELS[-1]}: {flows} px/frame), nothing else changed. Spearman "
+             "rho: requested against measured speed over every clip and level (1: the speed follows the motion scope; "
+             "0: it ignores it). Rising: the share of clips whose measured speed never falls and ends higher.", "",
+             "| measure | unit | Spearman rho | rising | mean measured per level |", "|---|---|---|---|---|"]
+    for name, measure in result["measures"].items():
+        if "reason" in measure:
+            lines.append(markdown_row(name.replace("_", " "), measure["unit"], f"n/a ({measure['reason']})", "-", "-"))
+            continue
+        rho = measure["rank_correlation"]
+        lines.append(markdown_row(name.replace("_", " "), measure["unit"], "n/a" if rho is None else f"{rho:.3f}",
+                                  f"{measure['rising_share']:.3f}",
+                                  " / ".join(f"{v:.2f}" for v in measure["mean_per_level"])))
+    lines.append("")
+    if plot_name:
+        lines += [f"![motion sweep]({plot_name})", ""]
+    return lines
