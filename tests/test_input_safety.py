@@ -20,27 +20,10 @@ import torch
 
 from animegamer.config.compose import compose_config
 from animegamer.errors import USER_ERROR_EXIT_CODE, exit_on_user_error
+from unsafe_helpers import REFUSED_PICKLE, Evil, marker  # noqa: F401 - marker is a fixture
 
 REPO = Path(__file__).resolve().parents[1]
-REFUSED_PICKLE = "refused: it does not load as weights only"
 NOT_SAFETENSORS = "not a safetensors file"
-
-
-class Evil:
-    """Unpickling this object opens (creates) ``marker``: code from the file would have run."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-@pytest.fixture
-def marker(tmp_path) -> Path:
-    path = tmp_path / "pwned"
-    yield path
-    assert not path.exists(), "the pickled payload was executed"
 
 
 def exit_of(func, *args, capfd) -> tuple[int, str]:

@@ -18,25 +18,7 @@ import webdataset as wds
 from torch import nn
 
 from animegamer.errors import UnsafeCheckpointError, UserError
-
-REFUSED = "refused: it does not load as weights only"
-
-
-class Evil:
-    """Unpickling this object opens (creates) ``marker``: code from the file would have run."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-@pytest.fixture
-def marker(tmp_path) -> Path:
-    path = tmp_path / "pwned"
-    yield path
-    assert not path.exists(), "the pickled payload was executed"
+from unsafe_helpers import REFUSED_PICKLE as REFUSED, Evil, marker  # noqa: F401 - marker is a fixture
 
 
 # --------------------------------------------------------------------------- shards
