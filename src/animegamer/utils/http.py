@@ -19,6 +19,7 @@ client produces (errors echoing the server's body, URLs with a password or a que
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import io
 import json
@@ -151,8 +152,14 @@ def api_key_from_env(env_var: str, user: str = "http") -> Optional[str]:
         return None
     key = os.environ.get(env_var)
     if not key:
-        logger.info("%s: environment variable %s is not set; sending no Authorization header", user, env_var)
+        _note_no_key(user, env_var)
     return key or None
+
+
+@functools.lru_cache(maxsize=None)
+def _note_no_key(user: str, env_var: str) -> None:
+    # Once per process: the pre-flight's probe and the client it checks both read the key.
+    logger.info("%s: environment variable %s is not set; sending no Authorization header", user, env_var)
 
 
 # --------------------------------------------------------------------------- the request
