@@ -423,7 +423,7 @@ def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeyp
         f"--renderer {tmp_path / 'nowhere'}: not an export folder": [
             *common, "--mllm", str(exports.root / "b"), "--renderer", str(tmp_path / "nowhere"),
             "--out", str(tmp_path / "h")],
-        "Could not override 'no_such_key'": [*common, *exports_ok, "--out", str(tmp_path / "i"), "no_such_key=1"],
+        "has no key 'no_such_key'": [*common, *exports_ok, "--out", str(tmp_path / "i"), "no_such_key=1"],
         # the two exports swapped: each named by its phase, before anything is loaded
         "is a phase b export, which holds no decoder; --renderer wants a renderer": [
             *common, "--mllm", str(exports.root / "a"), "--renderer", str(exports.root / "b"),
