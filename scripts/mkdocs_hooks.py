@@ -1,0 +1,160 @@
+"""mkdocs hook: the configuration reference page, written at build time from the typed schema.
+
+Every key of the config tree is a field of a dataclass in ``animegamer.config.schema``; this walks them
+from the root (``RunConfig``) and writes one table per node with each key's type, default and the
+comment or docstring that explains it in the schema, so the page cannot drift from the code.
+``mkdocs.yml`` names this file under ``hooks``; ``render_reference()`` is also usable on its own.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import io
+import logging
+import tokenize
+import typing
+
+from omegaconf import MISSING
+
+PAGE = "configuration-reference.md"
+
+logger = logging.getLogger("mkdocs.hooks.config_reference")
+
+INTRO = """# Configuration reference
+
+Every key of the configuration tree that `train.py`, `evaluate.py` and `python -m data_pipeline`
+compose, with its type, its default in the schema and what it means. This page is generated when the
+site is built, from the dataclasses in `src/animegamer/config/schema.py`: the YAML files under
+`configs/` (model presets, phases, trainers, experiments) override these defaults. How the tree is
+composed and checked: [Configuration](configuration.md).
+
+"""
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Each field's comment in the class body: the lines right above it and the one at its end."""
+    source = inspect.getsource(cls)
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    lines = source.splitlines()
+    result = {}
+    [class_node] = ast.parse(source).body
+    for node in class_node.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above = []
+        line = node.lineno - 1
+        while line in comments and lines[line - 1].lstrip().startswith("#"):
+            above.insert(0, comments[line])
+            line -= 1
+        trailing = [comments[n] for n in range(node.lineno, node.end_lineno + 1)
+                    if n in comments and not lines[n - 1].lstrip().startswith("#")]
+        result[node.target.id] = " ".join(above + trailing)
+    return result
+
+
+def _docstring(cls: type) -> str:
+    doc = inspect.getdoc(cls) or ""
+    # a dataclass without a docstring gets its generated signature as __doc__
+    return "" if doc.startswith(cls.__name__ + "(") else " ".join(doc.split())
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def _type_name(annotation) -> str:
+    text = annotation.__name__ if isinstance(annotation, type) else repr(annotation)
+    return text.replace("typing.", "")
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a table cell: no column breaks, and no angle brackets read as HTML tags."""
+    return (text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " "))
+
+
+def _value(value) -> str:
+    if value is MISSING:
+        return "(required)"
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else "`''`"
+    return f"`{value}`"
+
+
+def _node_section(path: str, cls: type, skip: frozenset[str] = frozenset()) -> tuple[list[str], list[tuple[str, type]]]:
+    """Markdown for one node (its leaf keys) and the nested nodes to describe after it."""
+    hints = typing.get_type_hints(cls)
+    comments = _field_comments_all(cls)
+    rows, children = [], []
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        key = f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            children.append((key, hints[f.name]))
+            continue
+        rows.append(f"| `{key}` | {_cell(_type_name(hints[f.name]))} | {_cell(_value(_default(f)))} | "
+                    f"{_cell(comments.get(f.name, ''))} |")
+    lines = []
+    doc = _docstring(cls)
+    if doc:
+        lines += [doc, ""]
+    if rows:
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+    return lines, children
+
+
+def _field_comments_all(cls: type) -> dict[str, str]:
+    """Comments of a class's own fields and of the fields it inherits from dataclass bases."""
+    comments: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base) and base is not object:
+            comments.update(_field_comments(base))
+    return comments
+
+
+def _walk(path: str, cls: type, out: list[str], level: int) -> None:
+    lines, children = _node_section(path, cls)
+    out += [f"{'#' * level} `{path}`", "", *lines]
+    for child_path, child in children:
+        _walk(child_path, child, out, min(level + 1, 4))
+
+
+def render_reference() -> str:
+    """The whole page: the root's own keys, then each node of the tree in schema order."""
+    from animegamer.config import schema
+
+    out = [INTRO]
+    root_lines, children = _node_section("", schema.RunConfig, skip=frozenset({"phase"}))
+    out += ["## Top-level keys", "", *root_lines]
+    for path, cls in children:
+        _walk(path, cls, out, 2)
+    # phase/ has one schema per phase; the shared fields first, then each phase's own.
+    base = schema.PhaseConfig
+    lines, _ = _node_section("phase", base)
+    out += ["## `phase`", "", *lines]
+    for name, cls in schema.PHASE_SCHEMAS.items():
+        own = frozenset(f.name for f in dataclasses.fields(base))
+        lines, _ = _node_section("phase", cls, skip=own)
+        out += [f"### `phase` with `{cls.__name__}` (`{name}`)", "", *lines]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def on_files(files, config):
+    """Add the generated page to the site's files (mkdocs >= 1.6)."""
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, PAGE, content=render_reference()))
+    logger.info("generated %s from animegamer.config.schema", PAGE)
+    return files
