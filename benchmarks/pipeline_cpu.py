@@ -23,10 +23,11 @@ import cv2
 import numpy as np
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.media.flow import clip_flow
+from animegamer.media.video import encode_mp4
 from animegamer.utils.logging import setup_logging
-from data_pipeline.clips import center_crop, cover_size, encode_mp4, plan_windows
+from data_pipeline.clips import center_crop, cover_size, plan_windows
 from data_pipeline.ingest import probe
-from data_pipeline.motion import clip_flow
 from data_pipeline.process import plan_film, run_task
 from data_pipeline.shots import make_detector, shots_from_cuts
 from data_pipeline.toyfilm import make_toy_film

@@ -1,10 +1,9 @@
-"""Clips: 2-second windows inside shots, frame sampling at the clip rate, resize + crop, mp4 encode."""
+"""Clips: 2-second windows inside shots, frame sampling at the clip rate, resize + crop (the mp4 encoding is
+:func:`animegamer.media.video.encode_mp4`)."""
 from __future__ import annotations
 
-import io
 import logging
 from dataclasses import dataclass
-from fractions import Fraction
 
 import cv2
 import numpy as np
@@ -14,9 +13,6 @@ from data_pipeline.ingest import FilmInfo, readable_error
 from data_pipeline.shots import Shot
 
 log = logging.getLogger(__name__)
-
-_PIX_FMT = "yuv420p"
-_FPS_MAX_DENOMINATOR = 1001  # NTSC-style rates stay exact
 
 
 @dataclass(frozen=True)
@@ -130,55 +126,3 @@ class FrameSource:
         decoded = dict(zip(unique, self._decode(unique)))
         frames = np.stack([decoded[i] for i in window.frame_indices])
         return np.ascontiguousarray(center_crop(frames, self._cfg.height, self._cfg.width))
-
-
-def encode_mp4(frames: np.ndarray, fps: float, cfg: ClipsConfig) -> bytes:
-    """H.264 mp4 bytes of (T, H, W, 3) uint8 RGB; single-threaded x264 so bytes are reproducible."""
-    import av
-
-    buffer = io.BytesIO()
-    rate = Fraction(fps).limit_denominator(_FPS_MAX_DENOMINATOR)
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream(cfg.codec, rate=rate)
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = _PIX_FMT
-        stream.options = {"qp": str(cfg.qp), "preset": "veryfast", "threads": "1"}
-        stream.thread_count = 1
-        for index, rgb in enumerate(frames):
-            frame = _i420_frame(rgb)
-            # Explicit timestamps: the muxer needs them and PyAV leaves them unset.
-            frame.pts, frame.time_base = index, 1 / rate
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    return buffer.getvalue()
-
-
-def _i420_frame(rgb: np.ndarray):
-    """An ``av.VideoFrame`` in I420 with every padding byte zeroed.
-
-    Two sources of run-to-run byte differences are closed here: colour conversion is done by
-    OpenCV (decord and PyAV each bundle an FFmpeg, and which libswscale runs depended on import
-    order), and the planes' line padding, which PyAV leaves uninitialised and x264 reads when a
-    plane's width is not a multiple of 32, is written as zeros.
-    """
-    import av
-
-    h, w = rgb.shape[:2]
-    yuv = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)  # (H*3/2, W): Y, then U and V as H/4 rows each
-    quarter = h * w // 4
-    chroma = yuv[h:].reshape(-1)
-    planes = (yuv[:h], chroma[:quarter].reshape(h // 2, w // 2), chroma[quarter:].reshape(h // 2, w // 2))
-    frame = av.VideoFrame(w, h, _PIX_FMT)
-    for plane, data in zip(frame.planes, planes):
-        padded = np.zeros((plane.height, plane.line_size), np.uint8)
-        padded[:, : plane.width] = data
-        plane.update(padded)
-    return frame
-
-
-def decode_mp4(data: bytes) -> np.ndarray:
-    """(T, H, W, 3) uint8 RGB from mp4 bytes, with decord (the reader's decoder)."""
-    import decord
-
-    reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
-    return reader.get_batch(list(range(len(reader)))).asnumpy()

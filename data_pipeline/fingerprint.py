@@ -1,4 +1,4 @@
-"""Fingerprints: short hashes of exactly what produced a staged or derived artefact.
+"""The pipeline's fingerprints: what each staged or derived artefact was made from.
 
 Every staged plan, clip task and caption result, and every derived folder (features, sessions,
 representations, session and adaptation shards) records the fingerprint of its inputs: the config
@@ -6,21 +6,18 @@ fields that step reads, the identity of its input files and the caption source's
 reuses an artefact only when its recorded fingerprint equals the current one and recomputes it
 otherwise, so a changed setting never leaves old results in the shards.
 
-An input film's identity is its content (size and sha256), not its path or modification time: a film
-copied, moved or mounted elsewhere (another machine of ``num_parts``) keeps its staged work. The hash
-is cached by (path, size, modification time) under the staging folder, so a film is read once.
+An input film's identity is its content (:func:`animegamer.media.fingerprint.file_identity`): a film
+copied, moved or mounted elsewhere (another machine of ``num_parts``) keeps its staged work; its hash is
+cached under the staging folder.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.utils.io import read_json, sha256_file, write_json_atomic
+from animegamer.media.fingerprint import FINGERPRINT, file_identity, fingerprint
 
-FINGERPRINT_HEX_CHARS = 16
 # Bumped when the staged format or the meaning of a step changes: older staging is then recomputed.
 STAGING_FORMAT = 3
 # Motion settings that shape a clip's flow value (bins and edges only matter at finalize).
@@ -31,32 +28,6 @@ PROBE_FIELDS = ("min_side", "max_aspect", "vfr_tolerance")
 DETECTOR_FIELDS = {"content": ("threshold",), "adaptive": ("adaptive_threshold", "min_content_val")}
 SHOT_FIELDS = ("detector", "min_scene_frames", "analysis_width")
 REUSED, RECOMPUTED = "reused", "recomputed"
-FINGERPRINT = "fingerprint"  # the key under which every staged record and manifest keeps its fingerprint
-
-
-def fingerprint(*parts: object) -> str:
-    """Short sha256 of JSON-serialisable parts (dict keys sorted)."""
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
-
-
-def path_key(path: str | Path) -> str:
-    """A short, file-name-safe key of a path (staged records about one input file)."""
-    return hashlib.sha1(str(path).encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
-
-
-def file_identity(path: str | Path, cache_dir: Path) -> dict:
-    """A file's identity: its size and the sha256 of its bytes. The hash is cached in ``cache_dir``
-    under the file's (resolved path, size, modification time) and recomputed when any of them changed."""
-    path = Path(path).resolve()
-    stat = path.stat()
-    stamp = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    cache = cache_dir / f"{path_key(path)}.json"
-    cached = read_json(cache) if cache.exists() else {}
-    if {key: cached.get(key) for key in stamp} != stamp:
-        cached = {**stamp, "sha256": sha256_file(path)}
-        write_json_atomic(cache, cached)
-    return {"size": stat.st_size, "sha256": cached["sha256"]}
 
 
 def plan_fingerprint(path: str | Path, cfg: PipelineConfig, cache_dir: Path) -> str:
@@ -87,11 +58,6 @@ def task_fingerprints(plan: dict, task: int, cfg: PipelineConfig, captioner) -> 
     the run's ``captioner``."""
     task_fp = task_fingerprint(plan[FINGERPRINT], task, cfg)
     return task_fp, caption_fingerprint(task_fp, captioner.name, captioner.version, cfg.caption.retries)
-
-
-def shards_digest(manifest: dict) -> str:
-    """Identity of a shard set's contents: the names and hashes of its shards."""
-    return fingerprint([(s["name"], s["sha256"]) for s in manifest["shards"]])
 
 
 def reuse_counts(reused: int, recomputed: int) -> dict[str, int]:

@@ -247,7 +247,7 @@ def measure(out: Path, films: Sequence[ToyFilm], val_fraction: float) -> dict[st
     """Everything ``known_answer.json`` reports about the pipeline output under ``out``."""
     from animegamer.data.split import HeldOut
     from animegamer.preflight import split_counts
-    from data_pipeline.captioners.base import STATUS_OK
+    from animegamer.media.captions import STATUS_OK
 
     root = out / PIPELINE_DIR
     metas = _clip_metas(root / CLIPS_DIR)

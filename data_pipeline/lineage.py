@@ -14,8 +14,9 @@ from pathlib import Path
 from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SESSIONS_FILE
 from animegamer.data.storage import ShardSource
+from animegamer.media.fingerprint import FINGERPRINT, fingerprint, shards_digest
 from animegamer.utils.io import read_json_if_exists
-from data_pipeline.fingerprint import FINGERPRINT, fingerprint, reuse_counts, shards_digest
+from data_pipeline.fingerprint import reuse_counts
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,11 @@ from tqdm import tqdm
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.storage import Shard
+from animegamer.media.captions import STATUS_OK
+from animegamer.media.fingerprint import FINGERPRINT, fingerprint
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
-from data_pipeline.captioners import STATUS_OK
-from data_pipeline.fingerprint import FINGERPRINT, RECOMPUTED, REUSED, fingerprint, reuse_counts
+from data_pipeline.fingerprint import RECOMPUTED, REUSED, reuse_counts
 from data_pipeline.lineage import MADE_FROM, made_from
 from data_pipeline.writer import CLIPS_DIR, MANIFEST, write_shard
 

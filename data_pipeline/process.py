@@ -17,11 +17,13 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from animegamer.config.schema import PipelineConfig
-from data_pipeline.clips import ClipWindow, FrameSource, encode_mp4, plan_windows
+from animegamer.media.fingerprint import FINGERPRINT
+from animegamer.media.flow import clip_flow, make_estimator
+from animegamer.media.video import encode_mp4
+from data_pipeline.clips import ClipWindow, FrameSource, plan_windows
 from data_pipeline.errors import BadInput
-from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
+from data_pipeline.fingerprint import plan_fingerprint, task_fingerprints
 from data_pipeline.ingest import FilmInfo, probe, readable_error
-from data_pipeline.motion import clip_flow, make_estimator
 from data_pipeline.shots import Shot, detect_cuts, shots_from_cuts
 from data_pipeline.staging import Staging, captions_to_retry
 

@@ -18,9 +18,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from animegamer.media.captions import STATUS_OK
+from animegamer.media.fingerprint import FINGERPRINT, path_key
 from animegamer.utils.io import atomic_dir, read_json, read_json_if_exists, write_json_atomic
-from data_pipeline.captioners.base import RETRIED_BACKENDS, STATUS_OK
-from data_pipeline.fingerprint import FINGERPRINT, path_key
+from data_pipeline.captioners.base import RETRIED_BACKENDS
 
 STAGING_DIR = ".staging"
 PLAN_FILE = "plan.json"
@@ -73,7 +74,7 @@ class Staging:
 
     @property
     def hash_cache(self) -> Path:
-        """Where input files' content hashes are cached (:func:`data_pipeline.fingerprint.file_identity`)."""
+        """Where input files' content hashes are cached (:func:`animegamer.media.fingerprint.file_identity`)."""
         return self.dir / HASH_CACHE_DIR
 
     # ------------------------------------------------------------------ writing

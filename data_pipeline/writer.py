@@ -14,12 +14,13 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.data.layout import MANIFEST
 from animegamer.data.split import SHOTS_FILE, shot_id
+from animegamer.media.captions import STATUS_OK
+from animegamer.media.fingerprint import FINGERPRINT
+from animegamer.media.motion_bins import LEVELS, MotionBins, compute_bins
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
-from data_pipeline.captioners import STATUS_OK
-from data_pipeline.fingerprint import FINGERPRINT, plan_fingerprint, task_fingerprints
+from data_pipeline.fingerprint import plan_fingerprint, task_fingerprints
 from data_pipeline.lineage import MADE_FROM, built_summary, output_path
-from data_pipeline.motion import LEVELS, MotionBins, compute_bins
 from data_pipeline.staging import Staging
 
 log = logging.getLogger(__name__)

@@ -92,7 +92,7 @@ def _warned(caplog, shard: str, key: str) -> bool:
 # --------------------------------------------------------------------------- each bad-data case
 def _clip_mp4(frames: int = 3, size: int = 32, shade: int = 0) -> bytes:
     from animegamer.config.schema import ClipsConfig
-    from data_pipeline.clips import encode_mp4
+    from animegamer.media.video import encode_mp4
 
     video = np.stack([np.full((size, size, 3), (shade + 40 * t) % 256, np.uint8) for t in range(frames)])
     return encode_mp4(video, 8, ClipsConfig())

@@ -16,6 +16,7 @@ from http_fakes import FakeChatServer, huge, no_proxy, redirect, silent, trickle
 from PIL import Image
 
 from animegamer.config.schema import CaptionConfig
+from animegamer.media.video import evenly_spaced_indices, pick_frames
 from data_pipeline.captioners import fields
 from data_pipeline.captioners.base import (
     BACKENDS,
@@ -23,8 +24,6 @@ from data_pipeline.captioners.base import (
     Captioner,
     ClipContext,
     build_captioner,
-    evenly_spaced_indices,
-    pick_frames,
 )
 from data_pipeline.captioners.fields import (
     Caption,

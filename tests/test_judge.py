@@ -184,7 +184,7 @@ def test_unreachable_endpoint_is_unavailable():
 def report_games(folder, ids: tuple[str, ...] = ("g1",)) -> list[dict]:
     """Played games of two turns each in evaluation's report format, their clips real mp4 files."""
     from animegamer.config.schema import ClipsConfig
-    from data_pipeline.clips import encode_mp4
+    from animegamer.media.video import encode_mp4
 
     frames = np.full((FRAMES, HEIGHT, WIDTH, 3), 120, dtype=np.uint8)
     games = []

@@ -20,7 +20,7 @@ from animegamer.metrics import (
     unavailable,
     write_report,
 )
-from data_pipeline.motion import MotionBins
+from animegamer.media.motion_bins import MotionBins
 from motion_helpers import shifted_clip, smooth_texture
 
 EDGES = (0.5, 2.5, 10.0, 20.0)

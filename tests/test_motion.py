@@ -1,5 +1,5 @@
-"""Motion scope (data_pipeline.motion): flow in output pixels whatever the clip's width, and the
-levels at bin edges."""
+"""Motion scope (animegamer.media.flow, animegamer.media.motion_bins): flow in output pixels whatever the
+clip's width, and the levels at bin edges."""
 from __future__ import annotations
 
 import cv2
@@ -8,7 +8,8 @@ import pytest
 from motion_helpers import shifted_clip, smooth_texture
 
 from animegamer.config.schema import MotionConfig
-from data_pipeline.motion import MotionBins, clip_flow, compute_bins
+from animegamer.media.flow import clip_flow
+from animegamer.media.motion_bins import MotionBins, compute_bins
 
 # --------------------------------------------------------------------------- flow in output pixels
 # The paper's clip width, wider than the analysis width: the flow is estimated on shrunk frames and

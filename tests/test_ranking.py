@@ -55,7 +55,7 @@ def runs(tmp_path_factory) -> list[Path]:
     """Three evaluation folders (metrics.json and real clips) of the same two games; the first one was
     judged and played one more game."""
     from animegamer.config.schema import ClipsConfig
-    from data_pipeline.clips import encode_mp4
+    from animegamer.media.video import encode_mp4
 
     root = tmp_path_factory.mktemp("runs")
     folders = []

@@ -7,14 +7,10 @@ or ``failed`` with the reason). Backends: ``jsonl`` (import), ``vlm`` (local tra
 """
 from .base import (
     BACKENDS,
-    STATUS_FAILED,
-    STATUS_OK,
     CaptionResult,
     Captioner,
     ClipContext,
     build_captioner,
-    evenly_spaced_indices,
-    pick_frames,
 )
 from .fields import (
     CAPTION_FIELDS,
@@ -34,8 +30,6 @@ __all__ = [
     "INSTRUCTION_TEMPLATE",
     "MOTION_TEXT_TEMPLATE",
     "STATE_FIELDS",
-    "STATUS_FAILED",
-    "STATUS_OK",
     "Caption",
     "CaptionResult",
     "Captioner",
@@ -44,7 +38,5 @@ __all__ = [
     "build_captioner",
     "build_instruction",
     "build_motion_text",
-    "evenly_spaced_indices",
     "parse_caption_json",
-    "pick_frames",
 ]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, runtime_chec
 
 import numpy as np
 
+from animegamer.media.captions import STATUS_FAILED, STATUS_OK
 from animegamer.utils.http import client_setting_problems
 
 from .fields import Caption, States
@@ -21,9 +22,6 @@ if TYPE_CHECKING:  # the schema pulls in Hydra; backends only read plain attribu
     from animegamer.config.schema import CaptionConfig
 
 logger = logging.getLogger(__name__)
-
-STATUS_OK = "ok"
-STATUS_FAILED = "failed"
 
 BACKEND_JSONL = "jsonl"
 BACKEND_VLM = "vlm"
@@ -131,28 +129,6 @@ class Captioner(Protocol):
     needs_frames: bool  # False: the pipeline may skip decoding frames for this backend
 
     def caption(self, ctx: ClipContext) -> CaptionResult: ...
-
-
-# --------------------------------------------------------------------------- frames
-def evenly_spaced_indices(total: int, count: int) -> list[int]:
-    """``count`` frame indices spread over ``total`` frames, always including the first and last.
-
-    Asking for more frames than exist returns every frame once (never duplicates).
-    """
-    if total <= 0:
-        raise ValueError(f"cannot pick frames from an empty clip (total={total})")
-    if count <= 0:
-        raise ValueError(f"count must be >= 1, got {count}")
-    if count >= total:
-        return list(range(total))
-    if count == 1:
-        return [(total - 1) // 2]  # the middle frame represents the clip best
-    return [int(i) for i in np.linspace(0, total - 1, count).round().astype(int)]
-
-
-def pick_frames(frames: np.ndarray, count: int) -> list[np.ndarray]:
-    """The ``count`` evenly spaced frames of a (T, H, W, 3) clip, in temporal order."""
-    return [frames[i] for i in evenly_spaced_indices(len(frames), count)]
 
 
 # --------------------------------------------------------------------------- films

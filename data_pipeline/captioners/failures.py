@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from animegamer.errors import UserError
+from animegamer.media.captions import STATUS_OK
 from animegamer.utils.http import redact
 
-from .base import BACKEND_HTTP, BACKEND_JSONL, BACKEND_NONE, BACKEND_VLM, STATUS_OK
+from .base import BACKEND_HTTP, BACKEND_JSONL, BACKEND_NONE, BACKEND_VLM
 
 if TYPE_CHECKING:
     from animegamer.config.schema import CaptionConfig

@@ -16,10 +16,11 @@ from typing import Callable, Optional
 import numpy as np
 from PIL import Image
 
+from animegamer.media.video import pick_frames
 # GenerationError stays importable from here, where the caption backends' retry rules are described.
 from animegamer.utils.http import IMAGE, TEXT, ContentPart, GenerationError, answer_with_retries  # noqa: F401
 
-from .base import CaptionResult, ClipContext, FilmPaths, pick_frames
+from .base import CaptionResult, ClipContext, FilmPaths
 from .fields import (
     ADVERB,
     CHARACTER,

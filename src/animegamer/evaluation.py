@@ -26,7 +26,7 @@ from animegamer.metrics.common import available, mean_metric, unavailable
 from animegamer.metrics.latent_motion import latent_motion
 from animegamer.metrics.motion_sweep import evaluation_sweep
 from animegamer.metrics.psnr import clip_psnr
-from data_pipeline.captioners.base import STATUS_OK
+from animegamer.media.captions import STATUS_OK
 
 log = logging.getLogger(__name__)
 

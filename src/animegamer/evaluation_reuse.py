@@ -37,7 +37,7 @@ def export_identity(folder: str) -> dict | None:
 def evaluation_fingerprint(composed) -> str:
     from omegaconf import OmegaConf
 
-    from data_pipeline.fingerprint import fingerprint
+    from animegamer.media.fingerprint import fingerprint
 
     config = OmegaConf.to_container(composed, resolve=True)
     e = composed.evaluation

@@ -410,7 +410,7 @@ class GameWriter:
 
     def add(self, result: TurnResult) -> Path:
         from animegamer.utils.io import write_bytes_atomic
-        from data_pipeline.clips import encode_mp4
+        from animegamer.media.video import encode_mp4
 
         clips = self.game.cfg.pipeline.clips
         t0 = time.perf_counter()

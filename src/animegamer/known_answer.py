@@ -238,11 +238,11 @@ def clips_deviation(ours: dict[str, Path], reference: dict[str, Path]) -> dict[s
     the same MLLM and seed, so the clips differ only by how they were sampled."""
     import numpy as np
 
-    from animegamer.data.shards import decode_video
+    from animegamer.media.video import decode_mp4
     from animegamer.metrics.psnr import psnr
 
     shared = sorted(set(ours) & set(reference))
-    pairs = [(decode_video(ours[k].read_bytes()), decode_video(reference[k].read_bytes())) for k in shared]
+    pairs = [(decode_mp4(ours[k].read_bytes()), decode_mp4(reference[k].read_bytes())) for k in shared]
     values = [psnr(a, b) for a, b in pairs]
     return {"turns": len(shared), "identical_turns": sum(np.array_equal(a, b) for a, b in pairs),
             "psnr_per_turn": values, "psnr_mean": sum(values) / len(values) if values else None,

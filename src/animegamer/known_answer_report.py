@@ -177,14 +177,14 @@ def write_gallery(eval_out: Path, path: Path) -> bool:
     import numpy as np
     from PIL import Image
 
-    from animegamer.data.shards import decode_video
+    from animegamer.media.video import decode_mp4
 
     metrics = json.loads((eval_out / "metrics.json").read_text())
     turns = [t for g in metrics.get("games", []) for t in g.get("turns", []) if t.get("truth_video")][:GALLERY_TURNS]
     strips = []
     for turn in turns:
         for video in (turn["truth_video"], turn["video"]):
-            frames = decode_video((eval_out / video).read_bytes())  # metrics.json: relative to its folder
+            frames = decode_mp4((eval_out / video).read_bytes())  # metrics.json: relative to its folder
             picks = np.linspace(0, len(frames) - 1, GALLERY_FRAMES).round().astype(int)
             strips.append(np.concatenate([frames[i] for i in picks], axis=1))
     if not strips:

@@ -18,7 +18,7 @@ from pathlib import Path
 from animegamer.config.validate import ConfigError
 from animegamer.data.indexed import key_fraction
 from animegamer.data.split import SESSIONS_FILE, VAL, TRAIN, HeldOut, consecutive_runs, session_key
-from data_pipeline.captioners.base import STATUS_OK
+from animegamer.media.captions import STATUS_OK
 
 log = logging.getLogger(__name__)
 

@@ -246,7 +246,7 @@ def story_or_reuse(composed, out: Path) -> dict:
     recorded. A change of code is not seen: delete the folder to play it again."""
     from animegamer.evaluation_reuse import evaluation_fingerprint
     from animegamer.utils.io import write_json_atomic
-    from data_pipeline.fingerprint import fingerprint
+    from animegamer.media.fingerprint import fingerprint
 
     fp = fingerprint(evaluation_fingerprint(composed), STORY_TURNS)
     story = reused_story(out, fp)

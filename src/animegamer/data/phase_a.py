@@ -13,7 +13,7 @@ from animegamer.data.indexed import (SKIPPED, ExpectArrays, IndexedShardDataset,
                                      split_skipped)
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
-from data_pipeline.captioners.base import STATUS_OK
+from animegamer.media.captions import STATUS_OK
 
 FEATURES, CLIPS = "features", "clips"
 INPUTS = (FEATURES, CLIPS)  # phase.input: precomputed features or raw clips

@@ -11,7 +11,6 @@ in the next all-reduce).
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence, Union
@@ -23,6 +22,7 @@ from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from animegamer.data.layout import MANIFEST  # noqa: F401 - readers import the name from here too
 from animegamer.data.storage import Shard, ShardSource
+from animegamer.media.video import decode_mp4
 from animegamer.utils.io import load_npy_bytes
 
 NPY_SUFFIX = ".npy"
@@ -45,14 +45,6 @@ def read_manifest(folder: str | Path) -> dict:
     return ShardSource(folder).manifest()
 
 
-def decode_video(data: bytes) -> np.ndarray:
-    """mp4 bytes -> (T, H, W, 3) uint8 RGB with decord."""
-    import decord  # loads ffmpeg's libraries: only readers that decode video need them
-
-    reader = decord.VideoReader(io.BytesIO(data), num_threads=1)
-    return reader.get_batch(list(range(len(reader)))).asnumpy()
-
-
 def decode_sample(sample: dict, video: bool = True) -> dict:
     """Raw webdataset sample (bytes per extension) -> python objects, by extension."""
     out = {"__key__": sample["__key__"], "__url__": sample.get("__url__")}
@@ -64,7 +56,7 @@ def decode_sample(sample: dict, video: bool = True) -> dict:
         elif ext.endswith(NPY_SUFFIX.lstrip(".")):
             out[ext] = load_npy_bytes(value)
         elif ext == "mp4":
-            out[ext] = decode_video(value) if video else value
+            out[ext] = decode_mp4(value) if video else value
         else:
             raise ValueError(f"{sample.get('__url__')}: {sample['__key__']}.{ext}: unknown member type")
     return out

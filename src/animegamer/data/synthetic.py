@@ -11,7 +11,7 @@ import webdataset as wds
 from animegamer.config.validate import vae_latent_shape
 from animegamer.data.layout import MANIFEST
 from animegamer.utils.io import npy_bytes
-from data_pipeline.captioners.base import STATUS_OK
+from animegamer.media.captions import STATUS_OK
 
 ADVERBS, MOTIONS = ("slowly", "quickly", "gently"), ("walk", "run", "talk", "sit")
 

@@ -95,7 +95,7 @@ def state_changes(turns: Sequence[Mapping[str, int]]) -> list[str]:
 def _frame_images(frames: np.ndarray, count: int, max_side: int) -> list:
     from PIL import Image
 
-    from data_pipeline.captioners.base import pick_frames
+    from animegamer.media.video import pick_frames
 
     images = []
     for frame in pick_frames(frames, count):
@@ -277,7 +277,7 @@ def _first_line(error: BaseException) -> str:
 
 def _clip_frames(turn: Mapping, number: int) -> tuple[Optional[np.ndarray], str]:
     """A played turn's clip decoded, or None and why it cannot be judged."""
-    from animegamer.data.shards import decode_video
+    from animegamer.media.video import decode_mp4
 
     if not turn.get("video"):
         return None, f"turn {number} has no clip recorded"
@@ -285,7 +285,7 @@ def _clip_frames(turn: Mapping, number: int) -> tuple[Optional[np.ndarray], str]
     if not path.is_file():
         return None, f"turn {number}: clip {path} is missing"
     try:
-        frames = decode_video(path.read_bytes())
+        frames = decode_mp4(path.read_bytes())
     except Exception as error:  # noqa: BLE001 - decord raises its own error type or RuntimeError by failure
         return None, f"turn {number}: clip {path} cannot be decoded ({_first_line(error)})"
     if len(frames) == 0:

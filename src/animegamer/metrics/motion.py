@@ -1,7 +1,7 @@
 """ACC-F / MAE-F (Table 1, motion quality): the motion level of each generated clip, measured with the
 data pipeline's own flow estimator and bins, against the level the game asked for.
 
-``data_pipeline.motion.clip_flow`` gives the mean optical-flow magnitude (output pixels per output
+``animegamer.media.flow.clip_flow`` gives the mean optical-flow magnitude (output pixels per output
 frame, pixels under the threshold dropped) and ``MotionBins.level`` quantises it with the same edges
 the training data was labelled with (the clip shards' manifest), so a generated clip is judged
 exactly as a training clip would have been labelled.
@@ -13,9 +13,8 @@ from typing import Mapping, Sequence, Union
 import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS, MotionConfig
-from data_pipeline.motion import FlowEstimator, MotionBins, clip_flow, make_estimator
-
-LEVELS = tuple(range(1, NUM_MOTION_LEVELS + 1))
+from animegamer.media.flow import FlowEstimator, clip_flow, make_estimator
+from animegamer.media.motion_bins import LEVELS, MotionBins
 
 
 def _bins(bins: Union[MotionBins, Mapping]) -> MotionBins:

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from animegamer.checkpoints.export import FINISHED
+from animegamer.media.video import encode_mp4  # PyAV and OpenCV load only when a video is encoded
 from animegamer.training.strategies import full_weights, is_fsdp_strategy
 from animegamer.training.throughput import pausing
 from animegamer.utils.randomness import step_generator
@@ -184,8 +185,6 @@ class ValidationVideos(L.Callback):
 
     @torch.no_grad()
     def log_videos(self, trainer, module, step: int) -> list[Path]:
-        from data_pipeline.clips import encode_mp4  # PyAV and OpenCV load only when videos are logged
-
         out_dir = Path(self.cfg.output_dir) / "validation" / f"step-{step:07d}"
         written = []
         for index in range(min(self.count, len(self.dataset))):

@@ -39,12 +39,12 @@ from animegamer.config.validate import ConfigError
 from animegamer.data.layout import MANIFEST
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
+from animegamer.media.fingerprint import shards_digest
 from animegamer.phases.common import CONSTANT_SCHEDULE
 from animegamer.phases.specs import spec_named
 from animegamer.training.callbacks import EXPORT_DIR
 from animegamer.utils.io import read_json, sha256_bytes, write_json_atomic
 from animegamer.utils.logging import is_global_zero
-from data_pipeline.fingerprint import shards_digest
 
 log = logging.getLogger(__name__)
 
