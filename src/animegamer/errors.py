@@ -1,7 +1,7 @@
 """Errors a user can fix (a wrong setting, a wrong path, a folder already used) and how entry points show them.
 
-Raise :class:`UserError` (or a subclass) for a problem the message alone explains; the configuration
-check's ``ConfigError`` counts as one too. An entry point wrapped in :func:`exit_on_user_error` prints
+Raise :class:`UserError` (or a subclass) for a problem the message alone explains (the configuration
+check's ``ConfigError`` is one). An entry point wrapped in :func:`exit_on_user_error` prints
 such an error as one clean message (no traceback) and exits with :data:`USER_ERROR_EXIT_CODE`; any
 other exception keeps its traceback, because it is a bug to report.
 """
@@ -43,14 +43,11 @@ class UnsafeCheckpointError(InvalidInputError):
 
 
 def is_user_error(error: BaseException) -> bool:
-    """True for :class:`UserError`, the configuration check's ``ConfigError`` and Hydra's refusal of an
+    """True for :class:`UserError` (the configuration check's ``ConfigError`` included) and Hydra's refusal of an
     override (unknown group or key, wrong type, bad syntax) in a config composed by the command."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
-    from animegamer.config.validate import ConfigError  # late: the config package may raise UserError too
-
-    return isinstance(error, (UserError, ConfigError, ConfigCompositionException, MissingConfigException,
-                              OverrideParseException))
+    return isinstance(error, (UserError, ConfigCompositionException, MissingConfigException, OverrideParseException))
 
 
 def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:

@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Iterable
 
 from animegamer.config.schema import NUM_MOTION_LEVELS, EncodersConfig, PipelineConfig
+from animegamer.errors import UserError
 from animegamer.utils.http import client_setting_problems, redact
 
 # decord 0.6 copies decoded frames with a 16-pixel-aligned line size: other widths fail to decode.
 DECODER_WIDTH_MULTIPLE = 16
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
+    """Every problem the configuration check found, one per line (the message names each config key)."""
+
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__(f"{len(problems)} configuration problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
