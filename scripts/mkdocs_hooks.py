@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.resources
 import inspect
 import io
 import logging
 import tokenize
 import typing
+from pathlib import Path
 
 from omegaconf import MISSING
 
@@ -23,13 +25,49 @@ logger = logging.getLogger("mkdocs.hooks.config_reference")
 
 INTRO = """# Configuration reference
 
-Every key of the configuration tree that `train.py`, `evaluate.py` and `python -m data_pipeline`
-compose, with its type, its default in the schema and what it means. This page is generated when the
-site is built, from the dataclasses in `src/animegamer/config/schema.py`: the YAML files under
-`configs/` (model presets, phases, trainers, experiments) override these defaults. How the tree is
-composed and checked: [Configuration](configuration.md).
+Every config group with its options, then every key of the configuration tree that `train.py`,
+`evaluate.py` and `python -m data_pipeline` compose, with its type, its default in the schema and what
+it means. This page is generated when the site is built, from the config files and the dataclasses in
+`animegamer.config.schema`: a group's option (a model preset, a phase, a trainer, an experiment)
+overrides the schema's defaults. How the tree is composed and checked: [Configuration](configuration.md).
 
 """
+
+
+def configs_dir() -> Path:
+    """The config folder: package data of ``animegamer`` where it is installed there, else the repository's."""
+    packaged = importlib.resources.files("animegamer") / "configs"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[1] / "configs"
+
+
+def _yaml_description(path: Path) -> str:
+    """The first sentence of a config file's leading comment (Hydra's ``# @package`` line left out)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if not text.startswith("@package"):
+            lines.append(text)
+    text = " ".join(" ".join(lines).split())
+    return text.split(". ", 1)[0].rstrip(".") + "." if text else ""
+
+
+def render_groups(root: Path) -> str:
+    """One table per config group: each option (file name) with its leading comment."""
+    out = ["## Config groups", "",
+           "Roots (each command's own config): " +
+           ", ".join(f"`{p.stem}`" for p in sorted(root.glob("*.yaml"))) + ". "
+           "Choose a group's option with `GROUP=OPTION` on the command line (e.g. `trainer=fsdp`).", ""]
+    for group in sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*.yaml"))):
+        if group.name == "hydra":
+            continue
+        out += [f"### `{group.name}`", "", "| option | what it is |", "|---|---|"]
+        out += [f"| `{f.stem}` | {_cell(_yaml_description(f))} |" for f in sorted(group.glob("*.yaml"))]
+        out.append("")
+    return "\n".join(out) + "\n"
 
 
 def _field_comments(cls: type) -> dict[str, str]:
@@ -135,7 +173,7 @@ def render_reference() -> str:
     """The whole page: the root's own keys, then each node of the tree in schema order."""
     from animegamer.config import schema
 
-    out = [INTRO]
+    out = [INTRO, render_groups(configs_dir())]
     root_lines, children = _node_section("", schema.RunConfig, skip=frozenset({"phase"}))
     out += ["## Top-level keys", "", *root_lines]
     for path, cls in children:

@@ -74,6 +74,7 @@ def test_every_relative_link_of_the_readme_resolves():
 
 def test_the_configuration_reference_lists_every_key_with_its_comment():
     page = _hooks().render_reference()
+    page = page[page.index("## Top-level keys"):]  # the config groups' option tables come before
     rows = re.findall(r"^\| `([^`]+)` \|", page, re.MULTILINE)
     root = schema.RunConfig
     expected = [k for k in _leaf_keys("", root) if not k.startswith("phase.")]
@@ -112,3 +113,18 @@ def test_the_text_speaks_of_the_project_only():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if any(p.search(line) for p in OFF_TOPIC)]
     assert found == []
+
+
+def test_the_configuration_reference_lists_every_config_option():
+    hooks = _hooks()
+    root = hooks.configs_dir()
+    page = hooks.render_reference()
+    options = sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.yaml") if p.parent.name != "hydra")
+    listed = []
+    for group, body in re.findall(r"^### `([^`]+)`\n\n\| option \| what it is \|\n\|---\|---\|\n((?:\|.*\n)+)",
+                                  page, re.MULTILINE):
+        listed += [f"{group}/{name}" for name in re.findall(r"^\| `([^`]+)` \|", body, re.MULTILINE)]
+    assert sorted(listed) == options and len(options) > 40
+    # each option's first sentence of its leading comment, without Hydra's package line
+    assert "| `gpu` | One GPU, bf16 autocast with float32 master weights. |" in page
+    assert "@package" not in page
