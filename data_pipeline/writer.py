@@ -12,7 +12,7 @@ import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.data.layout import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.data.split import SHOTS_FILE, shot_id
 from animegamer.media.captions import STATUS_OK
 from animegamer.media.fingerprint import FINGERPRINT

@@ -28,7 +28,7 @@ from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 
 from animegamer.config.compose import compose_config
 from animegamer.data.indexed import IndexedShardDataset, StepSampler
-from animegamer.data.layout import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.data.phase_a import FEATURE_ARRAYS, collate_samples, feature_transform
 from animegamer.data.storage import HEADER_READAHEAD, RemoteReadError, RemoteSettings, ShardSource, join
 from animegamer.training import checkpointing, runner
@@ -277,7 +277,7 @@ def test_a_server_that_keeps_failing_stops_with_an_error_naming_the_url(data_roo
 # ------------------------------------------------------------------------------------------ checks
 def test_validation_and_the_run_record_read_a_url_root(data_root, server, tmp_path):
     from animegamer.checks import check_training
-    from animegamer.config.disk_checks import _first_sample_shapes
+    from animegamer.data.shapes import _first_sample_shapes
     from animegamer.training.run_record import data_digests
 
     composed, _ = tiny_train_cfg(data_root, tmp_path / "local", "phase=a_joint")

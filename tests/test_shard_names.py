@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError
 from animegamer.data.indexed import IndexedShardDataset
-from animegamer.data.layout import MANIFEST, shard_name_problem
+from animegamer.contracts.files import MANIFEST, shard_name_problem
 from animegamer.data.shards import folder_shards, iter_samples, shard_samples, shard_urls, training_dataset
 from animegamer.data.storage import RemoteReadError, ShardDigestError, ShardNameError, ShardSource
 from animegamer.errors import USER_ERROR_EXIT_CODE
@@ -124,7 +124,7 @@ def _toy_vae_clips(root):
 
 
 def _toy_vae_identity(root):
-    from animegamer.config.trained_data import clip_content_sha256
+    from animegamer.data.trained_data import clip_content_sha256
 
     return clip_content_sha256(root, "clips")
 

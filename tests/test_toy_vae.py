@@ -120,7 +120,7 @@ def _write_clips(root: Path, video: bytes = b"mp4 bytes", bins: dict | None = No
     import io
     import tarfile
 
-    from animegamer.config.trained_data import MANIFEST
+    from animegamer.contracts.files import MANIFEST
 
     (root / "clips").mkdir(parents=True, exist_ok=True)
     members = {"f-000000.mp4": video,
@@ -169,7 +169,7 @@ def test_a_trained_folder_is_reused_from_moved_data_and_retrained_for_other_clip
 
 def test_clip_content_digest_ignores_where_the_clips_were_cut(tmp_path: Path) -> None:
     """Two cuts of the same film in two folders differ only in each clip's source path: same digest."""
-    from animegamer.config.trained_data import clip_content_sha256
+    from animegamer.data.trained_data import clip_content_sha256
 
     base = clip_content_sha256(_write_clips(tmp_path / "a"), "clips")
     assert base is not None and clip_content_sha256(_write_clips(tmp_path / "b"), "clips") == base

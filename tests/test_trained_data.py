@@ -8,7 +8,7 @@ from conftest import quickstart_overrides
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.config.trained_data import ClipSize, lineage, trained_clip_size
+from animegamer.checkpoints.trained_data import ClipSize, lineage, trained_clip_size
 from animegamer.checks import validate_eval_run
 from animegamer.config.validate import ConfigError
 
@@ -66,7 +66,7 @@ def test_game_renders_at_the_size_its_renderer_was_trained_at(quickstart, tmp_pa
 def _cut(root, size: ClipSize) -> None:
     """A clip manifest as the pipeline writes it, as far as these checks read it: the clip size in its
     resolved config and the films' digests (cutting the same film again keeps them)."""
-    from animegamer.config.trained_data import clip_manifest
+    from animegamer.checkpoints.trained_data import clip_manifest
     from animegamer.utils.io import write_json_atomic
 
     manifest = clip_manifest(root, "clips")
@@ -85,8 +85,8 @@ def test_an_export_keeps_the_data_it_trained_on_when_the_folder_is_cut_again(tmp
     from torch import nn
 
     from animegamer.checkpoints.export import save_export
-    from animegamer.config.trained_data import (at_clip_size, clip_size_of, clip_size_problems, renderer_clip_size,
-                                                split_problems, trained_data)
+    from animegamer.checkpoints.trained_data import at_clip_size, clip_size_of, renderer_clip_size, trained_data
+    from animegamer.data.trained_data import clip_size_problems, split_problems
 
     trained_at, recut_at = QUICKSTART_CLIPS, replace(QUICKSTART_CLIPS, height=64, width=96)
     monkeypatch.chdir(tmp_path)
@@ -117,7 +117,7 @@ def test_commands_given_exports_default_to_the_preset_they_were_trained_with(tmp
     otherwise; an export that records no preset changes nothing."""
     import json
 
-    from animegamer.config.trained_data import preset_overrides, trained_preset
+    from animegamer.checkpoints.trained_data import preset_overrides, trained_preset
 
     tiny, bare = tmp_path / "tiny", tmp_path / "bare"
     for folder, record in ((tiny, {"config": {"model": {"name": "tiny"}}}), (bare, {"step": 3})):

@@ -138,7 +138,7 @@ def scored_with(composed) -> dict:
     """What a variant's reconstruction scores depend on besides its export: the evaluation settings, the
     held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the sampling
     steps the model config gives when ``evaluation.sampling_steps`` is 0."""
-    from animegamer.config.trained_data import clip_manifest_sha256
+    from animegamer.checkpoints.trained_data import clip_manifest_sha256
 
     data = composed.data
     return {"evaluation": OmegaConf.to_container(composed.evaluation, resolve=True),

@@ -18,11 +18,12 @@ from typing import Iterable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE, export_folder_problems
-from animegamer.config.trained_data import clip_size_problems, split_problems
-from animegamer.config.disk_checks import check_shard_shapes, check_weight_folders, read_json_object
+from animegamer.data.trained_data import clip_size_problems, split_problems
+from animegamer.config.disk_checks import check_weight_folders, read_json_object
+from animegamer.data.shapes import check_shard_shapes
 from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline, choice,
                                         local_folder, positive)
-from animegamer.data.layout import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.data.storage import check_remote_settings, data_source, is_url
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS, FA4, check_attention_backends
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel

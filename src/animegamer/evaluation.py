@@ -331,7 +331,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
 def reconstruction_motion(cfg: RunConfig, keys: list[str], frames: list[np.ndarray]) -> dict:
     """ACC-F / MAE-F of the reconstructions (each decoded with its own clip's motion scope) against their
     clips' levels: whether the decoder renders the asked speed, apart from what the game predicts."""
-    from animegamer.config.trained_data import clip_manifest
+    from animegamer.checkpoints.trained_data import clip_manifest
     from animegamer.metrics.motion import motion_accuracy
 
     if not keys:
@@ -421,7 +421,7 @@ def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: di
 
 def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
-    from animegamer.config.trained_data import clip_manifest
+    from animegamer.checkpoints.trained_data import clip_manifest
     from animegamer.game_models import load_game_models, read_level_flow
     from animegamer.evaluation_reuse import forget_record
     from animegamer.metrics.judge import judge_report_games

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
-from animegamer.config.trained_data import clip_manifest_sha256
+from animegamer.checkpoints.trained_data import clip_manifest_sha256
 from animegamer.metrics.report import METRICS_FILE
 from animegamer.utils.io import read_json_if_exists, sha256_file, write_json_atomic
 

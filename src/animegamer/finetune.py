@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from animegamer.config.trained_data import trained_clip_size, trained_preset
+from animegamer.checkpoints.trained_data import trained_clip_size, trained_preset
 from animegamer.errors import MissingInputError
 from animegamer.errors import exit_on_user_error
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
@@ -85,7 +85,7 @@ def trained_steps(export: Path, phase: str) -> tuple[int, str, float | None] | N
     was started from (a fine-tune's export is started from the full run); None where none records its steps."""
     from animegamer.checkpoints.export import EXPORT_FILE
     from animegamer.config.disk_checks import read_json_object
-    from animegamer.config.trained_data import lineage
+    from animegamer.checkpoints.trained_data import lineage
     from animegamer.training.callbacks import TRAIN_SECONDS
 
     runs = []

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.shards import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.errors import OutputExistsError, UserError, exit_on_user_error
 from animegamer.game_models import GameModels, load_game_models, read_level_flow
 from animegamer.mllm.predict import HistoryTurn, Prediction, window
@@ -645,7 +645,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from omegaconf import OmegaConf
 
     from animegamer.config.compose import compose_config
-    from animegamer.config.trained_data import preset_overrides
+    from animegamer.checkpoints.trained_data import preset_overrides
     from animegamer.config.validate import ConfigError
     from animegamer.utils.logging import setup_logging
 

@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.data.shards import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.errors import InvalidInputError
 
 log = logging.getLogger("animegamer.game")  # the game's logger: loading is part of starting a game
@@ -170,7 +170,7 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     dtype = dtype or play_dtype(device)
     refuse(check_play_fp8(cfg.model.decoder, branch_devices or [device], dtype))  # nothing to check when off
     level_flow = check_level_flow(level_flow)
-    from animegamer.config.trained_data import at_clip_size, renderer_clip_size
+    from animegamer.checkpoints.trained_data import at_clip_size, renderer_clip_size
 
     cfg = at_clip_size(cfg, renderer_clip_size(_as_list(renderer_export)))  # render at the trained clip size
 

@@ -68,7 +68,7 @@ def _json_of(sample: dict) -> dict:
 
 def _read_clips(root: str | Path, clips_dir: str, val_fraction: float):
     """(shard folder, every clip's json, the split, the captioned clips' json) of a pipeline output."""
-    from animegamer.data.layout import MANIFEST
+    from animegamer.contracts.files import MANIFEST
     from animegamer.data.storage import ShardSource, join
     from animegamer.utils.io import sha256_bytes
 

@@ -128,7 +128,7 @@ def evaluation_config(overrides: list[str]):
 
 def start_clip_size_problems(phase_a, start: str) -> list[str]:
     """Training from an earlier export continues at the clip size it was trained at."""
-    from animegamer.config.trained_data import clip_size_of, trained_clip_size
+    from animegamer.checkpoints.trained_data import clip_size_of, trained_clip_size
 
     trained, configured = trained_clip_size(start), clip_size_of(phase_a.pipeline.clips)
     if trained is not None and trained != configured:
@@ -196,7 +196,7 @@ def play_story(composed, out: Path) -> dict:
     returns its page (with why it stopped when it did before its last turn), its turns played and planned."""
     from omegaconf import OmegaConf
 
-    from animegamer.config.trained_data import clip_manifest
+    from animegamer.checkpoints.trained_data import clip_manifest
     from animegamer.evaluation import story_instructions
     from animegamer.game import INDEX_FILE, play_game
     from animegamer.game_models import load_game_models, read_level_flow

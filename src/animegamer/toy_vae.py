@@ -321,7 +321,7 @@ def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: 
     clips' folder is left out (the record keeps it for information), and so are the paths the manifest
     records: a folder carried to another machine, data moved, or the same films cut again in another
     folder must still be reused."""
-    from animegamer.config.trained_data import clip_content_sha256
+    from animegamer.data.trained_data import clip_content_sha256
 
     return {"clip_content_sha256": clip_content_sha256(data, CLIPS_DIR),
             "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg)}

@@ -4,7 +4,7 @@ An export is what the next phase (or a user) loads; the Lightning checkpoint bes
 resuming. Frozen weights are not in it: they come from the base model the config names, and the
 json records that config so the export says what it belongs to, and what the run trained on (the
 data folder as an absolute path, its clip size and clip manifest digest: see
-:mod:`animegamer.config.trained_data`), so that a data folder cut again later cannot change it.
+`animegamer.checkpoints.trained_data`), so that a data folder cut again later cannot change it.
 """
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ import torch
 from torch import nn
 
 from animegamer.checkpoints.safe_load import load_safetensors
-from animegamer.config.trained_data import TRAINED_DATA_KEY, trained_data_record
+from animegamer.checkpoints.trained_data import TRAINED_DATA_KEY, trained_data_record
+from animegamer.contracts.files import EXPORT_FILE, TRAINED_FILE
 from animegamer.utils.io import atomic_dir, save_tensors
 from animegamer.utils.state import clean_name, require
 
 log = logging.getLogger(__name__)
 
-EXPORT_FILE = "export.json"
-TRAINED_FILE = "trained.safetensors"
 FINISHED = "finished"  # export.json: written once its run reached phase.max_steps (false: a checkpoint's)
 FORMAT_VERSION = 1
 
@@ -49,7 +48,7 @@ def save_export(folder: str | Path, module: nn.Module, meta: dict, extra: tuple[
     ``extra`` adds frozen parameters by name prefix, for exports that must stand alone (phase (c)
     carries the encoder it did not train, so a renderer loads from one folder). ``state``: see
     :func:`trained_state`. A ``meta["config"]`` (the resolved run config) adds the record of the data
-    the run trained on (:func:`animegamer.config.trained_data.trained_data_record`)."""
+    the run trained on (:func:`animegamer.checkpoints.trained_data.trained_data_record`)."""
     folder = Path(folder)
     state = trained_state(module, extra, state)
     config = meta.get("config")

@@ -1,9 +1,8 @@
-"""Checks that read what is on disk and need no component's code: weight folders' config.json and the
-first sample of the shards a run will read. Each returns messages naming the config key; the
-validation pass (:mod:`animegamer.checks`) collects them with the rest."""
+"""Checks that read what is on disk and need no component's code: weight folders' config.json (the shards a
+run will read are checked by :mod:`animegamer.data.shapes`). Each returns messages naming the config key;
+the validation pass collects them with the rest."""
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 from typing import Iterable
 
@@ -70,54 +69,4 @@ def check_weight_folders(model, parts: Iterable[str]) -> list[str]:
                  if name in data and data[name] != value]
         if wrong:
             problems.append(f"{key}={path!r}: {folder / 'config.json'} does not match the config: " + "; ".join(wrong))
-    return problems
-
-
-def _first_sample_shapes(folder) -> dict[str, tuple] | None:
-    """``.npy`` member shapes of the first sample of the first shard: tar and npy headers only.
-    ``folder``: a path or an ``animegamer.data.storage.ShardSource`` (a URL reads headers by range)."""
-    import numpy as np
-
-    from animegamer.data.storage import ShardSource
-
-    try:
-        source = folder if isinstance(folder, ShardSource) else ShardSource(folder)
-        shards = source.shards()
-        if not shards:
-            return None
-        shapes: dict[str, tuple] = {}
-        first = None
-        with source.open(shards[0].path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            for info in tar:
-                if not info.isfile():
-                    continue
-                sample, _, ext = Path(info.name).name.partition(".")
-                if first is None:
-                    first = sample
-                elif sample != first:
-                    break
-                if ext.endswith("npy"):
-                    handle = tar.extractfile(info)
-                    version = np.lib.format.read_magic(handle)
-                    header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                              else np.lib.format.read_array_header_2_0)
-                    shapes[ext] = tuple(header(handle)[0])
-        return shapes
-    except Exception:  # noqa: BLE001 - unreadable data is the data checks' business, not the config's
-        return None
-
-
-def check_shard_shapes(folder, expected: dict[str, tuple]) -> list[str]:
-    """The data a phase reads against the sizes of the model it builds (first sample only); ``folder``
-    as in :func:`_first_sample_shapes`."""
-    shapes = _first_sample_shapes(folder) if expected else None
-    problems = []
-    for member, want in expected.items():
-        got = (shapes or {}).get(member)
-        if got is None:
-            continue
-        if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want)):
-            shown = "(" + ", ".join("*" if w is None else str(w) for w in want) + ")"
-            problems.append(f"{folder}: {member} has shape {got} but this config's model needs {shown} "
-                            f"(data written with other encoder / model sizes)")
     return problems

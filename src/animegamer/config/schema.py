@@ -11,8 +11,9 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from animegamer.data.storage import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
-
+# A remote data folder's reads (data.remote_*): how often a failed request is sent again, and its seconds.
+DEFAULT_RETRIES = 3
+DEFAULT_TIMEOUT_S = 60.0
 # Paper numbers that several nodes derive from (see docs/architecture.md, 'Clip shards' and 'Networks').
 PAPER_CLIP_FPS = 8
 PAPER_CLIP_FRAMES = 17

@@ -20,7 +20,6 @@ import webdataset as wds
 from webdataset.compat import check_empty
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
-from animegamer.data.layout import MANIFEST  # noqa: F401 - readers import the name from here too
 from animegamer.data.storage import Shard, ShardSource
 from animegamer.media.video import decode_mp4
 from animegamer.utils.io import load_npy_bytes

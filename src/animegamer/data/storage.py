@@ -16,7 +16,7 @@ digests, the held-out split) goes through :class:`ShardSource`. A local folder s
   names the URL and the last failure. A file that is not there (404) is not retried.
 
 A manifest names its shards; :meth:`ShardSource.shards` is the one way from a manifest to shard paths:
-each name must pass :func:`animegamer.data.layout.shard_name_problem` (a plain file name of the folder),
+each name must pass :func:`animegamer.contracts.files.shard_name_problem` (a plain file name of the folder),
 else :class:`ShardNameError` names the manifest and the entry. A shard read whole (:meth:`Shard.stream`)
 is checked against the sha256 its manifest records.
 """
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
-from animegamer.data.layout import MANIFEST, SHARD_NAME_RULE, shard_name_problem
+from animegamer.config.schema import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S
+from animegamer.contracts.files import MANIFEST, SHARD_NAME_RULE, shard_name_problem
 from animegamer.errors import InvalidInputError, UserError
 from animegamer.utils.http import GenerationError, answer_with_retries
 from animegamer.utils.io import read_json, write_json_atomic
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 URL_MARK = "://"
 HTTP_PROTOCOLS = ("http", "https")
 S3_PROTOCOLS = ("s3", "s3a")
-DEFAULT_RETRIES = 3
-DEFAULT_TIMEOUT_S = 60.0
 # Back-off before attempt k+1 is k times this: a busy or restarting server gets a few seconds.
 REMOTE_BACKOFF_S = 0.5
 # One tar header with the pax records webdataset writes is 1.5 KiB; 16 KiB also covers a small
@@ -330,7 +329,7 @@ class ShardSource:
         """Every shard the folder's manifest names (``manifest``: that manifest, already read), in its order.
 
         Raises :class:`ShardNameError` naming the manifest and the entry where a name is not a plain file
-        name of this folder (:func:`~animegamer.data.layout.shard_name_problem`): nothing a manifest holds
+        name of this folder (:func:`~animegamer.contracts.files.shard_name_problem`): nothing a manifest holds
         reaches a reader as a path elsewhere, a URL or a command."""
         where = self.path(MANIFEST)
         manifest = self.manifest() if manifest is None else manifest

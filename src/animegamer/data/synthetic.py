@@ -9,7 +9,7 @@ import numpy as np
 import webdataset as wds
 
 from animegamer.config.validate import vae_latent_shape
-from animegamer.data.layout import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.utils.io import npy_bytes
 from animegamer.media.captions import STATUS_OK
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.validate import ConfigError
-from animegamer.data.layout import MANIFEST
+from animegamer.contracts.files import MANIFEST
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.media.fingerprint import shards_digest

@@ -1,10 +1,12 @@
-"""File names shared by the pipeline that writes shard folders and every reader of them (kept free of
-heavy imports, so configuration checks can use them)."""
+"""File names shared by the writers of shard folders and run folders and every reader of them, and the
+rule a shard's name follows (kept free of heavy imports, so configuration checks can use them)."""
 from __future__ import annotations
 
 import re
 
 MANIFEST = "manifest.json"  # each shard folder's index: shard names, sizes, digests, what made it
+EXPORT_FILE = "export.json"  # an export folder's description: its config, format, what it trained on
+TRAINED_FILE = "trained.safetensors"  # an export folder's trained parameters
 SHARD_SUFFIX = ".tar"  # every shard set is tar files of webdataset records
 SHARD_NAME_MAX = 255  # bytes in one file name on the usual file systems (and object-key segments)
 # Letters, digits, '.', '_' and '-', starting with a letter or a digit: no separator, no scheme, no
