@@ -1,11 +1,11 @@
 #!/bin/bash
-# FlashAttention-4 (flash-attn-4) and SageAttention 1 for the GPU machine, which has no network: the wheels
-# for its Python 3.12 / CUDA 13 image, split in two because a device call carries at most 64 MiB.
+# FlashAttention-4 (flash-attn-4) and SageAttention 1 for a GPU host without network: the wheels for its
+# Python 3.12 / CUDA 13 image, with the largest split in two pieces so that no file to copy passes 64 MB.
 #   .fa4_big/cu13.part.aa, .ab  the CUDA 13 build of the CuTe DSL compiler (a 92 MB wheel, 64 MB as
-#                         tar.xz) in two pieces: with the working tree, the whole would pass a call's 64 MiB;
+#                         tar.xz) in two pieces;
 #   .fa4_wheels/          the rest (about 10 MB).
-# On the device, two calls on the still-warm machine (scripts/fa4_device.sh): the first keeps piece aa in
-# /tmp, the second joins the pieces, unpacks them and installs everything into /tmp/site.
+# On the host, scripts/fa4_device.sh: `keep` stores piece aa in /tmp, `install` joins the pieces, unpacks them
+# and installs everything into /tmp/site.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PIP:-.venv/bin/pip}"

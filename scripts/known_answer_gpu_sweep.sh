@@ -1,14 +1,14 @@
 #!/bin/bash
-# Variants of the known-answer benchmark at gpu size side by side on one GPU of the lent H200 machine,
-# in one device call (the `small` models leave most of the GPU idle: a step is mostly Python overhead):
+# Variants of the known-answer benchmark at gpu size side by side on one GPU of a host without network, in
+# one time-limited run (the `small` models leave most of the GPU idle: a step is mostly Python overhead):
 #   bash scripts/known_answer_gpu_sweep.sh "NAME [ARGS of python -m animegamer.known_answer]" ...
 # e.g. "b64 --stage base:phase.batch_size=64" "deep --stage base:phase.batch_size=64 model.decoder.num_layers=12".
 # The first variant starts at once and trains the VAE; each other one starts when that VAE is written,
 # with a copy of it and of the films: its own cut of the same films has the same clip content, so the
 # copy is reused (animegamer/toy_vae.py: the VAE's identity is the clips' content). A variant without
-# --ablations runs none. Every variant stops at BUDGET_S after the start of the call; its known_answer.json
+# --ablations runs none. Every variant stops at BUDGET_S after the start of the run; its known_answer.json
 # holds what it finished. Returns $OUT/NAME.tgz per variant (results, curves, gallery, the evaluation's
-# metrics and report, the log's tail) and prints each variant's table. Carry WHEELS as for
+# metrics and report, the log's tail) and prints each variant's table. WHEELS as for
 # scripts/known_answer_gpu.sh.
 set -u
 ROOT=/tmp/known_answer_sweep

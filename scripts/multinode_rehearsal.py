@@ -248,7 +248,7 @@ def main() -> None:
     parser.add_argument("--rehearsal-batch", type=int, default=4, help="windows per GPU")
     parser.add_argument("--rehearsal-steps", type=int, default=40)
     parser.add_argument("--rehearsal-gpus-per-node", type=int, default=1,
-                        help="GPUs of each of the two nodes (4 on an 8-GPU host: issue 21's two nodes of 4)")
+                        help="GPUs of each of the two nodes (4 on an 8-GPU host: two nodes of 4)")
     parser.add_argument("--single-node", action="store_true",
                         help="also the rehearsal's global batch on one node of as many GPUs, losses compared")
     parser.add_argument("--rehearsal-checkpoint", type=int, default=10, help="checkpoint cadence; node 1 dies after the first")

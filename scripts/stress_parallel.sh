@@ -37,7 +37,7 @@ summarize() {
     printf '%s\n' "$lines" >> "$ROOT/parallel-summary.txt"
     [ "$passed" = "$rounds" ]
 }
-# An outer `timeout` (a device call's limit) still gets the totals of the rounds that finished.
+# An outer `timeout` (a time limit on the whole run) still gets the totals of the rounds that finished.
 on_stop() {
     trap - TERM INT
     kill $(jobs -p) 2>/dev/null  # the loops; each one's own EXIT trap stops its burner
