@@ -21,10 +21,10 @@ DATASHEET_DENSE_BF16_TFLOPS = {"NVIDIA H200": 989.0, "NVIDIA H100 80GB HBM3": 98
 PEAK_MATMUL_SIZE = 8192  # n of the n x n x n bf16 products that measure the matmul ceiling
 PEAK_MATMUL_SIZE_CPU = 256  # a CPU smoke test only checks the code path
 PEAK_WARMUP, PEAK_REPS = 3, 20
-# The environment variables a device call sets: the machine has no .git to read the commit from.
+# The environment variables that name the code measured where the GPU host has no .git to read the commit from.
 COMMIT_ENV, TREE_ENV = "BENCH_COMMIT", "BENCH_TREE"
 # The official tokenizer (vocabulary 32,284) gives paper-size MLLM runs their token counts and LM head:
-# looked for where scripts/device_wheels.sh puts it (carried to the GPU machine), then in ../shared.
+# looked for where scripts/device_wheels.sh puts it (copied to the GPU host with the wheels), then in ../shared.
 TOKENIZER_PLACES = (ROOT / ".device_wheels" / "animegamer_tokenizer",
                     ROOT.parent / "shared" / "reference" / "animegamer_tokenizer")
 BYTE_TOKENIZER = "byte"  # --tokenizer byte: the byte tokenizer of random builds, asked for by name
@@ -144,7 +144,7 @@ def compare(framework: dict, plain: Iterable[dict], seconds_key: str, name_key: 
 
 
 def run_stamp() -> dict:
-    """Date and commit of this run. On the device machine (no .git) the call passes the commit and
+    """Date and commit of this run. On a GPU host without .git the caller passes the commit and
     the state of the working tree in ``BENCH_COMMIT`` / ``BENCH_TREE``."""
     commit, tree = os.environ.get(COMMIT_ENV), os.environ.get(TREE_ENV)
     if commit is None:

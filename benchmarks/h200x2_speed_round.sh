@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call on a 2-GPU H200 machine for issue-20 speed figures (about 8 minutes):
+# Speed figures on a 2-GPU host, in one run of about 8 minutes on two H200s:
 #   1. the game turn on one GPU vs two (CFG branches split) and the VAE decode options, both GPUs;
 #   2. then, side by side, FP8 vs bf16 for the decoder (GPU 0) and batched evaluation throughput (GPU 1).
-# Needs .device_wheels carried (wheels + the official tokenizer; `bash scripts/device_wheels.sh` builds it).
+# Needs .device_wheels on the host (wheels + the official tokenizer; `bash scripts/device_wheels.sh` builds it).
 # BENCH_COMMIT / BENCH_TREE name the code measured; every JSON records them. Results go to $OUT.
 # With --one-gpu (a one-GPU machine): step 1 is left out and step 2's two runs go one after the other.
 set -u

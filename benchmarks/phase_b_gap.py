@@ -27,8 +27,8 @@ c. Phase (a2) weak scaling 1 -> 2 GPUs (``scripts/multinode_rehearsal.py --weak-
 
 Results: ``$OUT/phase_b_gap.json`` (parts a and b, written after each; part (a)'s two sides also as each
 ends, ``a_trainpy`` and ``a_loop_record``), part (c)'s own file. On one GPU part (a)'s sides run in turn and
-take over 7 min: there (2026-12-01) ``train.py``'s side exited 1 after 260 s and the call ended before the
-record, and its log tail, were saved.
+take over 7 min, so each side's record and log tail are saved as it ends, before a time limit on the
+whole run can cut the rest.
 """
 from __future__ import annotations
 
@@ -315,8 +315,8 @@ def part_a(args) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     def kept(key: str, run, gpu: int | None) -> dict:
-        # Saved the moment it ends: on one GPU the two sides run in turn and can outlast a device call
-        # (2026-12-01: train.py failed after 260 s, and the reason was lost with the unsaved record).
+        # Saved the moment it ends: on one GPU the two sides run in turn and can outlast a time limit on
+        # the whole run, which would lose a failed side's reason with an unsaved record.
         found = run(args, gpu)
         save_part(args, key, found)
         return found
