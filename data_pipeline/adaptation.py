@@ -16,6 +16,8 @@ import torch
 
 from animegamer.checkpoints.export import TRAINED_FILE, recorded_start
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
+from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.shards import LATENTS, PRED_REP
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
@@ -23,12 +25,11 @@ from animegamer.models.game_mllm import TokenizedMLLM, build_game_mllm, run_batc
 from animegamer.training.run_record import ALLOWED, flatten
 from animegamer.utils.io import npy_bytes, sha256_file
 from data_pipeline.lineage import reused_summary, step_fingerprint
-from data_pipeline.precompute import FEATURES_DIR, LATENTS
+from data_pipeline.precompute import FEATURES_DIR
 from data_pipeline.session_shards import SESSION_SHARDS_DIR
-from data_pipeline.writer import MANIFEST, write_numbered_shards, write_step_manifest
+from data_pipeline.writer import write_numbered_shards, write_step_manifest
 
 ADAPTATION_DIR = "adaptation"
-PRED_REP = "pred_rep.npy"
 MODEL_PREFIX = "model."
 # Model settings that schedule the same computation differently (compilation, attention kernels,
 # gradient checkpointing): what a training run may change on resume changes no prediction either.

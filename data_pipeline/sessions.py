@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.contracts.files import MANIFEST
 from animegamer.data.shards import folder_shards, iter_samples, read_manifest
 from animegamer.data.split import SESSIONS_FILE, consecutive_runs, shot_id
 from animegamer.media.captions import STATUS_OK
@@ -20,7 +21,7 @@ from animegamer.utils.command import recorded_command
 from animegamer.utils.io import sha256_file, write_json_atomic
 from data_pipeline.captioners.failures import ADVICE
 from data_pipeline.lineage import MADE_FROM, built_summary, index, reused_summary, step_fingerprint
-from data_pipeline.writer import CLIPS_DIR, MANIFEST
+from data_pipeline.writer import CLIPS_DIR
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from torch.utils.data import DataLoader
 
+from animegamer.contracts.shards import LATENTS, REPS
 from animegamer.data.indexed import SKIPPED, WHOLE_SHARD, ExpectArrays, IndexedShardDataset, index_shard
 from animegamer.data.phase_a import CLIP_ARRAYS, clip_transform, collate_samples
 from animegamer.data.shards import shard_urls
@@ -202,7 +203,7 @@ def test_bad_session_reaches_the_phase_b_batch(tmp_path, caplog):
             samples.setdefault(key, {"__key__": key})[ext] = tar.extractfile(info).read()
     reps = np.zeros((3, 4, 8), np.float16)
     reps[0, 0, 0] = np.nan
-    samples["syn-000001-s3"]["reps.npy"] = npy_bytes(reps)
+    samples["syn-000001-s3"][REPS] = npy_bytes(reps)
     _write_folder(root / "session_shards", [list(samples.values())])
 
     sessions = IndexedShardDataset(root / "session_shards", _identity, video=False, skip_bad=True, check=check_session)
@@ -281,9 +282,9 @@ def corrupt_features(tmp_path_factory):
                 key, _, ext = info.name.partition(".")
                 samples.setdefault(key, {"__key__": key})[ext] = tar.extractfile(info).read()
         if victim in samples:
-            latents = np.load(io.BytesIO(samples[victim]["latents.npy"]))
+            latents = np.load(io.BytesIO(samples[victim][LATENTS]))
             latents[0, 0, 0, 0] = np.nan
-            samples[victim]["latents.npy"] = npy_bytes(latents)
+            samples[victim][LATENTS] = npy_bytes(latents)
             with wds.TarWriter(url, encoder=False) as tar:
                 for sample in samples.values():
                     tar.write(sample)

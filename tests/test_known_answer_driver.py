@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from animegamer.contracts.shards import PRED_REP, REP
 from animegamer.known_answer import representation_prediction
 from animegamer.known_answer_report import (
     RECONSTRUCTION,
@@ -76,7 +77,8 @@ def test_loss_curves_average_micro_batches_per_step(tmp_path: Path) -> None:
 
 def test_representation_prediction_scores_against_the_mean_representation(tmp_path: Path) -> None:
     from animegamer.utils.io import npy_bytes
-    from data_pipeline.writer import MANIFEST, SHARD_PATTERN, write_shard
+    from animegamer.contracts.files import MANIFEST
+    from data_pipeline.writer import SHARD_PATTERN, write_shard
 
     def shards(folder: Path, member: str, arrays: dict[str, np.ndarray]) -> None:
         folder.mkdir()
@@ -86,9 +88,9 @@ def test_representation_prediction_scores_against_the_mean_representation(tmp_pa
     rng = np.random.default_rng(0)
     reps = {f"clip{i}": rng.normal(size=(3, 4)).astype(np.float32) for i in range(6)}
     mean = np.mean(list(reps.values()), axis=0)
-    shards(tmp_path / "representations", "rep.npy", reps)
+    shards(tmp_path / "representations", REP, reps)
     # Predicting the mean representation scores 1 by definition; halfway to the truth, a quarter.
-    shards(tmp_path / "adaptation", "pred_rep.npy", {k: (mean + v) / 2 for k, v in reps.items()})
+    shards(tmp_path / "adaptation", PRED_REP, {k: (mean + v) / 2 for k, v in reps.items()})
     score = representation_prediction(tmp_path)
     assert score["clips"] == 6 and score["mse_ratio"] == pytest.approx(0.25)
 

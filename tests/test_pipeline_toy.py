@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
 from data_pipeline.staging import Staging
 
@@ -116,9 +117,9 @@ def test_feature_shards_round_trip_the_contract(toy_run):
         meta = sample["json"]
         latent_frames = (meta["frames"] - 1) // enc.vae.temporal_compression_ratio + 1
         expected = {
-            "latents.npy": (latent_frames, enc.vae.latent_channels, meta["height"] // spatial, meta["width"] // spatial),
-            "text.npy": (enc.t5.max_tokens, enc.t5.d_model),
-            "image.npy": (patches, enc.clip.hidden_size),
+            LATENTS: (latent_frames, enc.vae.latent_channels, meta["height"] // spatial, meta["width"] // spatial),
+            TEXT: (enc.t5.max_tokens, enc.t5.d_model),
+            IMAGE: (patches, enc.clip.hidden_size),
         }
         for name, shape in expected.items():
             assert sample[name].shape == shape and sample[name].dtype == np.float32, name

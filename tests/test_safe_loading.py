@@ -17,6 +17,7 @@ import torch
 import webdataset as wds
 from torch import nn
 
+from animegamer.contracts.shards import TEXT
 from animegamer.errors import UnsafeCheckpointError, UserError
 from unsafe_helpers import REFUSED_PICKLE as REFUSED, Evil, marker  # noqa: F401 - marker is a fixture
 
@@ -32,7 +33,7 @@ def write_evil_shard(folder: Path, member: bytes) -> Path:
     folder.mkdir(parents=True)
     with wds.TarWriter(str(folder / "shard-000000.tar"), encoder=False) as tar:
         tar.write({"__key__": "evil-000000", "json": json.dumps({"key": "evil-000000"}).encode(),
-                   "text.npy": member})
+                   TEXT: member})
     (folder / "manifest.json").write_text(json.dumps({"shards": [{"name": "shard-000000.tar", "count": 1}]}))
     return folder
 

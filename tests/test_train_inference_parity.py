@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
+from animegamer.contracts.shards import REPS
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import Session, collate_sequences, make_example
@@ -97,7 +98,7 @@ def test_adaptation_predicts_each_clip_as_the_training_forward_on_its_window(dat
         assert sample["json"]["keys"][turn] == key
         expected = training_forward(module, window_of(session_of(sample), turn))["pred"][0]
         # the target of that training window is the clip's own rep
-        assert torch.equal(torch.as_tensor(sample["reps.npy"][turn]).float(),
+        assert torch.equal(torch.as_tensor(sample[REPS][turn]).float(),
                            collate_sequences([make_example(module.ids, module.tokenizer,
                                                            window_of(session_of(sample), turn))],
                                              pad_id=module.ids.pad)["target_rep"][0])

@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from animegamer.contracts.states import CHARACTER_STATES, STATE_ALLOWED_VALUES
+
 # --------------------------------------------------------------------------- field names
 CHARACTER = "character"
 MOTION = "motion"
@@ -18,17 +20,7 @@ TIME_OF_DAY = "time_of_day"
 CAPTION_FIELDS: tuple[str, ...] = (CHARACTER, MOTION, ADVERB, ENVIRONMENT, TIME_OF_DAY)
 
 STATES = "states"  # key of the nested states object in import records and model answers
-SOCIAL = "SC"
-ENTERTAINMENT = "ET"
-STAMINA = "ST"
-STATE_FIELDS: tuple[str, ...] = (SOCIAL, ENTERTAINMENT, STAMINA)
-# The paper's state changes: social and entertainment either rise (1) or not (0); stamina is
-# always spent (-1) or recovered (+1), never unchanged.
-STATE_ALLOWED_VALUES: dict[str, tuple[int, ...]] = {
-    SOCIAL: (0, 1),
-    ENTERTAINMENT: (0, 1),
-    STAMINA: (-1, 1),
-}
+STATE_FIELDS: tuple[str, ...] = CHARACTER_STATES  # the states a caption gives (the motion level is measured)
 
 # The keys a model answer must have, exactly (the import format adds film/start/end).
 ANSWER_FIELDS: tuple[str, ...] = CAPTION_FIELDS + (STATES,)

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 from PIL import Image
 
+from animegamer.contracts.states import ENTERTAINMENT, SOCIAL, STAMINA, STATE_ALLOWED_VALUES
 from animegamer.media.video import pick_frames
 # GenerationError stays importable from here, where the caption backends' retry rules are described.
 from animegamer.utils.http import IMAGE, TEXT, ContentPart, GenerationError, answer_with_retries  # noqa: F401
@@ -24,12 +25,8 @@ from .base import CaptionResult, ClipContext, FilmPaths
 from .fields import (
     ADVERB,
     CHARACTER,
-    ENTERTAINMENT,
     ENVIRONMENT,
     MOTION,
-    SOCIAL,
-    STAMINA,
-    STATE_ALLOWED_VALUES,
     STATES,
     TIME_OF_DAY,
     parse_caption_json,

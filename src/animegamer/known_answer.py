@@ -305,13 +305,14 @@ def representation_prediction(pipeline_root: Path) -> dict[str, float]:
     456 from training sessions), so this mixes fitted and unseen windows."""
     import numpy as np
 
+    from animegamer.contracts.shards import PRED_REP, REP
     from animegamer.data.shards import folder_shards, iter_samples
     from data_pipeline.adaptation import ADAPTATION_DIR
     from data_pipeline.representations import REPRESENTATIONS_DIR
 
-    true = {s["__key__"]: s["rep.npy"].astype(np.float64)
+    true = {s["__key__"]: s[REP].astype(np.float64)
             for s in iter_samples(folder_shards(pipeline_root / REPRESENTATIONS_DIR), video=False)}
-    pairs = [(s["pred_rep.npy"].astype(np.float64), true[s["__key__"]])
+    pairs = [(s[PRED_REP].astype(np.float64), true[s["__key__"]])
              for s in iter_samples(folder_shards(pipeline_root / ADAPTATION_DIR), video=False)]
     if not pairs:
         raise ValueError(f"{pipeline_root / ADAPTATION_DIR}: no adaptation sample to score")

@@ -24,15 +24,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from animegamer.contracts.shards import SKIPPED
 from animegamer.data.shards import decode_sample
 from animegamer.data.storage import RemoteReadError, Shard, ShardSource
 from animegamer.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 
-# Batch key listing the bad samples a batch's items replaced: [{"shard", "key", "reason"}, ...]. Workers
-# are separate processes, so this is how the main process (``BadDataBudget``) learns about them.
-SKIPPED = "__skipped__"
+# SKIPPED, the batch key listing the bad samples a batch's items replaced: [{"shard", "key", "reason"}, ...].
+# Workers are separate processes, so this is how the main process (``BadDataBudget``) learns about them.
 WHOLE_SHARD = "*"  # the key of a bad-item record that stands for a whole unreadable shard
 TAR_END = 2 * tarfile.BLOCKSIZE  # a complete tar ends with two zero blocks
 

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
 from animegamer.data.indexed import (SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, ignore_interrupt,
                                      split_skipped)
 from animegamer.data.split import held_out
@@ -18,7 +19,7 @@ from animegamer.media.captions import STATUS_OK
 FEATURES, CLIPS = "features", "clips"
 INPUTS = (FEATURES, CLIPS)  # phase.input: precomputed features or raw clips
 # What a good sample holds (ranks; shapes must also match the first good samples').
-FEATURE_ARRAYS = ExpectArrays({"latents.npy": 4, "text.npy": 2, "image.npy": 2})
+FEATURE_ARRAYS = ExpectArrays({LATENTS: 4, TEXT: 2, IMAGE: 2})
 CLIP_ARRAYS = ExpectArrays({"mp4": (None, None, None, 3)})  # (T, H, W, RGB)
 
 
@@ -30,9 +31,9 @@ def _captioned(sample: dict) -> None:
 def feature_transform(sample: dict) -> dict:
     return {
         "key": sample["__key__"],
-        "latents": torch.from_numpy(sample["latents.npy"]).float(),  # (T', C, H', W')
-        "text": torch.from_numpy(sample["text.npy"]).float(),  # (Lt, text_dim)
-        "image": torch.from_numpy(sample["image.npy"]).float(),  # (P, image_dim)
+        "latents": torch.from_numpy(sample[LATENTS]).float(),  # (T', C, H', W')
+        "text": torch.from_numpy(sample[TEXT]).float(),  # (Lt, text_dim)
+        "image": torch.from_numpy(sample[IMAGE]).float(),  # (P, image_dim)
         "flow": torch.tensor(float(sample["json"]["motion"]["flow"])),
     }
 

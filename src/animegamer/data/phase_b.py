@@ -7,6 +7,7 @@ from functools import partial
 from torch.utils.data import DataLoader, Dataset
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.shards import REPS
 from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler, ignore_interrupt
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
@@ -14,7 +15,6 @@ from animegamer.mllm.collate import Example, Session, WindowSampler, collate_seq
 from animegamer.mllm.packing import pack_sequences
 from animegamer.mllm.tokens import TokenIds
 
-REPS = "reps.npy"
 
 
 def session_of(sample: dict) -> Session:

@@ -4,19 +4,20 @@ from __future__ import annotations
 import torch
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.shards import LATENTS, PRED_REP
 from animegamer.data.indexed import ExpectArrays, IndexedShardDataset
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
 
 
-ADAPTATION_ARRAYS = ExpectArrays({"latents.npy": 4, "pred_rep.npy": 2})
+ADAPTATION_ARRAYS = ExpectArrays({LATENTS: 4, PRED_REP: 2})
 
 
 def adaptation_transform(sample: dict) -> dict:
     return {
         "key": sample["__key__"],
-        "latents": torch.from_numpy(sample["latents.npy"]).float(),  # (T', C, H', W')
-        "pred_rep": torch.from_numpy(sample["pred_rep.npy"]).float(),  # (N, D)
+        "latents": torch.from_numpy(sample[LATENTS]).float(),  # (T', C, H', W')
+        "pred_rep": torch.from_numpy(sample[PRED_REP]).float(),  # (N, D)
         "flow": torch.tensor(float(sample["json"]["flow"])),
     }
 

@@ -20,11 +20,11 @@ import webdataset as wds
 from webdataset.compat import check_empty
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
+from animegamer.contracts.shards import JSON, MP4, NPY_SUFFIX
 from animegamer.data.storage import Shard, ShardSource
 from animegamer.media.video import decode_mp4
 from animegamer.utils.io import load_npy_bytes
 
-NPY_SUFFIX = ".npy"
 # What the readers take: shards of a manifest (:func:`folder_shards`), or paths the caller chose itself.
 ShardLike = Union[Shard, str, Path]
 
@@ -50,11 +50,11 @@ def decode_sample(sample: dict, video: bool = True) -> dict:
     for ext, value in sample.items():
         if ext.startswith("__"):
             continue
-        if ext == "json":
+        if ext == JSON:
             out[ext] = json.loads(value)
         elif ext.endswith(NPY_SUFFIX.lstrip(".")):
             out[ext] = load_npy_bytes(value)
-        elif ext == "mp4":
+        elif ext == MP4:
             out[ext] = decode_mp4(value) if video else value
         else:
             raise ValueError(f"{sample.get('__url__')}: {sample['__key__']}.{ext}: unknown member type")

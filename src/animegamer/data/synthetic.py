@@ -10,8 +10,10 @@ import webdataset as wds
 
 from animegamer.config.validate import vae_latent_shape
 from animegamer.contracts.files import MANIFEST
-from animegamer.utils.io import npy_bytes
+from animegamer.contracts.shards import IMAGE, LATENTS, PRED_REP, REPS, TEXT
+from animegamer.contracts.states import ENTERTAINMENT, ML_RANGE, MOTION_LEVEL, SOCIAL, STAMINA
 from animegamer.media.captions import STATUS_OK
+from animegamer.utils.io import npy_bytes
 
 ADVERBS, MOTIONS = ("slowly", "quickly", "gently"), ("walk", "run", "talk", "sit")
 
@@ -38,9 +40,9 @@ def feature_shards(root: Path, enc, clips: int, frames: int, height: int, width:
                 meta = {"key": f"syn-{i:06d}", "motion": {"flow": float(rng.uniform(0, 10)), "level": 1 + i % 5},
                         "captioner": {"status": STATUS_OK}, "motion_text": "softly talk", "frames": frames}
                 tar.write({"__key__": meta["key"], "json": json.dumps(meta).encode(),
-                           "latents.npy": npy_bytes(rng.standard_normal(latents).astype(np.float32)),
-                           "text.npy": npy_bytes(rng.standard_normal((enc.t5.max_tokens, enc.t5.d_model)).astype(np.float32)),
-                           "image.npy": npy_bytes(rng.standard_normal((patches, enc.clip.hidden_size)).astype(np.float32))})
+                           LATENTS: npy_bytes(rng.standard_normal(latents).astype(np.float32)),
+                           TEXT: npy_bytes(rng.standard_normal((enc.t5.max_tokens, enc.t5.d_model)).astype(np.float32)),
+                           IMAGE: npy_bytes(rng.standard_normal((patches, enc.clip.hidden_size)).astype(np.float32))})
                 count += 1
         shards.append({"name": name, "count": count})
     _manifest(folder, "features", shards)
@@ -62,11 +64,11 @@ def session_shards(root: Path, sessions: int, turns: int, tokens: int, width: in
                 record["turns"].append({
                     "key": key, "flow": float(rng.uniform(0, 10)),
                     "instruction": f"Character: Qiqi; Motion: {ADVERBS[t % 3]} {MOTIONS[(s + t) % 4]}; Background: day town.",
-                    "states": {"ML": int(rng.integers(1, 6)), "SC": int(rng.integers(0, 2)),
-                               "ET": int(rng.integers(0, 2)), "ST": int(rng.choice([-1, 1]))},
+                    "states": {MOTION_LEVEL: int(rng.integers(ML_RANGE[0], ML_RANGE[1] + 1)), SOCIAL: int(rng.integers(0, 2)),
+                               ENTERTAINMENT: int(rng.integers(0, 2)), STAMINA: int(rng.choice([-1, 1]))},
                 })
             reps = rng.standard_normal((turns, tokens, width)).astype(np.float16)
-            tar.write({"__key__": f"syn-{s:06d}-s{turns}", "json": json.dumps(record).encode(), "reps.npy": npy_bytes(reps)})
+            tar.write({"__key__": f"syn-{s:06d}-s{turns}", "json": json.dumps(record).encode(), REPS: npy_bytes(reps)})
     _manifest(folder, "session_shards", [{"name": name, "count": sessions}])
     return Path(root)
 
@@ -79,7 +81,7 @@ def adaptation_shards(root: Path, clips: int, latent_shape: tuple, rep_shape: tu
     with wds.TarWriter(str(folder / "shard-000000.tar"), encoder=False) as tar:
         for i in range(clips):
             tar.write({"__key__": f"syn-{i:06d}", "json": json.dumps({"flow": float(i), "level": 1 + i % 5}).encode(),
-                       "latents.npy": npy_bytes(rng.standard_normal(latent_shape).astype(np.float32)),
-                       "pred_rep.npy": npy_bytes(rng.standard_normal(rep_shape).astype(np.float16))})
+                       LATENTS: npy_bytes(rng.standard_normal(latent_shape).astype(np.float32)),
+                       PRED_REP: npy_bytes(rng.standard_normal(rep_shape).astype(np.float16))})
     _manifest(folder, "adaptation", [{"name": "shard-000000.tar", "count": clips}])
     return Path(root)

@@ -18,8 +18,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from animegamer.contracts.states import STATE_KEYS
 from animegamer.metrics.common import available, unavailable
-from animegamer.metrics.states import STATE_KEYS, state_accuracy
+from animegamer.metrics.states import state_accuracy
 
 MAJORITY = "majority"
 COPY_LAST = "copy_last"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-STATE_KEYS = ("ML", "SC", "ET", "ST")
+from animegamer.contracts.states import STATE_KEYS
 
 
 def _number(value, where: str) -> float:

@@ -49,7 +49,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from animegamer.data.indexed import SKIPPED
+from animegamer.contracts.shards import SKIPPED
 from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, PromptSequence, Turn, build_sequence
 from animegamer.mllm.tokens import TokenIds
 

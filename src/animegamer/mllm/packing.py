@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from animegamer.data.indexed import SKIPPED
+from animegamer.contracts.shards import SKIPPED
 from animegamer.mllm.collate import (Example, _as_tensor, add_host_indices, padded_token_fields, place_sequence,
                                      round_up, stack_histories)
 

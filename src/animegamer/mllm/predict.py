@@ -12,9 +12,10 @@ from typing import Sequence
 
 import torch
 
+from animegamer.contracts.states import CHARACTER_STATES, ML_RANGE
 from animegamer.mllm.collate import Example, collate_sequences
 from animegamer.mllm.masks import attention_mask_4d
-from animegamer.mllm.sequence import Turn, build_prompt, parse_states
+from animegamer.mllm.sequence import STATE_RANGE, Turn, build_prompt, parse_states
 from animegamer.mllm.tokens import TokenIds
 
 STATE_TOKENS = 12  # <Strength_m></ML><SC><Strength_s></SC><ET><Strength_e></ET><ST><Strength_t></ST></TURN>
@@ -58,8 +59,8 @@ def prompts_batch(model, tokenizer, ids: TokenIds, histories: Sequence[Sequence[
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-MOTION_LEVELS = range(1, 6)
-STATE_VALUES = range(-5, 6)
+MOTION_LEVELS = range(ML_RANGE[0], ML_RANGE[1] + 1)
+STATE_VALUES = range(STATE_RANGE[0], STATE_RANGE[1] + 1)
 
 
 def state_grammar(ids: TokenIds) -> list[list[int]]:
@@ -67,7 +68,7 @@ def state_grammar(ids: TokenIds) -> list[list[int]]:
     the ``<Strength_k>`` tokens its state may take (ML 1..5, the others -5..5). Constrained decoding
     picks the model's most likely *valid* continuation; the layout comes from ``state_ids``."""
     grammar = [[ids.strength(k) for k in MOTION_LEVELS], [ids.ml_end]]
-    for key in ("SC", "ET", "ST"):
+    for key in CHARACTER_STATES:
         open_id, close_id = ids.state_tags(key)
         grammar += [[open_id], [ids.strength(k) for k in STATE_VALUES], [close_id]]
     return grammar + [[ids.turn_end]]

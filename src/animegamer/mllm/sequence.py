@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from animegamer.contracts.states import ML_RANGE, MOTION_LEVEL, STATE_KEYS
 from animegamer.mllm.tokens import (
     ANIMEGAMER_TOKENS,
     IMG_START,
     NUM_FRAME_TOKENS,
-    STATE_KEYS,
     STRENGTH_MAX,
     STRENGTH_MIN,
     TURN_START,
@@ -38,7 +38,6 @@ from animegamer.mllm.tokens import (
 )
 
 IGNORE_INDEX = -100  # labels not in the loss (torch cross_entropy's default ignore_index)
-ML_RANGE = (1, 5)  # motion level
 STATE_RANGE = (STRENGTH_MIN, STRENGTH_MAX)  # SC, ET, ST (usually SC/ET in {0, 1}, ST in {-1, +1})
 NUM_STATE_TOKENS = 12  # <Strength_m></ML><SC><Strength_s></SC><ET><Strength_e></ET><ST><Strength_t></ST></TURN>
 
@@ -65,7 +64,7 @@ class Turn:
         clean = {}
         for key in STATE_KEYS:
             value = _as_int(self.states[key], f"state {key}")
-            low, high = ML_RANGE if key == "ML" else STATE_RANGE
+            low, high = ML_RANGE if key == MOTION_LEVEL else STATE_RANGE
             if not low <= value <= high:
                 raise ValueError(f"state {key} must be in [{low}, {high}], got {value}")
             clean[key] = value
@@ -150,7 +149,7 @@ def _check_num_query_tokens(n: int) -> int:
 
 def state_ids(ids: TokenIds, states: Mapping[str, int]) -> list[int]:
     """The 12 state tokens that follow ``<ML>``: ``<Strength_m></ML><SC>...</ST></TURN>``."""
-    out = [ids.strength(states["ML"]), ids.ml_end]
+    out = [ids.strength(states[MOTION_LEVEL]), ids.ml_end]
     for key in STATE_KEYS[1:]:
         open_id, close_id = ids.state_tags(key)
         out += [open_id, ids.strength(states[key]), close_id]
@@ -257,8 +256,8 @@ def parse_states(ids: TokenIds, generated_ids: Iterable[int], tokenizer=None) ->
     if len(head) < NUM_STATE_TOKENS:
         raise fail(f"{len(head)} tokens, expected {NUM_STATE_TOKENS}")
     states: dict[str, int] = {}
-    slots = {0: "ML", 3: "SC", 6: "ET", 9: "ST"}  # offsets of the <Strength_k> tokens
-    template = state_ids(ids, {key: 0 if key != "ML" else 1 for key in STATE_KEYS})
+    slots = {3 * i: key for i, key in enumerate(STATE_KEYS)}  # offsets of the <Strength_k> tokens
+    template = state_ids(ids, {key: 0 if key != MOTION_LEVEL else ML_RANGE[0] for key in STATE_KEYS})
     for pos, (got, want) in enumerate(zip(head, template)):
         if pos in slots:
             value = ids.strength_value(got)
@@ -267,6 +266,6 @@ def parse_states(ids: TokenIds, generated_ids: Iterable[int], tokenizer=None) ->
             states[slots[pos]] = value
         elif got != want:
             raise fail(f"token {pos} is not {describe_ids(ids, [want])}")
-    if not ML_RANGE[0] <= states["ML"] <= ML_RANGE[1]:
-        raise fail(f"motion level {states['ML']} outside {ML_RANGE[0]}..{ML_RANGE[1]}")
+    if not ML_RANGE[0] <= states[MOTION_LEVEL] <= ML_RANGE[1]:
+        raise fail(f"motion level {states[MOTION_LEVEL]} outside {ML_RANGE[0]}..{ML_RANGE[1]}")
     return {key: states[key] for key in STATE_KEYS}

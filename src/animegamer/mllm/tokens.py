@@ -14,6 +14,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers import models as tokenizer_models
 
+from animegamer.contracts.states import ENTERTAINMENT, MOTION_LEVEL, SOCIAL, STAMINA, STATE_KEYS
+
 # transformers (seconds to import) is imported where a tokenizer is made: configuration checks read this
 # module's names without it.
 logger = logging.getLogger(__name__)
@@ -32,7 +34,6 @@ ET_START, ET_END = "<ET>", "</ET>"
 ST_START, ST_END = "<ST>", "</ST>"
 TURN_START, TURN_END = "<TURN>", "</TURN>"
 
-STATE_KEYS = ("ML", "SC", "ET", "ST")  # in sequence order; ML = motion level
 STATE_TAGS = {key: (f"<{key}>", f"</{key}>") for key in STATE_KEYS}
 
 
@@ -195,8 +196,8 @@ class TokenIds:
 
     def state_tags(self, key: str) -> tuple[int, int]:
         """(open, close) ids of a state key: ML, SC, ET or ST."""
-        return {"ML": (self.ml_start, self.ml_end), "SC": (self.sc_start, self.sc_end),
-                "ET": (self.et_start, self.et_end), "ST": (self.st_start, self.st_end)}[key]
+        return {MOTION_LEVEL: (self.ml_start, self.ml_end), SOCIAL: (self.sc_start, self.sc_end),
+                ENTERTAINMENT: (self.et_start, self.et_end), STAMINA: (self.st_start, self.st_end)}[key]
 
     @property
     def reserved(self) -> frozenset[int]:

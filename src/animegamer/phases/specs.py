@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
 from animegamer.config.validate import choice
+from animegamer.contracts.shards import IMAGE, LATENTS, PRED_REP, REPS, TEXT
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +94,15 @@ def _feature_shapes(cfg: RunConfig) -> dict[str, tuple]:
     if cfg.phase.input != FEATURES:
         return {}
     enc = cfg.model.encoder
-    return {"latents.npy": _latents(cfg), "text.npy": (enc.text_tokens, enc.text_dim),
-            "image.npy": (enc.image_tokens, enc.image_dim)}
+    return {LATENTS: _latents(cfg), TEXT: (enc.text_tokens, enc.text_dim), IMAGE: (enc.image_tokens, enc.image_dim)}
 
 
 def _session_shapes(cfg: RunConfig) -> dict[str, tuple]:
-    return {"reps.npy": (None, *_representation(cfg))}
+    return {REPS: (None, *_representation(cfg))}
 
 
 def _adaptation_shapes(cfg: RunConfig) -> dict[str, tuple]:
-    return {"latents.npy": _latents(cfg), "pred_rep.npy": _representation(cfg)}
+    return {LATENTS: _latents(cfg), PRED_REP: _representation(cfg)}
 
 
 def _reconstruction_encoders(cfg: RunConfig) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from lightning.pytorch.callbacks import Callback
 
-from animegamer.data.indexed import SKIPPED
+from animegamer.contracts.shards import SKIPPED
 from animegamer.training.host_values import host_scalar
 
 log = logging.getLogger(__name__)
