@@ -168,7 +168,7 @@ def _equal(a: dict, b: dict) -> bool:
                                                  ("deepspeed_stage_1", "bf16-mixed")])
 def test_the_engine_clips_to_phase_grad_clip_and_skips_a_nan_step(cpu_deepspeed, features, tmp_path, monkeypatch,
                                                                    caplog, strategy, precision):
-    caplog.set_level(logging.WARNING, logger="animegamer.phases.common")
+    caplog.set_level(logging.WARNING, logger="animegamer.training.faults")
     record, run = deepspeed_run(features, tmp_path / "run", monkeypatch, f"trainer.strategy={strategy}",
                                 f"trainer.precision={precision}", "trainer.max_nonfinite_in_row=1",
                                 huge_steps={1}, nan_steps={2})

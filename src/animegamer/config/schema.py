@@ -11,6 +11,8 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+CONSTANT_SCHEDULE, COSINE_SCHEDULE = "constant", "cosine"
+LR_SCHEDULES = (CONSTANT_SCHEDULE, COSINE_SCHEDULE)  # phase.lr_schedule
 # A remote data folder's reads (data.remote_*): how often a failed request is sent again, and its seconds.
 DEFAULT_RETRIES = 3
 DEFAULT_TIMEOUT_S = 60.0
@@ -384,7 +386,7 @@ class PhaseConfig:
     max_steps: int = 80_000
     lr: float = 2e-4
     warmup_steps: int = 1000
-    lr_schedule: str = "constant"  # constant | cosine (after warm-up)
+    lr_schedule: str = CONSTANT_SCHEDULE  # constant | cosine (after warm-up)
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     weight_decay: float = 1e-4
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])

@@ -8,13 +8,11 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from animegamer.config.schema import PhaseConfig
+from animegamer.config.schema import CONSTANT_SCHEDULE, LR_SCHEDULES, PhaseConfig
 from animegamer.config.validate import choice
+from animegamer.training.faults import count_step
 
 log = logging.getLogger(__name__)
-
-CONSTANT_SCHEDULE, COSINE_SCHEDULE = "constant", "cosine"
-LR_SCHEDULES = (CONSTANT_SCHEDULE, COSINE_SCHEDULE)  # phase.lr_schedule
 
 
 def compute_dtype(module: nn.Module) -> torch.dtype:
@@ -99,23 +97,6 @@ def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0
     if not finite:
         for param in module.parameters():
             param.grad = None
-
-
-def count_step(module, finite: bool, norm: float, max_nonfinite_in_row: int) -> None:
-    """Count an optimizer step whose gradient norm was ``finite`` or not (then it is skipped: the caller
-    drops its gradients, or the engine did); raise :class:`FloatingPointError` once more than
-    ``max_nonfinite_in_row`` steps in a row were not finite. ``module.skipped_steps`` counts them all."""
-    if finite:
-        module.nonfinite_in_row = 0
-        return
-    module.nonfinite_in_row = getattr(module, "nonfinite_in_row", 0) + 1
-    module.skipped_steps = getattr(module, "skipped_steps", 0) + 1
-    log.warning("step %d: gradient norm is %s; step skipped (%d in a row, limit %d)", module.global_step,
-                norm, module.nonfinite_in_row, max_nonfinite_in_row)
-    if module.nonfinite_in_row > max_nonfinite_in_row:
-        raise FloatingPointError(f"non-finite gradients in {module.nonfinite_in_row} steps in a row at step "
-                                 f"{module.global_step} (trainer.max_nonfinite_in_row={max_nonfinite_in_row}): "
-                                 "lower the learning rate or inspect the data of these steps")
 
 
 def total_grad_norm(module, max_norm: float | None) -> torch.Tensor | None:

@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from animegamer.checkpoints.export import EXPORT_FILE
+from animegamer.config.schema import CONSTANT_SCHEDULE
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import MANIFEST
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.media.fingerprint import shards_digest
-from animegamer.phases.common import CONSTANT_SCHEDULE
 from animegamer.phases.specs import spec_named
 from animegamer.training.callbacks import EXPORT_DIR
 from animegamer.utils.io import read_json, sha256_bytes, write_json_atomic

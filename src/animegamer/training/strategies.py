@@ -19,6 +19,7 @@ from animegamer.config.schema import RunConfig
 from animegamer.config.validate import choice
 from animegamer.errors import UserError
 from animegamer.phases.specs import PHASES, spec_for
+from animegamer.training.faults import count_step
 
 log = logging.getLogger(__name__)
 # Lightning, torch.distributed and the network libraries are imported inside the functions that make
@@ -115,7 +116,7 @@ def rule_keeping_deepspeed():
     strategy gives the engine ``gradient_clipping = phase.grad_clip`` itself, turns on bf16's
     ``check_grad_overflow`` (ZeRO-1/2 in bf16 apply NaN/inf gradients without it; float32 and ZeRO-3
     skip on a non-finite norm regardless), and after each optimizer step counts the steps the engine
-    skipped as non-finite (:func:`~animegamer.phases.common.count_step`), so ``max_nonfinite_in_row``
+    skipped as non-finite (:func:`~animegamer.training.faults.count_step`), so ``max_nonfinite_in_row``
     stops the run as under the other strategies. Every rank sees the same decision: the engine
     all-reduces the overflow flag and the norm. Under fp16 (``16-mixed``, ``16-true``) the dynamic loss
     scaler's skips are its way of finding the scale, not faults: they are left to DeepSpeed, which
@@ -123,8 +124,6 @@ def rule_keeping_deepspeed():
     import warnings
 
     from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    from animegamer.phases.common import count_step
 
     class RuleKeepingDeepSpeedStrategy(DeepSpeedStrategy):
         def __init__(self, grad_clip: float, max_nonfinite_in_row: int, **kwargs) -> None:
