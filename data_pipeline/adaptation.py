@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from animegamer.checkpoints.export import TRAINED_FILE, recorded_start
+from animegamer.config.neutral_keys import ALLOWED, flatten
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.contracts.files import MANIFEST
 from animegamer.contracts.shards import LATENTS, PRED_REP
@@ -22,7 +23,6 @@ from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
 from animegamer.models.game_mllm import TokenizedMLLM, build_game_mllm, run_batch
-from animegamer.training.run_record import ALLOWED, flatten
 from animegamer.utils.io import npy_bytes, sha256_file
 from data_pipeline.lineage import reused_summary, step_fingerprint
 from data_pipeline.precompute import FEATURES_DIR

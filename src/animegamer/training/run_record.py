@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from animegamer.checkpoints.export import EXPORT_FILE
+from animegamer.config.neutral_keys import ALLOWED, flatten
 from animegamer.config.schema import CONSTANT_SCHEDULE
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import MANIFEST
@@ -55,29 +56,6 @@ ABSENT = "<absent>"
 # How a refusal says to train into another folder: train.py's setting; a recipe names its own option.
 NEW_FOLDER = "output_dir=..."
 
-# Keys (or key prefixes, ending in '.') whose value never changes what a run computes.
-ALLOWED = (
-    "logger.", "log_level", "evaluation.", "output_dir", "checkpoint.", "lock_wait_seconds",
-    "phase.val_every_n_steps", "phase.val_clips", "phase.val_sampling_steps",
-    "trainer.log_every_n_steps", "trainer.throughput_every_n_steps", "trainer.peak_tflops", "trainer.profiler",
-    "trainer.profile_skip_steps", "trainer.profile_active_steps", "trainer.sync_debug", "trainer.preemption_signals",
-    "trainer.max_nonfinite_in_row", "data.num_workers", "data.bad_sample_budget", "data.remote_retries",
-    "data.remote_timeout_s",
-    # The same computation, scheduled differently (memory, kernels, compilation, packing: tested equal).
-    "trainer.benchmark", "trainer.deterministic", "trainer.fsdp_init_device",
-    "phase.pack_tokens", "phase.pad_to_multiple", "phase.frozen_bf16",
-    "model.decoder.gradient_checkpointing", "model.decoder.gradient_checkpointing_every",
-    "model.decoder.attention_backends", "model.decoder.compile", "model.decoder.compile_mode",
-    "model.decoder.cfg_parallel",
-    "model.mllm.gradient_checkpointing", "model.mllm.gradient_checkpointing_every",
-    "model.mllm.attention_backends", "model.mllm.attention", "model.mllm.compile", "model.mllm.constrained_states",
-    "model.encoders.vae.tiling", "model.encoders.vae.cudnn_benchmark", "model.encoders.vae.channels_last",
-    "model.encoders.vae.compile",
-    # The pipeline's execution (the shards it writes do not depend on these).
-    "pipeline.workers", "pipeline.lock_wait_seconds", "pipeline.part", "pipeline.num_parts", "pipeline.steps", "pipeline.precompute.device",
-    "pipeline.precompute.batch_size", "pipeline.representations.device", "pipeline.representations.batch_size",
-    "pipeline.adaptation.device", "pipeline.adaptation.batch_size",
-)
 # Samples per optimizer step and process: may be re-split as long as their product stays. The number of
 # processes (WORLD_SIZE) may not change: StepSampler deals each rank n // world_size samples an epoch (the
 # dropped tail and the epoch boundaries follow it) and phase (b)'s LoRA dropout masks follow the rank.
@@ -97,18 +75,6 @@ class Change:
 
     def describe(self) -> str:
         return f"{self.key}: {self.old!r} (recorded) -> {self.new!r} (now)"
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists are values, compared whole."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def diff(old: dict, new: dict) -> list[Change]:
