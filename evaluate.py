@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from animegamer.config.compose import config_dir, run_command
 from animegamer.errors import exit_on_user_error
-from animegamer.evaluation import run
+from animegamer.evaluation.runner import run
 
 
 @hydra.main(config_path=str(config_dir()), config_name="evaluate", version_base="1.3")

@@ -12,7 +12,7 @@ preset's random frozen T5 and a trainable `ActionAwareEncoder` (``caption``; no 
 or the motion scope alone, the level's speed as its flow value beside one fixed representation for every
 level (``motion-scope``). A 4-layer `MotionScopeDecoder` (width 128) trains at batch 32 with
 `cogvideox_v_loss` (10 % of representations dropped, for guidance), then the motion sweep
-(:mod:`animegamer.metrics.motion_sweep`) samples 6 clips, each from one noise at every level; printed per
+(:mod:`animegamer.evaluation.motion_sweep`) samples 6 clips, each from one noise at every level; printed per
 level: the mean generated speed (the best shift between consecutive latent frames), the truth's and the
 latents' standard deviation, and the sweep's rank correlation between asked and generated speed.
 Measurements: docs/plans/known_answer.md.
@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from animegamer.config.compose import compose_config
 from animegamer.diffusion.sampler import sample
 from animegamer.metrics.latent_motion import clip_speed
-from animegamer.metrics.motion_sweep import LATENT_SHIFT, LEVELS, sweep
+from animegamer.evaluation.motion_sweep import LATENT_SHIFT, LEVELS, sweep
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.frozen_encoders import build_frozen_encoders
 from animegamer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips

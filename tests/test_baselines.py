@@ -21,7 +21,7 @@ from animegamer.metrics.baselines import (
     state_baselines,
 )
 from animegamer.metrics.common import available, unavailable
-from animegamer.metrics.report import write_report
+from animegamer.evaluation.report import write_report
 from test_pages import pages  # noqa: F401  (the real tiny evaluation run, shared fixture)
 
 
@@ -82,7 +82,7 @@ def test_derangement_has_no_fixed_point_and_is_fixed_by_its_seed():
 
 
 def test_shuffled_reconstruction_decodes_each_clip_from_another_clips_representation():
-    from animegamer.evaluation import RECONSTRUCTION_KEYS, mean_scores, shuffled_reconstruction
+    from animegamer.evaluation.runner import RECONSTRUCTION_KEYS, mean_scores, shuffled_reconstruction
 
     calls = []
 

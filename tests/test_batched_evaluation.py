@@ -164,7 +164,7 @@ def test_play_benchmark_batched_equals_sequential(models, tmp_path, monkeypatch)
     """evaluate.py's play_benchmark at batch_games 1 and 4: the same report rows (states, metrics) and turns."""
     from dataclasses import replace
 
-    from animegamer import evaluation
+    from animegamer.evaluation import runner as evaluation
 
     rng = np.random.default_rng(0)
     benchmark = {"games": [{"id": f"g{n}", "turns": [

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from conftest import SMALL_CLIPS
 from test_pages import _untrained_exports
 
-from animegamer.evaluation import VAE_ROUND_TRIP, VAE_ROUND_TRIP_LABEL
+from animegamer.evaluation.runner import VAE_ROUND_TRIP, VAE_ROUND_TRIP_LABEL
 from animegamer.metrics.baselines import COPY_LAST, MAJORITY, SHUFFLED, UNTRAINED
 from animegamer.metrics.psnr import PSNR_CAP_DB
 
@@ -41,7 +41,7 @@ def _trained_b_export(composed, folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def evaluations(toy_run, tmp_path_factory):
     from animegamer.config.compose import compose_config
-    from animegamer.evaluation import run as run_evaluation
+    from animegamer.evaluation.runner import run as run_evaluation
 
     pipeline, _ = toy_run
     root = tmp_path_factory.mktemp("evaluation")
@@ -146,7 +146,7 @@ def test_untrained_game_differs_from_a_trained_mllm_and_equals_an_export_of_its_
 
 def test_the_untrained_game_starts_where_the_export_says_phase_b_started(tmp_path):
     from animegamer.checkpoints.export import recorded_start as phase_b_start
-    from animegamer.evaluation import untrained_game_problems
+    from animegamer.evaluation.runner import untrained_game_problems
 
     def export(name: str, config: dict) -> Path:
         folder = tmp_path / name

@@ -1,5 +1,5 @@
 """An evaluation run again with the same config, exports and clips is read back, not played again
-(``animegamer.evaluation_reuse``); any change plays it again."""
+(``animegamer.evaluation.reuse``); any change plays it again."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from animegamer.config.compose import compose_config
-from animegamer.evaluation_reuse import RECORD_FILE, evaluate_or_reuse
+from animegamer.evaluation.reuse import RECORD_FILE, evaluate_or_reuse
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def played(monkeypatch, tmp_path):
         calls.append(out)
         return {"metrics": metrics, "files": {"report_md": str(out / "report.md")}, "out": str(out)}
 
-    monkeypatch.setattr("animegamer.evaluation.run", fake_run)
+    monkeypatch.setattr("animegamer.evaluation.runner.run", fake_run)
     return calls
 
 
@@ -64,7 +64,7 @@ def test_a_replay_cut_short_leaves_no_valid_record(played, tmp_path, monkeypatch
     def killed(composed):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("animegamer.evaluation.run", killed)
+    monkeypatch.setattr("animegamer.evaluation.runner.run", killed)
     with pytest.raises(KeyboardInterrupt):
         evaluate_or_reuse(_config(tmp_path, "evaluation.turns=3"))
     assert not (tmp_path / "eval" / RECORD_FILE).exists()  # the old metrics may be half overwritten
@@ -75,7 +75,7 @@ def test_an_evaluation_played_by_evaluate_py_invalidates_the_record(played, tmp_
     next run must play again, not read back metrics the record no longer describes."""
     from omegaconf import OmegaConf
 
-    from animegamer import evaluation
+    from animegamer.evaluation import runner as evaluation
 
     _export(tmp_path / "c", b"renderer")
     evaluate_or_reuse(_config(tmp_path))

@@ -37,14 +37,14 @@ def exit_of(func, *args, capfd) -> tuple[int, str]:
 # --------------------------------------------------------------------------- game ids become folders
 @pytest.mark.parametrize("name", ["../../../x", "a/b", "..", ".", "a\\b", "x\0y", "", 7])
 def test_a_name_that_is_not_one_path_component_is_refused(name):
-    from animegamer.evaluation import plain_name_problem
+    from animegamer.evaluation.runner import plain_name_problem
 
     assert plain_name_problem(name) is not None
 
 
 @pytest.mark.parametrize("name", ["toyfilm-000003", "game 1", "...x", "épisode_1"])
 def test_a_plain_name_is_accepted(name):
-    from animegamer.evaluation import plain_name_problem
+    from animegamer.evaluation.runner import plain_name_problem
 
     assert plain_name_problem(name) is None
 
@@ -66,7 +66,7 @@ def _victim(tmp_path: Path) -> Path:
 
 
 def test_evaluate_py_refuses_game_ids_outside_its_folder_in_the_preflight(tmp_path, capfd):
-    from animegamer.evaluation import run
+    from animegamer.evaluation.runner import run
 
     victim = _victim(tmp_path)
     out = tmp_path / "eval" / "out"
@@ -88,7 +88,7 @@ def test_evaluate_refuses_bad_ids_before_writing_even_unvalidated(tmp_path):
     from omegaconf import OmegaConf
 
     from animegamer.errors import InvalidInputError
-    from animegamer.evaluation import evaluate
+    from animegamer.evaluation.runner import evaluate
 
     victim = _victim(tmp_path)
     out = tmp_path / "eval" / "out"
@@ -105,7 +105,7 @@ def test_held_out_games_with_a_clip_key_outside_the_folder_are_refused(tmp_path,
     """Clip shards made elsewhere: their keys name the games' folders too."""
     from omegaconf import OmegaConf
 
-    from animegamer import evaluation
+    from animegamer.evaluation import runner as evaluation
     from animegamer.errors import InvalidInputError
 
     shards = str(tmp_path / "data" / "clips")
@@ -127,7 +127,7 @@ def test_held_out_games_with_a_clip_key_outside_the_folder_are_refused(tmp_path,
     ('{"games": [{"id": "x"}]}', "game 1 is not an object with \"id\" and a \"turns\" list"),
 ])
 def test_a_benchmark_file_that_cannot_be_played_is_named_with_its_reason(tmp_path, content, reason):
-    from animegamer.evaluation import benchmark_file_problems
+    from animegamer.evaluation.runner import benchmark_file_problems
 
     path = tmp_path / "bench.json"
     path.write_text(content)

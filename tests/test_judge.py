@@ -18,7 +18,7 @@ from PIL import Image
 
 from animegamer.config.schema import JudgeConfig
 from animegamer.utils.http import ERROR_DETAIL_CHARS
-from animegamer.metrics.judge import (DIMENSIONS, JUDGE_PROMPT_VERSION, NO_ENDPOINT, JudgedGame, JudgedTurn,
+from animegamer.evaluation.judge import (DIMENSIONS, JUDGE_PROMPT_VERSION, NO_ENDPOINT, JudgedGame, JudgedTurn,
                                       judge_games, judge_report_games, parse_scores, prompt_sha256, request_parts,
                                       table2_lines)
 
@@ -201,7 +201,7 @@ def report_games(folder, ids: tuple[str, ...] = ("g1",)) -> list[dict]:
 
 
 def test_report_games_are_decoded_and_table2_is_written_exactly(tmp_path, monkeypatch):
-    from animegamer.metrics.report import write_report
+    from animegamer.evaluation.report import write_report
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     games = report_games(tmp_path)
@@ -239,8 +239,8 @@ def test_report_games_are_decoded_and_table2_is_written_exactly(tmp_path, monkey
 
 
 def test_a_finished_evaluation_is_judged_again_without_playing(tmp_path, capsys):
-    from animegamer.metrics.judge import main
-    from animegamer.metrics.report import PAPER_TABLE1, write_report
+    from animegamer.evaluation.judge import main
+    from animegamer.evaluation.report import PAPER_TABLE1, write_report
 
     folder = tmp_path / "eval"
     write_report(folder, {"clip_i": 0.5, "judge": judge_report_games(JudgeConfig(), [])}, report_games(folder),
@@ -263,7 +263,7 @@ def test_a_finished_evaluation_is_judged_again_without_playing(tmp_path, capsys)
 # --------------------------------------------------------------------------- configuration
 def test_judge_settings_are_validated_with_every_problem_listed():
     from animegamer.config.compose import compose_config
-    from animegamer.metrics.judge import check_judge
+    from animegamer.evaluation.judge import check_judge
 
     assert check_judge(JudgeConfig()) == []
     assert check_judge(JudgeConfig(url="http://127.0.0.1:8000/v1", model_name="m")) == []
@@ -374,7 +374,7 @@ def test_a_refused_key_is_not_retried(monkeypatch, status):
 def test_a_key_echoed_by_the_server_reaches_no_report_record_or_log(tmp_path, monkeypatch, caplog):
     """The key (from the environment), and a password and a query key in the endpoint URL, echoed in
     the server's error body: report.md, metrics.json and the log mask all three."""
-    from animegamer.metrics.report import write_report
+    from animegamer.evaluation.report import write_report
 
     monkeypatch.setenv(KEY_ENV, SECRET)
     echo = json.dumps({"error": f"bad key {SECRET} (password {URL_PASSWORD}, key {QUERY_KEY})"})
@@ -427,8 +427,8 @@ def test_a_game_with_a_missing_clip_is_unscored_and_the_others_judged(tmp_path):
 
 
 def test_a_truncated_clip_leaves_its_game_unscored_and_the_rejudge_finishes(tmp_path):
-    from animegamer.metrics.judge import main
-    from animegamer.metrics.report import write_report
+    from animegamer.evaluation.judge import main
+    from animegamer.evaluation.report import write_report
 
     folder = tmp_path / "eval"
     write_report(folder, {"judge": judge_report_games(JudgeConfig(), [])}, report_games(folder, ("g1", "g2")))
@@ -447,7 +447,7 @@ def test_a_truncated_clip_leaves_its_game_unscored_and_the_rejudge_finishes(tmp_
 
 
 def test_a_pipe_in_the_judges_answer_cannot_forge_a_table_cell():
-    from animegamer.metrics.report import markdown_cell
+    from animegamer.evaluation.report import markdown_cell
 
     forged = "| 9.00 ± 0.00 | not recorded |\n| Overall"
     with FakeChatServer([(200, forged)]) as server:

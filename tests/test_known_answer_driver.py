@@ -166,7 +166,7 @@ def test_every_benchmark_evaluation_sweeps_the_motion_scope_unless_told_not_to(t
     override still turns it off. The ci size (its pixels noise) does not sweep."""
     from dataclasses import replace
 
-    import animegamer.evaluation_reuse as reuse
+    import animegamer.evaluation.reuse as reuse
     from animegamer.known_answer import MOTION_SWEEP, SIZES, Layout, evaluate_renderer, parse_stage_overrides, recipe_of
 
     layout = Layout(tmp_path, 0)
@@ -181,7 +181,7 @@ def test_every_benchmark_evaluation_sweeps_the_motion_scope_unless_told_not_to(t
 
 
 def test_the_table_names_the_caption_words_and_carries_the_sweep(tmp_path: Path) -> None:
-    from animegamer.metrics.motion_sweep import HEADLINE, PIXEL_FLOW
+    from animegamer.evaluation.motion_sweep import HEADLINE, PIXEL_FLOW
     from data_pipeline.known_answer import CAPTION_WORDS_MEANING, SHARED_WORDS, TRUTH_WORDS_KEY
 
     rho, rising = HEADLINE[PIXEL_FLOW]

@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 
 from animegamer.config.schema import MotionConfig
-from animegamer.metrics import (
-    PAPER_TABLE1,
-    PAPER_TABLE3_RECONSTRUCTION,
-    available,
-    format_metric,
-    mean_metric,
-    state_accuracy,
-    unavailable,
-    write_report,
-)
+from animegamer.evaluation.report import PAPER_TABLE1, PAPER_TABLE3_RECONSTRUCTION, write_report
+from animegamer.metrics import available, format_metric, mean_metric, state_accuracy, unavailable
 from animegamer.media.motion_bins import MotionBins
 from motion_helpers import shifted_clip, smooth_texture
 
@@ -322,7 +314,7 @@ def test_the_setup_names_the_step_cache_only_when_it_is_on():
     from omegaconf import OmegaConf
 
     from animegamer.config.compose import compose_config
-    from animegamer.evaluation import sampling_setup
+    from animegamer.evaluation.runner import sampling_setup
 
     cfg = OmegaConf.to_object(compose_config("evaluate", ["model=tiny", "evaluation.sampling_steps=4"]))
     assert sampling_setup(cfg) == {"sampling_steps": 4}

@@ -1,4 +1,4 @@
-"""The motion sweep (``animegamer.metrics.motion_sweep``): its statistics, its part of the evaluation's
+"""The motion sweep (``animegamer.evaluation.motion_sweep``): its statistics, its part of the evaluation's
 metrics.json and report.md, and the mechanism it checks: a small decoder trained on synthetic moving latents
 (``animegamer.motion_probe``), told each clip's speed by its motion scope alone, renders the speed the motion
 scope asks for, and renders none of it when that input is zeroed."""
@@ -15,7 +15,7 @@ import torch
 from conftest import SMALL_CLIPS
 from test_known_answer import one_torch_thread
 
-from animegamer.metrics.motion_sweep import (
+from animegamer.evaluation.motion_sweep import (
     HEADLINE,
     LATENT_SHIFT,
     LEVELS,
@@ -102,8 +102,8 @@ def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_r
     from test_pages import _untrained_exports
 
     from animegamer.config.compose import compose_config
-    from animegamer.evaluation import RECONSTRUCTION_FOLDER
-    from animegamer.evaluation import run as run_evaluation
+    from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER
+    from animegamer.evaluation.runner import run as run_evaluation
     from animegamer.game_models import read_level_flow
 
     pipeline, _ = toy_run

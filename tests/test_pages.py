@@ -40,7 +40,7 @@ def _untrained_exports(composed, root: Path) -> dict[str, Path]:
 def pages(toy_run, tmp_path_factory):
     """A run written from a relative folder (as the quick start does), then moved to another place."""
     from animegamer.config.compose import compose_config
-    from animegamer.evaluation import run as run_evaluation
+    from animegamer.evaluation.runner import run as run_evaluation
     from animegamer.recipe import play_story
 
     pipeline, _ = toy_run

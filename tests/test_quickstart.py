@@ -82,7 +82,7 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     import json
 
     from animegamer.config.compose import compose_config
-    from animegamer.evaluation import run
+    from animegamer.evaluation.runner import run
     from animegamer.metrics.clip_scores import ClipScorer
 
     root, summary = quickstart

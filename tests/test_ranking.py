@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import numpy as np
 import pytest
 
-from animegamer.metrics.judge import DIMENSIONS
+from animegamer.evaluation.judge import DIMENSIONS
 from animegamer.ranking import RankingApp, RankingServer, kendall_w, load_runs, main, spearman
 from animegamer.ranking.app import REPORT_FILE, RESULTS_FILE, TOKEN_HEADER
 from animegamer.ranking.server import MAX_BODY_BYTES, REQUEST_TIMEOUT_S
@@ -42,7 +42,7 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _judge_record() -> dict:
     from animegamer.config.schema import JudgeConfig
-    from animegamer.metrics.judge import game_summary, summarize
+    from animegamer.evaluation.judge import game_summary, summarize
 
     samples = [{"scores": dict(zip(DIMENSIONS, values)), "attempts": 1, "error": ""}
                for values in ((6, 5, 5, 8, 9, 3), (8, 5, 7, 8, 9, 5))]

@@ -31,7 +31,7 @@ def test_held_out_shots_are_never_trained_on(toy_run):
 
 
 def test_evaluation_games_are_made_of_held_out_shots(toy_run):
-    from animegamer.evaluation import held_out_games
+    from animegamer.evaluation.runner import held_out_games
 
     output, _ = toy_run
     cfg = OmegaConf.to_object(compose_config("evaluate", ["model=tiny", f"data.root={output}", "data.val_fraction=0.3",

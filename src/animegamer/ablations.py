@@ -162,8 +162,8 @@ def score(v: Variant, extra: list[str]) -> dict:
     from animegamer.checks import check_export_sizes
     from animegamer.checks import check_evaluated_exports
     from animegamer.config.validate import ConfigError
-    from animegamer.evaluation import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
-    from animegamer.metrics.report import METRICS_FILE
+    from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
+    from animegamer.evaluation.report import METRICS_FILE
     from animegamer.utils.io import sha256_file
 
     export = v.export(A_JOINT)
@@ -215,7 +215,7 @@ class Footnotes:
         self.reasons: list[str] = []
 
     def cell(self, key: str, metric: dict, signed: bool = False) -> str:
-        from animegamer.metrics.report import METRIC_INFO
+        from animegamer.evaluation.report import METRIC_INFO
 
         if metric["available"]:
             return f"{metric['value']:{'+' if signed else ''}.{METRIC_INFO[key][2]}f}"
@@ -238,7 +238,7 @@ def _cell(metric: dict | None) -> str:
 def table_markdown(table: dict) -> str:
     """``table3.md``: the variants' metrics beside the paper's, then their gaps to the shuffled representation;
     every metric not measured is "n/a" with a footnote saying why."""
-    from animegamer.metrics.report import METRIC_INFO
+    from animegamer.evaluation.report import METRIC_INFO
 
     labels = [METRIC_INFO[m][0] for m in METRICS]
     notes = Footnotes()
@@ -271,7 +271,7 @@ def table_markdown(table: dict) -> str:
 
 def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> dict[str, Path]:
     """``table3.md`` and ``table3.json``: every variant's metrics beside the paper's Table 3 numbers."""
-    from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION
+    from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION
     from animegamer.utils.io import write_json_atomic
 
     paper = {BASELINE: PAPER_TABLE3_RECONSTRUCTION}

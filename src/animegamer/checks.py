@@ -33,7 +33,7 @@ from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.encoder import check_encoder_config, representation_tokens
 from animegamer.models.fp8 import check_decoder_fp8
 from animegamer.models.mllm import SDPA, check_mllm
-from animegamer.metrics.judge import check_judge
+from animegamer.evaluation.judge import check_judge
 from animegamer.phases.common import check_schedule
 from animegamer.preflight import evaluation_problems
 from animegamer.phases.specs import PHASES, export_contract
@@ -397,7 +397,7 @@ def check_evaluation(cfg, made: bool = True) -> list[str]:
             problems += export_folder_problems(f"evaluation.reconstruction_export={e.reconstruction_export!r}",
                                                e.reconstruction_export, "not a phase (a) export folder")
     if e.benchmark:
-        from animegamer.evaluation import benchmark_file_problems  # late: evaluation loads the data readers
+        from animegamer.evaluation.runner import benchmark_file_problems  # late: evaluation loads the data readers
 
         problems += benchmark_file_problems(e.benchmark)  # its game ids become folders under evaluation.out
     root = Path(cfg.data.root)
@@ -421,7 +421,7 @@ def check_evaluation(cfg, made: bool = True) -> list[str]:
     problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
     if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
         problems += evaluation_problems(cfg)
-    from animegamer.evaluation import untrained_game_problems  # late: evaluation loads the data readers
+    from animegamer.evaluation.runner import untrained_game_problems  # late: evaluation loads the data readers
 
     problems += untrained_game_problems(cfg)
     return problems

@@ -15,7 +15,7 @@ baselines are scored in the same evaluation code:
 * the Table 3 ablations without the motion-scope input and without the warm-up: each a2 stage trained
   as its own model and scored as the renderer of the same game and on reconstruction;
 * at gpu size, in every reconstruction, the motion sweep (``evaluation.motion_sweep``,
-  :mod:`animegamer.metrics.motion_sweep`): each held-out clip decoded from the same representation and noise at every level's flow value, and how
+  :mod:`animegamer.evaluation.motion_sweep`): each held-out clip decoded from the same representation and noise at every level's flow value, and how
   closely the measured speed follows the requested one (whether the motion scope controls the motion);
 * with ``--step-cache THRESHOLD [THRESHOLD ...]``, the trained game sampled with the step cache
   (``model.diffusion.cache=first_block``) at each threshold: its row, its time per turn against the
@@ -31,7 +31,7 @@ row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is t
 ``OUT/curves.png`` the training stages' losses; ``OUT/gallery.png`` generated clips under their
 ground truth. The films, pipeline output and VAE are shared by every seed; each seed trains into
 ``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages, and
-evaluations with the same config, exports and clips: :mod:`animegamer.evaluation_reuse`).
+evaluations with the same config, exports and clips: :mod:`animegamer.evaluation.reuse`).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from animegamer.metrics.report import METRICS_FILE
+from animegamer.evaluation.report import METRICS_FILE
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage, trained_seconds
 from animegamer.known_answer_report import (
@@ -208,7 +208,7 @@ def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str,
                       overrides: Sequence[str] = (), reconstruction: str = "", extra: Sequence[str] = ()) -> dict:
     """The benchmark's games played by the trained MLLM with another renderer, into ``runs/eval_<name>``
     (read back when it already ran with the same config and exports: a resumed benchmark replays none)."""
-    from animegamer.evaluation_reuse import evaluate_or_reuse
+    from animegamer.evaluation.reuse import evaluate_or_reuse
 
     return evaluate_or_reuse(evaluation_config([
         f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", *data_overrides(layout), *size.overrides,

@@ -150,7 +150,7 @@ def plot_curves(histories: dict[str, list[tuple[int, float]]], path: Path) -> bo
     """One panel per stage (their losses differ in kind and scale): per-step loss and its moving average."""
     import numpy as np
 
-    from animegamer.metrics.report import _figure
+    from animegamer.evaluation.report import _figure
 
     if not histories:
         return False

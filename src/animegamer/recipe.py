@@ -197,7 +197,7 @@ def play_story(composed, out: Path) -> dict:
     from omegaconf import OmegaConf
 
     from animegamer.checkpoints.trained_data import clip_manifest
-    from animegamer.evaluation import story_instructions
+    from animegamer.evaluation.runner import story_instructions
     from animegamer.game import INDEX_FILE, play_game
     from animegamer.game_models import load_game_models, read_level_flow
 
@@ -242,9 +242,9 @@ def reused_story(out: Path, fp: str) -> dict | None:
 
 def story_or_reuse(composed, out: Path) -> dict:
     """:func:`play_story`'s result: read back when the game was played with the same config, exports and
-    clips as the evaluation's (its fingerprint, :mod:`animegamer.evaluation_reuse`), else played and
+    clips as the evaluation's (its fingerprint, :mod:`animegamer.evaluation.reuse`), else played and
     recorded. A change of code is not seen: delete the folder to play it again."""
-    from animegamer.evaluation_reuse import evaluation_fingerprint
+    from animegamer.evaluation.reuse import evaluation_fingerprint
     from animegamer.utils.io import write_json_atomic
     from animegamer.media.fingerprint import fingerprint
 
@@ -376,7 +376,7 @@ def run_recipe(recipe: Recipe) -> dict:
     adapted = train(recipe.phase_c, f"phase.init_from={joint['export']}")
     report, story = None, None
     if recipe.evaluation:
-        from animegamer.evaluation_reuse import evaluate_or_reuse
+        from animegamer.evaluation.reuse import evaluate_or_reuse
 
         root = Path(adapted["export"]).parent.parent
         evaluation = evaluation_config([

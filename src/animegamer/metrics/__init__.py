@@ -1,4 +1,4 @@
-"""The paper's evaluation metrics (Table 1 / Table 3) and the evaluation report.
+"""The paper's evaluation metrics (Table 1 / Table 3), computed; :mod:`animegamer.evaluation.report` shows them.
 
 * ``clip_scores``: ``ClipScorer`` (CLIP-I, CLIP-T, CLIP-T^E) from a local CLIP folder or random.
 * ``dreamsim``: DreamSim similarity, only with the ``dreamsim`` package and local weights.
@@ -6,7 +6,6 @@
 * ``states``: ACC-S / MAE-S over the ML / SC / ET / ST state values.
 * ``psnr``: PSNR of a generated or reconstructed clip against its ground-truth clip (8-bit frames).
 * ``baselines``: majority-class and copy-the-last-turn states, the shuffled-representation derangement.
-* ``report``: metrics.json, report.md beside the paper's numbers, plots, gallery.html.
 
 Every model-based metric is ``available(value)`` or ``unavailable(reason)`` (value None, never 0).
 Heavy modules (transformers, cv2, matplotlib) load only when their names are first used.
@@ -24,13 +23,6 @@ from animegamer.metrics.common import (
     mean_metric,
     metric_value,
     unavailable,
-)
-from animegamer.metrics.report import (
-    METRIC_INFO,
-    PAPER_TABLE1,
-    PAPER_TABLE3_RECONSTRUCTION,
-    headline,
-    write_report,
 )
 from animegamer.metrics.states import STATE_KEYS, state_accuracy
 
@@ -57,20 +49,15 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "METRIC_INFO",
     "Metric",
-    "PAPER_TABLE1",
-    "PAPER_TABLE3_RECONSTRUCTION",
     "STATE_KEYS",
     "as_metric",
     "available",
     "format_metric",
-    "headline",
     "is_metric",
     "mean_metric",
     "metric_value",
     "state_accuracy",
     "unavailable",
-    "write_report",
     *_LAZY,
 ]

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from urllib.parse import urlencode
 
 from animegamer.errors import InvalidInputError, UserError
-from animegamer.metrics.judge import DIMENSION_LABELS, DIMENSIONS, state_changes
+from animegamer.evaluation.judge import DIMENSION_LABELS, DIMENSIONS, state_changes
 from animegamer.ranking.runs import COLUMN_LABELS, RANK_SCORES, Run, column_order, common_games
 from animegamer.ranking.scores import aggregate, is_complete, ranking_status, report_lines
 from animegamer.ranking.store import ANSWERS_FILE, LOCK_FILE, AnswerStore, State, folder_flock

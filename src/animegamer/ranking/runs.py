@@ -3,21 +3,21 @@ order in which a rater sees them."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from animegamer.errors import InvalidInputError, MissingInputError, UserError
+from animegamer.contracts.files import METRICS_FILE  # what evaluate.py writes into each run folder
+from animegamer.errors import InvalidInputError, UserError
+from animegamer.evaluation.report import read_evaluation
 
 log = logging.getLogger(__name__)
 
 RANK_SCORES = (10, 7, 4, 1)  # the paper: rank 1 (best) .. 4 -> score
 MIN_RUNS, MAX_RUNS = 2, len(RANK_SCORES)
 COLUMN_LABELS = string.ascii_uppercase[:MAX_RUNS]
-METRICS_FILE = "metrics.json"  # what evaluate.py writes into each run folder
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,13 @@ class Run:
 
 def load_run(folder: str | Path, name: str) -> Run:
     folder = Path(folder)
-    path = folder / METRICS_FILE
-    if not path.is_file():
-        raise MissingInputError(f"{path}: missing; --runs takes folders written by evaluate.py (evaluation.out)")
+    record = read_evaluation(folder, "--runs takes folders written by evaluate.py (evaluation.out)")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
         games = {str(g["id"]): g for g in record["games"]}
-    except (ValueError, KeyError, TypeError) as error:
-        raise InvalidInputError(f"{path}: not an evaluation record with games ({error})") from error
+    except KeyError as error:
+        raise InvalidInputError(f"{folder / METRICS_FILE}: a game without an id ({error})") from error
     if not games:
-        raise InvalidInputError(f"{path}: no game was played in this run")
+        raise InvalidInputError(f"{folder / METRICS_FILE}: no game was played in this run")
     return Run(name, folder, games, (record.get("metrics") or {}).get("judge"))
 
 

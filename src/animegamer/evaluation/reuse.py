@@ -11,13 +11,13 @@ change of code is not seen: delete the folder to replay it.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
-from animegamer.metrics.report import METRICS_FILE
+from animegamer.contracts.files import METRICS_FILE
+from animegamer.evaluation.report import read_evaluation
 from animegamer.utils.io import read_json_if_exists, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,14 @@ def forget_record(out: Path) -> None:
 def evaluate_or_reuse(composed) -> dict:
     """``evaluation.run(composed)``'s result: read back when this evaluation already ran to its end with
     the same fingerprint, else played (and its record written after its metrics)."""
-    from animegamer.evaluation import run as run_evaluation
+    from animegamer.evaluation.runner import run as run_evaluation
 
     out = Path(composed.evaluation.out)
     fp = evaluation_fingerprint(composed)
     record = read_json_if_exists(out / RECORD_FILE)
     if record and record.get("fingerprint") == fp and (out / METRICS_FILE).is_file():
         log.info("evaluation: reused %s (same config, exports and clips)", out)
-        metrics = json.loads((out / METRICS_FILE).read_text())["metrics"]
+        metrics = read_evaluation(out, "the evaluation this record names", ("metrics",))["metrics"]
         return {"metrics": metrics, "files": record["files"], "out": str(out)}
     forget_record(out)  # a replay cut short must not leave the old record valid
     report = run_evaluation(composed)

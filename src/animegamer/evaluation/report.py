@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
-from animegamer.metrics import motion_sweep
+from animegamer.contracts.files import METRICS_FILE
+from animegamer.evaluation import motion_sweep
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
@@ -53,7 +54,6 @@ PAPER_SETUP = ("the full-size AnimeGamer (a Mistral-7B MLLM and a CogVideoX-2B d
 VIDEO_KEYS = ("video", "truth_video")  # per-turn clip paths: generated, ground truth
 CLIP_LABELS = {"video": "generated", "truth_video": "ground truth (held-out clip)"}
 GALLERY_FILE = "gallery.html"
-METRICS_FILE = "metrics.json"
 GALLERY_TEMPLATE = "gallery.html.j2"
 
 # key -> (label, higher is better, decimals), in report order.
@@ -346,7 +346,7 @@ def _markdown(
     lines += [" ".join(notes), ""]
     lines += _baselines_table(ours, metrics.get("baselines") or {}, ours_name, metrics.get("states"))
     if metrics.get("judge"):
-        from animegamer.metrics.judge import table2_lines  # late: ``python -m animegamer.metrics.judge`` runs it
+        from animegamer.evaluation.judge import table2_lines  # late: ``python -m animegamer.evaluation.judge`` runs it
 
         lines += table2_lines(metrics["judge"]) + [""]
     if "consistency_plot" in plots:
@@ -441,6 +441,34 @@ def write_gallery(path: Path, title: str, games: Sequence[Mapping], meta: Sequen
 
 
 # --------------------------------------------------------------------------- entry point
+def read_evaluation(folder: str | Path, hint: str, required: Sequence[str] = ("games",)) -> dict:
+    """``metrics.json`` of an evaluation folder, the one way it is read back: a JSON object holding the
+    ``required`` keys, whose ``games`` (when there) is a list of objects and ``metrics`` an object.
+    ``hint`` says, after "missing; ", which folder the reader wanted. A missing file is a
+    :class:`MissingInputError`, anything else that is not such a record an :class:`InvalidInputError`,
+    both naming the file."""
+    from animegamer.errors import InvalidInputError, MissingInputError
+
+    path = Path(folder) / METRICS_FILE
+    if not path.is_file():
+        raise MissingInputError(f"{path}: missing; {hint}")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise TypeError(f"a {type(record).__name__}, not an object")
+        missing = [key for key in required if key not in record]
+        if missing:
+            raise KeyError(", ".join(missing))
+        games, metrics = record.get("games", []), record.get("metrics", {})
+        if not isinstance(games, list) or not all(isinstance(game, dict) for game in games):
+            raise TypeError("games is not a list of objects")
+        if not isinstance(metrics, dict):
+            raise TypeError("metrics is not an object")
+    except (ValueError, KeyError, TypeError) as error:
+        raise InvalidInputError(f"{path}: not an evaluation record ({type(error).__name__}: {error})") from error
+    return record
+
+
 def write_report(
     out_dir: str | Path,
     metrics: Mapping[str, Any],

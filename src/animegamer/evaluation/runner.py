@@ -24,7 +24,7 @@ from animegamer.errors import InvalidInputError
 from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
 from animegamer.metrics.common import available, mean_metric, unavailable
 from animegamer.metrics.latent_motion import latent_motion
-from animegamer.metrics.motion_sweep import evaluation_sweep
+from animegamer.evaluation.motion_sweep import evaluation_sweep
 from animegamer.metrics.psnr import clip_psnr
 from animegamer.media.captions import STATUS_OK
 
@@ -412,7 +412,7 @@ def sampling_setup(cfg: RunConfig) -> dict:
 def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: dict | None = None) -> dict:
     """The Table 3 reconstruction metrics of ``evaluation.reconstruction_export``, written to ``out``
     (metrics.json and report.md beside the paper's numbers); ``record`` adds entries to metrics.json."""
-    from animegamer.metrics.report import PAPER_TABLE3_RECONSTRUCTION, write_report
+    from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION, write_report
 
     metrics = {**reconstruction_metrics(cfg, scorers), **(record or {})}
     write_report(out, metrics, [], paper=PAPER_TABLE3_RECONSTRUCTION, title="AnimeGamer reconstruction (Table 3)")
@@ -423,9 +423,9 @@ def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
     from animegamer.checkpoints.trained_data import clip_manifest
     from animegamer.game_models import load_game_models, read_level_flow
-    from animegamer.evaluation_reuse import forget_record
-    from animegamer.metrics.judge import judge_report_games
-    from animegamer.metrics.report import write_report
+    from animegamer.evaluation.reuse import forget_record
+    from animegamer.evaluation.judge import judge_report_games
+    from animegamer.evaluation.report import write_report
 
     e = cfg.evaluation
     out = Path(e.out)

@@ -35,7 +35,7 @@ from animegamer.metrics.common import available, format_metric, unavailable
 from animegamer.utils.http import (ERROR_DETAIL_CHARS, IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient,
                                    answer_with_retries, api_key_from_env, client_setting_problems, redact)
 
-log = logging.getLogger("animegamer.metrics.judge")  # the same name under ``python -m``
+log = logging.getLogger("animegamer.evaluation.judge")  # the same name under ``python -m``
 
 DIMENSIONS = ("overall", "instruction_following", "contextual_consistency", "character_consistency",
               "style_consistency", "state_update")
@@ -332,7 +332,7 @@ def judge_cell(record: Mapping, key: str) -> str:
 def table2_lines(record: Mapping) -> list[str]:
     """report.md's "Table 2: MLLM judge" section for one evaluation (table cells escaped: a reason quotes
     the judge's answer, which may hold a ``|``)."""
-    from animegamer.metrics.report import markdown_row  # report.py draws this section: imported when it does
+    from animegamer.evaluation.report import markdown_row  # report.py draws this section: imported when it does
 
     model = f"`{record['model']}`" if record.get("model") else "none"
     lines = ["## Table 2: MLLM judge", "",
@@ -361,20 +361,11 @@ def table2_lines(record: Mapping) -> list[str]:
 def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) -> dict:
     """Judge the games of an ``evaluate.py`` folder again (another judge, more samples) without playing
     them: ``metrics.json``'s judge record and ``report.md`` are rewritten from the clips in the folder."""
-    import json
-
-    from animegamer.errors import InvalidInputError, MissingInputError
-    from animegamer.metrics.report import METRICS_FILE, VIDEO_KEYS, write_report
+    from animegamer.evaluation.report import VIDEO_KEYS, read_evaluation, write_report
 
     folder = Path(folder)
-    path = folder / METRICS_FILE
-    if not path.is_file():
-        raise MissingInputError(f"{path}: missing; pass a folder written by evaluate.py (evaluation.out)")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        metrics, games = record["metrics"], record["games"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise InvalidInputError(f"{path}: not an evaluation record ({error})") from error
+    record = read_evaluation(folder, "pass a folder written by evaluate.py (evaluation.out)", ("metrics", "games"))
+    metrics, games = record["metrics"], record["games"]
     # metrics.json keeps clip paths relative to its folder; write_report reads them as this process sees them
     games = [{**game, "turns": [{**turn, **{key: str(folder / turn[key]) for key in VIDEO_KEYS if turn.get(key)}}
                                 for turn in game.get("turns", [])]} for game in games]
@@ -406,7 +397,7 @@ def check_judge(judge) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m animegamer.metrics.judge EVAL_FOLDER evaluation.judge.url=... [overrides]``."""
+    """``python -m animegamer.evaluation.judge EVAL_FOLDER evaluation.judge.url=... [overrides]``."""
     import sys
 
     from animegamer.config.compose import compose_config
@@ -416,7 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def run() -> int:
         args = list(sys.argv[1:] if argv is None else argv)
         if not args or "=" in args[0]:
-            raise UserError("usage: python -m animegamer.metrics.judge EVAL_FOLDER evaluation.judge.url=URL "
+            raise UserError("usage: python -m animegamer.evaluation.judge EVAL_FOLDER evaluation.judge.url=URL "
                             "evaluation.judge.model_name=NAME [evaluation.judge.*=...]")
         setup_logging("INFO")
         cfg = compose_config("evaluate", args[1:]).evaluation.judge

@@ -151,7 +151,7 @@ def find(metrics: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def plot(result: Mapping[str, Any], path: Path) -> bool:
     """Requested against measured speed, one panel per measure: each clip's line and the mean per level."""
-    from animegamer.metrics.report import _figure
+    from animegamer.evaluation.report import _figure
 
     measures = [(name, m) for name, m in result["measures"].items() if m.get("values")]
     if not measures:
@@ -180,7 +180,7 @@ def plot(result: Mapping[str, Any], path: Path) -> bool:
 
 def markdown(result: Mapping[str, Any], plot_name: str | None) -> list[str]:
     """report.md's section: the sweep's table (and its plot, when drawn)."""
-    from animegamer.metrics.report import markdown_row
+    from animegamer.evaluation.report import markdown_row
 
     flows = " / ".join(f"{v:.2f}" for v in result["requested"])
     lines = ["## Motion sweep", "",
