@@ -17,7 +17,7 @@ import torch
 from animegamer.checkpoints.export import TRAINED_FILE, recorded_start
 from animegamer.config.neutral_keys import ALLOWED, flatten
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import ADAPTATION_DIR, FEATURES_DIR, MANIFEST, SESSION_SHARDS_DIR
 from animegamer.contracts.shards import LATENTS, PRED_REP
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
@@ -25,11 +25,8 @@ from animegamer.mllm.collate import collate_sequences, make_example
 from animegamer.models.game_mllm import TokenizedMLLM, build_game_mllm, run_batch
 from animegamer.utils.io import npy_bytes, sha256_file
 from data_pipeline.lineage import reused_summary, step_fingerprint
-from data_pipeline.precompute import FEATURES_DIR
-from data_pipeline.session_shards import SESSION_SHARDS_DIR
 from data_pipeline.writer import write_numbered_shards, write_step_manifest
 
-ADAPTATION_DIR = "adaptation"
 MODEL_PREFIX = "model."
 # Model settings that schedule the same computation differently (compilation, attention kernels,
 # gradient checkpointing): what a training run may change on resume changes no prediction either.

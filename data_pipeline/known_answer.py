@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from animegamer.contracts.files import CLIPS_DIR
 from data_pipeline.toyfilm import (
     CHARACTER_JOINER,
     LEVEL_VOCABULARY,
@@ -53,7 +54,6 @@ logger = logging.getLogger(__name__)
 FIRST_SEED = 1000  # away from the seeds the unit tests and the quick start draw (0..3)
 FILMS_DIR = "films"
 PIPELINE_DIR = "pipeline"
-CLIPS_DIR = "clips"
 MEASUREMENTS_FILE = "known_answer.json"
 CLIP_STEPS = ("process", "finalize")
 FEATURE_STEPS = ("precompute", "sessions")

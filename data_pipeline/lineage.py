@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from animegamer.contracts.files import MANIFEST
-from animegamer.data.split import SESSIONS_FILE
+from animegamer.contracts.files import MANIFEST, SESSIONS_FILE
 from animegamer.data.storage import ShardSource
 from animegamer.media.fingerprint import FINGERPRINT, fingerprint, shards_digest
 from animegamer.utils.io import read_json_if_exists

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from animegamer.config.schema import ModelConfig, PipelineConfig
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import CLIPS_DIR, FEATURES_DIR, MANIFEST
 from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.storage import Shard
@@ -29,11 +29,10 @@ from animegamer.utils.command import recorded_command
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, reuse_counts
 from data_pipeline.lineage import MADE_FROM, made_from
-from data_pipeline.writer import CLIPS_DIR, write_shard
+from data_pipeline.writer import write_shard
 
 log = logging.getLogger(__name__)
 
-FEATURES_DIR = "features"
 # Member names of a feature sample (see docs/architecture.md, 'Feature shards').
 FEATURE_MEMBERS = (LATENTS, TEXT, IMAGE)
 INPUTS = "inputs"  # per-shard record key: the fingerprint of its feature inputs (:func:`feature_inputs`)

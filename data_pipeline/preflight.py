@@ -21,13 +21,12 @@ from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import CAPTION_STEPS, ConfigError
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import CLIPS_DIR, MANIFEST
 from animegamer.media.fingerprint import file_identity
 from animegamer.utils.io import read_json
 from data_pipeline.ingest import find_inputs
 from data_pipeline.lineage import PRODUCER, SOURCES, shards_problem, stale_reason
 from data_pipeline.staging import Staging
-from data_pipeline.writer import CLIPS_DIR
 
 log = logging.getLogger(__name__)
 

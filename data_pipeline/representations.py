@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from animegamer.checkpoints.export import TRAINED_FILE
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import FEATURES_DIR, MANIFEST, REPRESENTATIONS_DIR
 from animegamer.contracts.shards import IMAGE, REP, TEXT
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.storage import Shard
@@ -25,12 +25,11 @@ from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.reconstruction import build_encoder
 from animegamer.utils.io import npy_bytes, sha256_file
 from data_pipeline.lineage import reused_summary, step_fingerprint
-from data_pipeline.precompute import FEATURES_DIR, _batches
+from data_pipeline.precompute import _batches
 from data_pipeline.writer import write_shard, write_step_manifest
 
 log = logging.getLogger(__name__)
 
-REPRESENTATIONS_DIR = "representations"
 
 
 def load_encoder(model: ModelConfig, export: str | Path) -> ActionAwareEncoder:

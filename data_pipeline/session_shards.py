@@ -13,18 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import MANIFEST, REPRESENTATIONS_DIR, SESSION_SHARDS_DIR, SESSIONS_FILE
 from animegamer.contracts.shards import REP, REPS
 from animegamer.contracts.states import CHARACTER_STATES, MOTION_LEVEL
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import session_key
 from animegamer.utils.io import npy_bytes, read_json, sha256_file
 from data_pipeline.lineage import reused_summary, step_fingerprint
-from data_pipeline.representations import REPRESENTATIONS_DIR
-from data_pipeline.sessions import SESSIONS_FILE
 from data_pipeline.writer import write_numbered_shards, write_step_manifest
 
-SESSION_SHARDS_DIR = "session_shards"
 
 
 def turn_record(meta: dict) -> dict:

@@ -12,8 +12,8 @@ import webdataset as wds
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.contracts.files import MANIFEST
-from animegamer.data.split import SHOTS_FILE, shot_id
+from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SHOTS_FILE
+from animegamer.data.split import shot_id
 from animegamer.media.captions import STATUS_OK
 from animegamer.media.fingerprint import FINGERPRINT
 from animegamer.media.motion_bins import LEVELS, MotionBins, compute_bins
@@ -25,7 +25,6 @@ from data_pipeline.staging import Staging
 
 log = logging.getLogger(__name__)
 
-CLIPS_DIR = "clips"
 REPORT = "report.json"
 HISTOGRAM = "motion_levels.png"
 SHARD_PATTERN = "shard-{:06d}.tar"

@@ -28,7 +28,8 @@ from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
 
 from animegamer.checkpoints.export import EXPORT_FILE
-from animegamer.training.callbacks import EXPORT_DIR, TRAIN_SECONDS
+from animegamer.contracts.files import EXPORT_DIR
+from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.training.checkpoint_integrity import RECORD_SUFFIX
 from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_partials, resume_checkpoint
 from animegamer.training.faults import LOSS_HISTORY, PREEMPTED_EXIT_CODE

@@ -18,10 +18,10 @@ from omegaconf import OmegaConf, open_dict
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 
 from animegamer.config.compose import compose_config
+from animegamer.contracts.files import RECORD_FILE
 from animegamer.errors import InvalidInputError
 from animegamer.training import run_record
-from animegamer.training.run_record import (RECORD_FILE, Change, RunFolderChanged, check_run_folder, diff, refused,
-                                            write_record)
+from animegamer.training.run_record import Change, RunFolderChanged, check_run_folder, diff, refused, write_record
 
 
 @functools.lru_cache(maxsize=None)

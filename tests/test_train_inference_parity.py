@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
+from animegamer.contracts.files import SESSION_SHARDS_DIR
 from animegamer.contracts.shards import REPS
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
@@ -23,7 +24,6 @@ from animegamer.mllm.sequence import Turn
 from animegamer.models.game_mllm import run_batch
 from animegamer.phases.phase_b import PhaseB, export_phase_b
 from data_pipeline.adaptation import load_phase_b, predict, targets_with_most_history
-from data_pipeline.session_shards import SESSION_SHARDS_DIR
 
 TURNS = 4  # per synthetic session; the last turn has 3 turns of history
 WINDOW_TURNS = 5  # the game's sliding window: longer than any history here, so nothing is cut

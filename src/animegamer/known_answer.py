@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from animegamer.evaluation.report import METRICS_FILE
+from animegamer.contracts.files import METRICS_FILE
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage, trained_seconds
 from animegamer.known_answer_report import (
@@ -305,6 +305,7 @@ def representation_prediction(pipeline_root: Path) -> dict[str, float]:
     456 from training sessions), so this mixes fitted and unseen windows."""
     import numpy as np
 
+    from animegamer.contracts.files import ADAPTATION_DIR, REPRESENTATIONS_DIR
     from animegamer.contracts.shards import PRED_REP, REP
     from animegamer.data.shards import folder_shards, iter_samples
     from data_pipeline.adaptation import ADAPTATION_DIR

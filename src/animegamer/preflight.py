@@ -17,7 +17,8 @@ from pathlib import Path
 
 from animegamer.config.validate import ConfigError
 from animegamer.data.indexed import key_fraction
-from animegamer.data.split import SESSIONS_FILE, VAL, TRAIN, HeldOut, consecutive_runs, session_key
+from animegamer.contracts.files import SESSIONS_FILE
+from animegamer.data.split import VAL, TRAIN, HeldOut, consecutive_runs, session_key
 from animegamer.media.captions import STATUS_OK
 
 log = logging.getLogger(__name__)

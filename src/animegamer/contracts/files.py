@@ -7,6 +7,18 @@ import re
 MANIFEST = "manifest.json"  # each shard folder's index: shard names, sizes, digests, what made it
 EXPORT_FILE = "export.json"  # an export folder's description: its config, format, what it trained on
 TRAINED_FILE = "trained.safetensors"  # an export folder's trained parameters
+# A pipeline output's shard folders and indexes (a run's data.* settings name them).
+CLIPS_DIR = "clips"
+FEATURES_DIR = "features"
+REPRESENTATIONS_DIR = "representations"
+SESSION_SHARDS_DIR = "session_shards"
+ADAPTATION_DIR = "adaptation"
+SHOTS_FILE = "shots.json"  # beside the clip shards: each clip's shot
+SESSIONS_FILE = "sessions.json"
+# A training run's folder and an evaluation's.
+RECORD_FILE = "run_config.json"  # the config and data digests a resume is checked against
+EXPORT_DIR = "export"
+METRICS_FILE = "metrics.json"
 SHARD_SUFFIX = ".tar"  # every shard set is tar files of webdataset records
 SHARD_NAME_MAX = 255  # bytes in one file name on the usual file systems (and object-key segments)
 # Letters, digits, '.', '_' and '-', starting with a letter or a digit: no separator, no scheme, no

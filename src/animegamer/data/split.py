@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
+from animegamer.contracts.files import SESSIONS_FILE, SHOTS_FILE
 from animegamer.data.indexed import key_fraction
 from animegamer.data.storage import RemoteSettings, ShardSource, join, remote_settings
 
-SHOTS_FILE = "shots.json"
-SESSIONS_FILE = "sessions.json"
 VAL, TRAIN = "val", "train"
 
 

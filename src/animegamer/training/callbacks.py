@@ -12,14 +12,15 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from animegamer.checkpoints.export import FINISHED
+from animegamer.contracts.files import EXPORT_DIR
 from animegamer.media.video import encode_mp4  # PyAV and OpenCV load only when a video is encoded
+from animegamer.training.run_record import write_record
 from animegamer.training.strategies import full_weights, is_fsdp_strategy
 from animegamer.training.throughput import pausing
 from animegamer.utils.randomness import step_generator
 
 log = logging.getLogger(__name__)
 
-EXPORT_DIR = "export"
 TRAIN_SECONDS = "train_seconds"  # export.json: wall seconds of training so far, resumed runs' included
 TRAIN_BAR = "steps"  # the training bar's description
 
@@ -136,8 +137,6 @@ class RecordOnSave(L.Callback):
         self.folder, self.record = Path(folder), record
 
     def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict) -> None:
-        from animegamer.training.run_record import write_record  # run_record imports EXPORT_DIR from here
-
         if self.record is not None and trainer.is_global_zero:
             write_record(self.folder, self.record)
         self.record = None

@@ -38,18 +38,16 @@ from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.neutral_keys import ALLOWED, flatten
 from animegamer.config.schema import CONSTANT_SCHEDULE
 from animegamer.config.validate import ConfigError
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import EXPORT_DIR, MANIFEST, RECORD_FILE
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.media.fingerprint import shards_digest
 from animegamer.phases.specs import spec_named
-from animegamer.training.callbacks import EXPORT_DIR
 from animegamer.utils.io import read_json, sha256_bytes, write_json_atomic
 from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "run_config.json"
 EXPORT_META = Path(EXPORT_DIR) / EXPORT_FILE  # runs made before run records: the export's config
 OVERRIDE = "resume_with_changes"
 ABSENT = "<absent>"

@@ -15,11 +15,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.files import EXPORT_DIR
 from animegamer.data.storage import data_source
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.phases.specs import BuiltPhase, spec_for
 from animegamer.training.bad_data import BadDataBudget
-from animegamer.training.callbacks import EXPORT_DIR, ExportCallback, RecordOnSave, ResumeSettings, StepProgressBar
+from animegamer.training.callbacks import ExportCallback, RecordOnSave, ResumeSettings, StepProgressBar
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointIO, KeepLastCheckpoint,
                                                checkpoint_name, checkpoint_step, clean_partials, resume_checkpoint,
                                                save_checkpoint)
