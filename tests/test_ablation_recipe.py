@@ -10,7 +10,8 @@ from animegamer.ablations import (BASELINE, DEFAULT_OUT, METRICS, MINUS_SHUFFLED
                                   experiment_of, main, plan, saved_scores, scored_with, variant_names, write_table)
 from animegamer.checks import check_export_sizes
 from animegamer.config.compose import compose_config
-from animegamer.evaluation.report import METRICS_FILE, PAPER_TABLE3_RECONSTRUCTION
+from animegamer.contracts.files import METRICS_FILE
+from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION
 
 TINY = ["model=tiny", "trainer=cpu", "logger=none"]
 

@@ -163,7 +163,7 @@ def score(v: Variant, extra: list[str]) -> dict:
     from animegamer.checks import check_evaluated_exports
     from animegamer.config.validate import ConfigError
     from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
-    from animegamer.evaluation.report import METRICS_FILE
+    from animegamer.contracts.files import METRICS_FILE
     from animegamer.utils.io import sha256_file
 
     export = v.export(A_JOINT)

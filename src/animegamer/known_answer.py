@@ -308,8 +308,6 @@ def representation_prediction(pipeline_root: Path) -> dict[str, float]:
     from animegamer.contracts.files import ADAPTATION_DIR, REPRESENTATIONS_DIR
     from animegamer.contracts.shards import PRED_REP, REP
     from animegamer.data.shards import folder_shards, iter_samples
-    from data_pipeline.adaptation import ADAPTATION_DIR
-    from data_pipeline.representations import REPRESENTATIONS_DIR
 
     true = {s["__key__"]: s[REP].astype(np.float64)
             for s in iter_samples(folder_shards(pipeline_root / REPRESENTATIONS_DIR), video=False)}
