@@ -43,6 +43,7 @@ import torch
 
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.states import CHARACTER_STATES, ENTERTAINMENT, MOTION_LEVEL, SOCIAL, STAMINA
 from animegamer.errors import OutputExistsError, UserError, exit_on_user_error
 from animegamer.game_models import GameModels, load_game_models, read_level_flow
 from animegamer.mllm.predict import HistoryTurn, Prediction, window
@@ -57,8 +58,6 @@ __all__ = [
     "PlayedGame", "play_game", "play_games", "play_turns", "update_states", "read_instructions", "window", "main",
 ]
 
-CHARACTER_STATES = ("SC", "ET", "ST")  # social, entertainment, stamina: the bars the player sees
-STATE_NAMES = {"SC": "Social", "ET": "Entertainment", "ST": "Stamina"}
 INITIAL_STATE = 50  # official demo
 STATE_STEP = 5  # one unit of predicted delta moves a bar by 5
 STATE_RANGE = (0, 100)
@@ -200,7 +199,7 @@ class Game:
         """The rendering inputs of the predicted turn: validated states, the level's flow, the seed."""
         predicted = {k: int(v) for k, v in prediction.states.items()}
         turn = Turn(instruction, predicted)  # validates keys and ranges
-        flow = self.flow_for(turn.states["ML"])
+        flow = self.flow_for(turn.states[MOTION_LEVEL])
         return TurnPlan(self, self.turn_index, instruction, prediction, turn, flow,
                         prediction.rep.detach().float().cpu(), self.turn_seed(self.turn_index))
 
@@ -208,7 +207,7 @@ class Game:
         """Apply a rendered turn: states move, the turn joins the history."""
         before = self.states
         after = update_states(before, plan.turn.states)
-        level = plan.turn.states["ML"]
+        level = plan.turn.states[MOTION_LEVEL]
         result = TurnResult(index=plan.index, instruction=plan.instruction,
                             tokens=[int(t) for t in plan.prediction.tokens],
                             token_text=_token_text(self.models.mllm, plan.prediction.tokens),
@@ -220,7 +219,7 @@ class Game:
         self._results.append(result)
         predicted = plan.turn.states
         log.info("turn %d: ML %d (flow %.3f) SC %+d ET %+d ST %+d -> %s in %.2fs", plan.index, level, plan.flow,
-                 predicted["SC"], predicted["ET"], predicted["ST"], after, timings["total"])
+                 predicted[SOCIAL], predicted[ENTERTAINMENT], predicted[STAMINA], after, timings["total"])
         return result
 
 

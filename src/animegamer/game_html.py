@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from animegamer.contracts.states import CHARACTER_STATES, ENTERTAINMENT, SOCIAL, STAMINA, STATE_LABELS
 from animegamer.pages import clip_entry, write_page
 
-STATE_ORDER = ("SC", "ET", "ST")
-STATE_LABELS = {"SC": "Social", "ET": "Entertainment", "ST": "Stamina"}
-STATE_COLOURS = {"SC": "#e0719e", "ET": "#f2a93b", "ST": "#4caf7a"}
+STATE_COLOURS = {SOCIAL: "#e0719e", ENTERTAINMENT: "#f2a93b", STAMINA: "#4caf7a"}
 TEMPLATE = "storyboard.html.j2"
 
 
@@ -25,7 +24,7 @@ def state_bars(after: dict, predicted: dict | None = None) -> list[dict]:
     """One bar per character state (0..100), with the predicted delta beside it when known."""
     return [{"key": key, "label": STATE_LABELS[key], "value": _value(after[key]), "colour": STATE_COLOURS[key],
              "delta": int(predicted[key]) if predicted and key in predicted else None}
-            for key in STATE_ORDER if key in after]
+            for key in CHARACTER_STATES if key in after]
 
 
 def turn_card(turn: dict, folder: Path) -> dict:

@@ -31,6 +31,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from animegamer.config.validate import ConfigError, positive
+from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.metrics.common import available, format_metric, unavailable
 from animegamer.utils.http import (ERROR_DETAIL_CHARS, IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient,
                                    answer_with_retries, api_key_from_env, client_setting_problems, redact)
@@ -136,7 +137,7 @@ def request_parts(game: JudgedGame, frames_per_turn: int, image_max_side: int,
     parts: list[ContentPart] = [(TEXT, str(macros.intro(len(game.turns), frames_per_turn)))]
     changes = state_changes([turn.predicted for turn in game.turns])
     for number, (turn, change) in enumerate(zip(game.turns, changes), start=1):
-        parts.append((TEXT, str(macros.turn(number, turn.instruction, int(turn.predicted["ML"]), change))))
+        parts.append((TEXT, str(macros.turn(number, turn.instruction, int(turn.predicted[MOTION_LEVEL]), change))))
         parts += [(IMAGE, image) for image in _frame_images(turn.frames, frames_per_turn, image_max_side)]
     rubric = str(macros.rubric(list(DIMENSIONS), *SCORE_RANGE))
     parts.append((TEXT, rubric + (f"\n\n{macros.feedback(feedback)}" if feedback is not None else "")))

@@ -18,6 +18,7 @@ import numpy as np
 
 from animegamer.checkpoints.export import recorded_start
 from animegamer.config.schema import PhaseAConfig, RunConfig
+from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import consecutive_runs, held_out
 from animegamer.errors import InvalidInputError
@@ -39,7 +40,6 @@ RECONSTRUCTION_KEYS = ("clip_i", "dreamsim", "psnr")  # per-clip scores of the r
 # PSNR and ACC-F bound every renderer's, and show what the VAE itself loses (e.g. fast motion).
 VAE_ROUND_TRIP = "vae_round_trip"
 VAE_ROUND_TRIP_LABEL = "VAE round trip (the clip's own latents decoded: every renderer's ceiling)"
-STATE_KEYS = ("ML", "SC", "ET", "ST")
 STAGES = ("mllm", "sample", "vae_decode", "total")
 GAMES_FOLDER = "games"  # each benchmark game plays into games/<id> under evaluation.out
 # Characters that would make a name more than one path component (NUL ends a path in the OS).
@@ -120,7 +120,7 @@ def held_out_games(cfg: RunConfig) -> dict:
             chunk = run[start : start + turns]
             games.append({"id": chunk[0]["key"], "turns": [
                 {"key": m["key"], "instruction": m["instruction"], "environment": m["caption"]["environment"],
-                 "level": m["motion"]["level"], "states": {"ML": m["motion"]["level"], **m["states"]}}
+                 "level": m["motion"]["level"], "states": {MOTION_LEVEL: m["motion"]["level"], **m["states"]}}
                 for m in chunk]})
     games = sorted(games, key=lambda g: -len(g["turns"]))[: cfg.evaluation.games]  # longest games first
     if not games:
@@ -141,7 +141,7 @@ def training_states(cfg: RunConfig) -> list[dict]:
     """The states (ML and the MLLM's states) of every captioned clip of no held-out shot: what the
     majority-class baseline counts, so that it never sees the benchmark's answers."""
     split = held_out(cfg)
-    return [{"ML": m["motion"]["level"], **m["states"]} for m in clip_metas(cfg)
+    return [{MOTION_LEVEL: m["motion"]["level"], **m["states"]} for m in clip_metas(cfg)
             if not split.clip(m["key"]) and m["captioner"]["status"] == STATUS_OK]
 
 
