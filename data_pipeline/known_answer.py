@@ -246,7 +246,7 @@ def _instruction_parts(instruction: str) -> dict[str, str]:
 def measure(out: Path, films: Sequence[ToyFilm], val_fraction: float) -> dict[str, Any]:
     """Everything ``known_answer.json`` reports about the pipeline output under ``out``."""
     from animegamer.data.split import HeldOut
-    from animegamer.preflight import split_counts
+    from animegamer.data.split_counts import split_counts
     from animegamer.media.captions import STATUS_OK
 
     root = out / PIPELINE_DIR

@@ -10,7 +10,7 @@ bad lines among them. A run refused for its settings (:func:`animegamer.checks.v
 names its films' and caption import's problems too (:func:`film_problems`), in the same message.
 
 What a finished output folder holds for training and held-out use is counted by
-:func:`animegamer.preflight.split_counts`, which the training recipes' pre-flight reads.
+:func:`animegamer.data.split_counts.split_counts`, which the training recipes' pre-flight reads.
 """
 from __future__ import annotations
 
