@@ -6,7 +6,7 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from animegamer.checks import validate_pipeline_run
+from data_pipeline.config_checks import validate_pipeline_run
 from animegamer.config.compose import config_dir, run_command
 from animegamer.errors import exit_on_user_error
 from animegamer.utils.http import redact

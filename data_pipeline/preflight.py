@@ -6,7 +6,7 @@ holds videos, the caption source exists and parses (every bad line named; its co
 films is warned about once, here: records naming no input film, films without a record, overlapping
 records), every step asked for can run, and every step that reads an earlier step's output finds it,
 current. It raises :class:`ConfigError` listing every problem of both, in seconds, the caption import's
-bad lines among them. A run refused for its settings (:func:`animegamer.checks.validate_pipeline_run`)
+bad lines among them. A run refused for its settings (:func:`data_pipeline.config_checks.validate_pipeline_run`)
 names its films' and caption import's problems too (:func:`film_problems`), in the same message.
 
 What a finished output folder holds for training and held-out use is counted by

@@ -8,7 +8,7 @@ import pytest
 
 from animegamer.ablations import (BASELINE, DEFAULT_OUT, METRICS, MINUS_SHUFFLED, NONE, OWN, SCORED_WITH, Variant,
                                   experiment_of, main, plan, saved_scores, scored_with, variant_names, write_table)
-from animegamer.checks import check_export_sizes
+from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.config.compose import compose_config
 from animegamer.contracts.files import METRICS_FILE
 from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from animegamer.checks import validate_train_run
+from animegamer.phases.preflight import validate_train_run
 from animegamer.config.compose import compose_config, config_dir
 from animegamer.config.validate import ConfigError
 from animegamer.training.runner import train

@@ -149,7 +149,7 @@ def test_batched_timings_share_the_stages(played):
 
 
 def test_batch_games_is_validated(models, tmp_path):
-    from animegamer.checks import validate_eval_run
+    from animegamer.evaluation.preflight import validate_eval_run
     from animegamer.config.validate import ConfigError
 
     with pytest.raises(ValueError, match=r"batch_games=0: must be a whole number >= 1"):

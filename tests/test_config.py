@@ -7,7 +7,7 @@ from typing import Any, Dict
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from animegamer.checks import validate_pipeline_run
+from data_pipeline.config_checks import validate_pipeline_run
 from animegamer.config.compose import OverrideError, compose_config, config_dir
 from animegamer.config.schema import LoggerConfig, RunConfig
 from animegamer.config.validate import ConfigError

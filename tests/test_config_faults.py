@@ -15,7 +15,9 @@ from omegaconf import OmegaConf, open_dict
 from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 
-from animegamer.checks import validate_eval_run, validate_pipeline_run, validate_train_run
+from animegamer.evaluation.preflight import validate_eval_run
+from animegamer.phases.preflight import validate_train_run
+from data_pipeline.config_checks import validate_pipeline_run
 from animegamer.config.compose import OverrideError, compose_config
 from animegamer.config.validate import ConfigError
 

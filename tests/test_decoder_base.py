@@ -10,7 +10,7 @@ import pytest
 import torch
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 
-from animegamer.checks import validate_train_run
+from animegamer.phases.preflight import validate_train_run
 from animegamer.config.validate import ConfigError
 from animegamer.models.decoder import BASE_FOLDER, MotionScopeDecoder
 from animegamer.phases.phase_a import PhaseA

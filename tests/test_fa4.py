@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from animegamer.checks import check_attention
+from animegamer.models.checks import check_attention
 from animegamer.config.compose import compose_config
 from animegamer.models import attention_kernels as kernels
 from fake_gpu_helpers import fake_gpu, tiny_cfg
@@ -103,7 +103,7 @@ def test_one_flash_kernel_per_process(monkeypatch, fake_fa4):
 
 
 def test_the_evaluation_pass_checks_attention_too(tmp_path):
-    from animegamer.checks import validate_eval_run
+    from animegamer.evaluation.preflight import validate_eval_run
     from animegamer.config.validate import ConfigError
 
     cfg = compose_config("evaluate", ["model=tiny", f"data.root={tmp_path}", "model.decoder.attention_backends=[fa4,flash]"])

@@ -76,7 +76,7 @@ def test_refused_when_widths_are_not_multiples_of_16(monkeypatch):
 
 
 def test_validation_pass_composes_the_check(monkeypatch):
-    from animegamer.checks import check_kernels
+    from animegamer.models.checks import check_kernels
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model = tiny_cfg("model.decoder.fp8=tensorwise").model

@@ -36,7 +36,7 @@ def _cfg(tmp_path, *overrides):
 
 
 def test_bf16_compute_is_checked(tmp_path):
-    from animegamer.checks import validate_train_run
+    from animegamer.phases.preflight import validate_train_run
 
     for overrides, expected in {("trainer=ddp", "trainer.fsdp_compute=bf16"): "applies to trainer.strategy=fsdp only",
                                 ("trainer.fsdp_compute=bf16", "trainer.precision=bf16-true"): "set trainer.precision=bf16-mixed",

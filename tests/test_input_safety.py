@@ -307,7 +307,8 @@ def test_a_mistyped_caption_path_does_not_exist(tmp_path):
 
 
 def test_a_mistyped_export_path_does_not_exist(tmp_path):
-    from animegamer.checks import validate_eval_run, validate_pipeline_run
+    from animegamer.evaluation.preflight import validate_eval_run
+    from data_pipeline.config_checks import validate_pipeline_run
     from animegamer.config.validate import ConfigError
 
     missing = tmp_path / "b" / "exprot"

@@ -9,7 +9,7 @@ import torch
 from golden_helpers import check_golden_losses
 from phase_a_helpers import logged_losses, tiny_train_cfg, write_synthetic_features
 
-from animegamer.checks import validate_train_run
+from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.phase_a import PhaseA
 from animegamer.training.runner import train
 

@@ -6,7 +6,7 @@ import torch
 from phase_a_helpers import logged_losses
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
-from animegamer.checks import validate_train_run
+from animegamer.phases.preflight import validate_train_run
 from animegamer.data.phase_b import FullSessions, session_of, session_shards
 from animegamer.mllm.collate import collate_sequences
 from animegamer.mllm.predict import HistoryTurn, generate, predict_next, prompt_batch

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from animegamer.checks import validate_train_run
+from animegamer.phases.preflight import validate_train_run
 from animegamer.config.compose import compose_config
 from animegamer.data.phase_c import adaptation_dataset
 from animegamer.phases.common import make_optimizer

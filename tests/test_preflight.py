@@ -9,7 +9,9 @@ import pytest
 from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError
 from animegamer.data.indexed import key_fraction
-from animegamer.preflight import check_recipe, session_problems, split_counts, split_options, split_suggestion
+from animegamer.data.split_checks import session_problems, split_options, split_suggestion
+from animegamer.data.split_counts import split_counts
+from animegamer.recipe import check_recipe
 from animegamer.utils.io import read_json
 
 
@@ -71,7 +73,7 @@ def test_phase_a_without_held_out_clips_warns_that_validation_is_skipped(toy_run
 
 def test_a_standalone_evaluation_is_not_told_to_hold_out_more_than_training(toy_run):
     """Its exports were trained already: a larger data.val_fraction than theirs is refused (split_problems)."""
-    from animegamer.preflight import evaluation_problems
+    from animegamer.evaluation.preflight import evaluation_problems
 
     output, _ = toy_run
     low = _shot_hashes(output)[0]

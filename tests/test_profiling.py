@@ -133,7 +133,7 @@ def test_simple_profiler_times_the_hooks(tmp_path):
 def test_profiler_settings_are_checked(tmp_path):
     from test_config_faults import problems_of
 
-    from animegamer.checks import validate_train_run
+    from animegamer.phases.preflight import validate_train_run
 
     root = write_synthetic_sessions(tmp_path / "data", sessions=8)
     cases = {("trainer.profiler=nsight",): "trainer.profiler='nsight' is not one of",

@@ -218,7 +218,7 @@ def test_no_session_is_explained_with_what_to_change(first_run):
 
 
 def test_split_counts_match_the_shards(first_run, tmp_path):
-    from animegamer.preflight import split_counts
+    from animegamer.data.split_counts import split_counts
 
     output, captions = _copy(first_run, tmp_path)
     seconds_before = json.loads((output / "report.json").read_text())["step_seconds"]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from animegamer import evaluation_reuse, recipe
-from animegamer.preflight import SplitCounts
+from animegamer import recipe
+from animegamer.evaluation import reuse as evaluation_reuse
+from animegamer.data.split_counts import SplitCounts
 
 TURNS = 3
 

@@ -276,7 +276,7 @@ def test_a_server_that_keeps_failing_stops_with_an_error_naming_the_url(data_roo
 
 # ------------------------------------------------------------------------------------------ checks
 def test_validation_and_the_run_record_read_a_url_root(data_root, server, tmp_path):
-    from animegamer.checks import check_training
+    from animegamer.phases.preflight import check_training
     from animegamer.data.shapes import _first_sample_shapes
     from animegamer.training.run_record import data_digests
 

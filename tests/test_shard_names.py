@@ -176,8 +176,8 @@ def test_every_reader_refuses_a_shard_name_that_is_no_plain_file_name(tmp_path, 
 
 @pytest.mark.parametrize("kind", BAD)
 def test_the_pre_flights_report_a_bad_shard_name_before_anything_runs(tmp_path, kind):
-    from animegamer.checks import validate_train_run
-    from animegamer.preflight import split_counts
+    from animegamer.phases.preflight import validate_train_run
+    from animegamer.data.split_counts import split_counts
 
     name = _bad_names(tmp_path / "pipeline")[kind]
     root = _pipeline_root(tmp_path, name)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
 from animegamer.checkpoints.trained_data import ClipSize, lineage, trained_clip_size
-from animegamer.checks import validate_eval_run
+from animegamer.evaluation.preflight import validate_eval_run
 from animegamer.config.validate import ConfigError
 
 QUICKSTART_CLIPS = ClipSize(frames=17, height=96, width=144, fps=8.0)  # configs/experiment/quickstart*.yaml

@@ -115,9 +115,9 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
 def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int]) -> None:
     """Every stage's config and data, checked before the first one trains (the a2 stages without
     the warm-up export they will start from, which does not exist yet)."""
-    from animegamer.checks import validate_train_run
+    from animegamer.phases.preflight import validate_train_run
     from animegamer.config.validate import ConfigError
-    from animegamer.preflight import check_recipe
+    from animegamer.recipe import check_recipe
 
     problems: list[str] = []
     for v in variants:
@@ -159,8 +159,8 @@ def score(v: Variant, extra: list[str]) -> dict:
     """The reconstruction metrics of the variant's a2 export (kept while neither it nor
     :func:`scored_with` changed)."""
     from animegamer.checkpoints.export import TRAINED_FILE
-    from animegamer.checks import check_export_sizes
-    from animegamer.checks import check_evaluated_exports
+    from animegamer.checkpoints.export_checks import check_export_sizes
+    from animegamer.evaluation.preflight import check_evaluated_exports
     from animegamer.config.validate import ConfigError
     from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
     from animegamer.contracts.files import METRICS_FILE

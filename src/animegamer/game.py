@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
     """Every missing or mismatched input of the command line, found before any model is built."""
     from animegamer.checkpoints.export import export_folder_problems
-    from animegamer.checks import check_export_role, check_export_sizes
+    from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 
     problems = []
     if args.max_turns < 0 or args.window_turns < 0:

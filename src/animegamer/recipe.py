@@ -6,7 +6,7 @@ command.
 
 Before any stage, :func:`check_stages` checks every stage's settings, the export it starts from and the
 pipeline's inputs and caption import, and refuses with all their problems at once. After the pipeline
-and before the first training step, :func:`animegamer.preflight.check_recipe` checks that the data
+and before the first training step, :func:`check_recipe` checks that the data
 allows every stage (captioned clips, training sessions, held-out shots), so a run that cannot finish
 fails in seconds with what to change.
 
@@ -29,6 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from animegamer.config.compose import compose_config
+from animegamer.config.validate import ConfigError
+from animegamer.contracts.steps import CLIP_STEPS
+from animegamer.data.split_checks import (captions_problems, counts_of, held_out_problems, options_of,
+                                         session_problems, split_suggestion, training_problems, validation_gap)
+from animegamer.data.split_counts import SplitCounts
+from animegamer.pipeline_port import load_pipeline
 
 if TYPE_CHECKING:
     from animegamer.toy_vae import ToyVAETraining
@@ -78,10 +84,8 @@ SUPERSEDED = ".superseded-"  # a stage's earlier run, set aside when it must sta
 
 
 def run_pipeline_step(overrides: list[str]) -> dict:
-    """``python -m data_pipeline <overrides>``."""
-    from data_pipeline.__main__ import run
-
-    return run(compose_config("pipeline", overrides))
+    """``python -m data_pipeline <overrides>``, through the installed pipeline."""
+    return load_pipeline().run(overrides)
 
 
 def train_stage(overrides: list[str], new_folder: str = "") -> dict:
@@ -143,8 +147,9 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     several stages named once, with them), the first pipeline call's (``first_steps``) settings and,
     where anything is refused, its films and caption import. What a stage reads from the pipeline's
     output or from an earlier stage's export is made later: the pipeline's own pre-flight,
-    :func:`animegamer.preflight.check_recipe` and each stage's validation check it in its turn."""
-    from animegamer.checks import check_evaluation, check_training, validate_pipeline_run
+    :func:`check_recipe` and each stage's validation check it in its turn."""
+    from animegamer.evaluation.preflight import check_evaluation
+    from animegamer.phases.preflight import check_training
 
     extra = recipe.extra
     # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
@@ -168,7 +173,7 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     if recipe.evaluation:
         evaluated = evaluation_config([*recipe.evaluation, *extra])
         problems += [f"evaluation: {problem}" for problem in check_evaluation(evaluated, made=False)]
-    validate_pipeline_run(compose_config("pipeline", [*recipe.pipeline, first_steps, *extra]), problems)
+    load_pipeline().check(compose_config("pipeline", [*recipe.pipeline, first_steps, *extra]), problems)
 
 
 def say_if_nothing_played(metrics: dict) -> bool:
@@ -264,7 +269,6 @@ def train_vae_stage(recipe: Recipe) -> dict:
     from omegaconf import OmegaConf
 
     from animegamer.toy_vae import ensure_trained
-    from data_pipeline.known_answer import CLIP_STEPS  # the steps that write the clip shards and manifest
 
     if not recipe.vae_out:
         raise ValueError("Recipe.vae is set but Recipe.vae_out is empty: name the folder the VAE is written to")
@@ -322,19 +326,14 @@ def first_pipeline_steps(overrides: list[str]) -> list[str]:
     """The steps of the recipe's first pipeline call: those the pipeline would run with ``overrides``, less
     :data:`LATER_STEPS` (by default it would rebuild session shards over earlier representations, or warn
     that they are stale, just before the recipe makes them afresh)."""
-    from omegaconf import OmegaConf
-
-    from data_pipeline.run import running_steps
-
-    steps = running_steps(OmegaConf.to_object(compose_config("pipeline", overrides)).pipeline)
+    steps = load_pipeline().steps(compose_config("pipeline", overrides))
     return [step for step in steps if step not in LATER_STEPS]
 
 
 def validation_result(result: dict, key: str, composed, counts, sessions: bool = False):
     """A stage's validation metric ``key`` of this launch, or why it has none: the stage finished in an
-    earlier launch (no metric at all), else what :func:`animegamer.preflight.validation_gap` finds in
+    earlier launch (no metric at all), else what :func:`animegamer.data.split_counts.validation_gap` finds in
     its config and the held-out data ``counts``."""
-    from animegamer.preflight import validation_gap
 
     if key in result["metrics"]:
         return result["metrics"][key]
@@ -343,8 +342,48 @@ def validation_result(result: dict, key: str, composed, counts, sessions: bool =
     return NOT_VALIDATED.format(reason=validation_gap(composed, counts, sessions) or "see the stage's log")
 
 
+def raise_problems(problems: list[str]) -> None:
+    unique = list(dict.fromkeys(problems))
+    if unique:
+        raise ConfigError(unique)
+
+
+def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCounts]:
+    """Everything the recipe's stages need from the pipeline output, before the first one trains.
+
+    Each argument is that stage's composed config (None: the stage does not run). Raises
+    :class:`ConfigError` listing every problem; warns where a stage will run without validation."""
+    counts = {"phase a": counts_of(phase_a)}
+    c = counts["phase a"]
+    problems = captions_problems(c)
+    split = training_problems(c, "phase a")  # what the held-out fraction or the session length would fix
+    if c.captioned and (gap := validation_gap(phase_a, c)):
+        log.warning("phase a: %s: validation is skipped", gap)
+    b = None
+    if phase_b is not None:
+        counts["phase b"] = b = counts_of(phase_b)
+        split += training_problems(b, "phase b") + session_problems(b)
+        if b.train_sessions and (gap := validation_gap(phase_b, b, sessions=True)):
+            log.warning("phase b: %s: validation is skipped", gap)
+    if evaluation is not None:
+        counts["evaluation"] = e = counts_of(evaluation)
+        problems += captions_problems(e)
+        split += held_out_problems(e, "evaluation", trained=False)
+    problems += split
+    if split:  # each stage's own fix can undo another's: one value for the whole run, where there is one
+        suggestion = split_suggestion(b or c, options_of(phase_b if b is not None else phase_a),
+                                      b.turns if b is not None else None)
+        if suggestion:
+            problems.append(f"for all of the above at once: {suggestion}")
+    raise_problems(problems)
+    for stage, n in counts.items():
+        log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "
+                 "and %d held-out session(s)", stage, n.clips, n.captioned, len(n.shots), n.train_clips,
+                 n.held_out_clips, n.train_sessions, n.held_out_sessions)
+    return counts
+
+
 def run_recipe(recipe: Recipe) -> dict:
-    from animegamer.preflight import check_recipe
 
     first_steps = f"pipeline.steps=[{','.join(first_pipeline_steps([*recipe.pipeline, *recipe.extra]))}]"
     check_stages(recipe, first_steps)

@@ -1,8 +1,9 @@
 """Checks of settings that need no component's code, and the helpers every check uses.
 
 Checks live in small functions, each returning a list of messages that name the config key, so a
-user fixing a config sees everything wrong at once instead of one error per run. The pass that
-composes them with each component's own checks is :mod:`animegamer.checks`.
+user fixing a config sees everything wrong at once instead of one error per run. Each entry point's
+pre-flight composes them with each component's own checks (training: :mod:`animegamer.phases.preflight`,
+evaluation: :mod:`animegamer.evaluation.preflight`, the pipeline: ``data_pipeline.config_checks``).
 """
 from __future__ import annotations
 

@@ -467,7 +467,7 @@ def run(composed) -> dict:
     """Validate (every problem at once) and evaluate; what ``evaluate.py`` calls."""
     from omegaconf import OmegaConf
 
-    from animegamer.checks import validate_eval_run
+    from animegamer.evaluation.preflight import validate_eval_run
     from animegamer.utils.logging import setup_logging
 
     setup_logging(composed.log_level)

@@ -17,11 +17,10 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
 from animegamer.config.validate import choice
+from animegamer.contracts.exports import A_BASE, A_JOINT, A_WARMUP, EXPORTS, PHASE_B, PHASE_C, ExportContract
 from animegamer.contracts.shards import IMAGE, LATENTS, PRED_REP, REPS, TEXT
 
 log = logging.getLogger(__name__)
-
-A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_base", "a_warmup", "a_joint", "b", "c"
 
 # Parameter groups of the reconstruction model (encoder + decoder) that a phase trains, resolved to
 # parameter names by phases/phase_a.py; a phase that trains the decoder's LoRA also adds it. DECODER is
@@ -38,18 +37,6 @@ class BuiltPhase(NamedTuple):
     data: Any
     export: Callable
     callbacks: list
-
-
-@dataclass(frozen=True)
-class ExportContract:
-    """What a phase's export holds, as the checks compare an export with a config."""
-
-    parts: tuple[str, ...]  # model.<part> nodes whose sizes its weights fix
-    rep_only: bool  # of model.encoder only what fixes the representation's N and D (the MLLM's queries)
-    lora_adapter: bool  # a peft LoRA adapter folder beside the tensors (its LoRA rank is compared too)
-
-
-RECONSTRUCTION_EXPORT = ExportContract(("encoder", "decoder"), rep_only=False, lora_adapter=False)
 
 
 @dataclass(frozen=True)
@@ -215,7 +202,7 @@ def check_base_phase(cfg: RunConfig) -> list[str]:
 
 
 def check_game_state_phase(cfg: RunConfig) -> list[str]:
-    from animegamer.checks import check_tokenizer  # it imports this module
+    from animegamer.models.checks import check_tokenizer  # networks: imported when a phase is checked
     from animegamer.mllm.collate import check_window_weights
     from animegamer.models.mllm import check_mllm
 
@@ -272,20 +259,20 @@ PHASES: dict[str, PhaseSpec] = {spec.name: spec for spec in (
     # The whole decoder and the encoder on phase (a)'s samples, the stand-in of CogVideoX's text-to-video
     # pre-training (the encoder plays the text encoder and is discarded); the export also holds the
     # transformer as a diffusers folder that later stages load as model.decoder.path.
-    PhaseSpec(A_BASE, trains=(ENCODER, DECODER), exports=RECONSTRUCTION_EXPORT,
+    PhaseSpec(A_BASE, trains=(ENCODER, DECODER), exports=EXPORTS[A_BASE],
               **{**_RECONSTRUCTION, "checks": (check_reconstruction_phase, check_base_phase)}),
     # Encoder branches and the motion-scope embedder; the decoder stays as loaded (LoRA merged).
-    PhaseSpec(A_WARMUP, trains=(ENCODER, MOTION_SCOPE), exports=RECONSTRUCTION_EXPORT, **_RECONSTRUCTION),
+    PhaseSpec(A_WARMUP, trains=(ENCODER, MOTION_SCOPE), exports=EXPORTS[A_WARMUP], **_RECONSTRUCTION),
     # + the decoder's LoRA and every block's AdaLN modulation linear.
     PhaseSpec(A_JOINT, trains=(ENCODER, MOTION_SCOPE, ADALN, LORA),
-              exports=ExportContract(("encoder", "decoder"), rep_only=False, lora_adapter=True), **_RECONSTRUCTION),
+              exports=EXPORTS[A_JOINT], **_RECONSTRUCTION),
     PhaseSpec(PHASE_B, config=PhaseBConfig, trains=(MLLM,),
-              exports=ExportContract(("encoder", "mllm"), rep_only=True, lora_adapter=True),
+              exports=EXPORTS[PHASE_B],
               samples="sessions", sample_shapes=_session_shapes, weights=("mllm",), frozen_encoders=_no_encoders,
               build=_build_game_state, wrap_blocks=_mllm_blocks, checks=(check_game_state_phase,)),
     # The decoder (encoder bypassed) on the MLLM's predicted representations; the export carries the encoder.
     PhaseSpec(PHASE_C, config=PhaseCConfig, trains=(MOTION_SCOPE, ADALN, LORA),
-              exports=ExportContract(("encoder", "decoder"), rep_only=False, lora_adapter=True),
+              exports=EXPORTS[PHASE_C],
               samples="adaptation", sample_shapes=_adaptation_shapes, weights=("decoder",),
               frozen_encoders=_no_encoders, build=_build_adaptation, wrap_blocks=_decoder_blocks,
               checks=(check_adaptation_phase,)),
@@ -302,10 +289,3 @@ def spec_named(name: str) -> PhaseSpec:
 def spec_for(cfg: RunConfig) -> PhaseSpec:
     """The spec of the configured phase (``cfg.phase.name``)."""
     return spec_named(cfg.phase.name)
-
-
-def export_contract(phase: object) -> ExportContract:
-    """What an export recorded as made by ``phase`` holds (``export.json``'s ``phase``); exports that
-    name no known phase are read as encoder + decoder without an adapter."""
-    spec = PHASES.get(phase) if isinstance(phase, str) else None
-    return RECONSTRUCTION_EXPORT if spec is None else spec.exports

@@ -204,7 +204,7 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 
 def run(cfg: DictConfig) -> dict:
     """Validate a composed config (every problem at once) and train; what ``train.py`` calls."""
-    from animegamer.checks import validate_train_run
+    from animegamer.phases.preflight import validate_train_run
 
     setup_logging(cfg.log_level)
     cfg.output_dir = job_output_dir(cfg.output_dir)  # a --multirun job trains into its own sub-folder

@@ -1,27 +1,20 @@
-"""Pre-flight of the recipe paths (quick start, fine-tuning, the Table 3 recipe, evaluation): what a
-pipeline output folder allows, checked after the pipeline and before any training.
+"""What each use of a pipeline output needs from it, and what to change where it falls short: captioned
+clips to train on outside the held-out shots, held-out clips to validate or evaluate on, phase (b)'s
+sessions, and one held-out fraction (with a session length) under which every stage has what it needs.
 
-A run that cannot finish should fail in seconds with what to change, not after hours of training:
-every phase needs captioned clips outside the held-out shots, phase (b) needs at least one session
-made only of such clips, and evaluation needs held-out shots to play. The counts come from the files
-the pipeline writes (the clip shards' json, ``shots.json``, ``sessions.json``) and the held-out rule
-of :mod:`animegamer.data.split`, at each stage's own ``data.val_fraction``.
+A run that cannot finish should fail in seconds with what to change, not after hours of training. The
+counts are :mod:`animegamer.data.split_counts`', at each stage's own ``data.val_fraction``; the recipes'
+and the evaluation's pre-flights compose these problems.
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-from animegamer.config.validate import ConfigError
-from animegamer.data.indexed import key_fraction
 from animegamer.contracts.files import SESSIONS_FILE
-from animegamer.data.split import VAL, TRAIN, HeldOut, consecutive_runs, session_key
-from animegamer.media.captions import STATUS_OK
-
-log = logging.getLogger(__name__)
+from animegamer.data.indexed import key_fraction
+from animegamer.data.split_counts import SplitCounts, read_clips, split_counts
 
 
 @dataclass(frozen=True)
@@ -31,73 +24,6 @@ class SplitOption:
     val_fraction: float
     held_out_shots: int
     longest_train_run: int  # consecutive captioned training clips of one film under it
-
-
-@dataclass(frozen=True)
-class SplitCounts:
-    """What one pipeline output folder holds for one held-out fraction."""
-
-    folder: str  # the clip shards
-    val_fraction: float
-    clips: int
-    captioned: int
-    shots: dict[str, float]  # shot (or clip key, without shots.json) holding a captioned clip -> its split hash
-    train_clips: int  # captioned clips outside held-out shots
-    held_out_clips: int  # captioned clips of held-out shots
-    longest_train_run: int  # consecutive captioned training clips of one film: the longest session possible
-    turns: int  # pipeline.sessions.turns of sessions.json (0: no sessions index)
-    train_sessions: int
-    held_out_sessions: int
-
-    @property
-    def held_out_shots(self) -> int:
-        return sum(f < self.val_fraction for f in self.shots.values())
-
-
-@lru_cache(maxsize=8)
-def _clip_metas(folder: str, manifest_sha256: str) -> tuple[dict, ...]:
-    """The json of every clip in a shard folder or URL (no video read); cached per manifest version."""
-    from animegamer.data.indexed import IndexedShardDataset
-
-    clips = IndexedShardDataset(folder, _json_of, video=False, allow_empty=True, members=("json",))
-    return tuple(clips[i] for i in range(len(clips)))
-
-
-def _json_of(sample: dict) -> dict:
-    return sample["json"]
-
-
-def _read_clips(root: str | Path, clips_dir: str, val_fraction: float):
-    """(shard folder, every clip's json, the split, the captioned clips' json) of a pipeline output."""
-    from animegamer.contracts.files import MANIFEST
-    from animegamer.data.storage import ShardSource, join
-    from animegamer.utils.io import sha256_bytes
-
-    folder = ShardSource(join(root, clips_dir))  # a folder or a URL
-    problem = folder.manifest_problem()
-    if problem is not None:
-        raise ConfigError([problem if folder.remote else f"{problem}; the pipeline has not written clip shards there"])
-    metas = _clip_metas(folder.folder, sha256_bytes(folder.read_bytes(MANIFEST)))
-    captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
-    return folder, metas, HeldOut(root, clips_dir, val_fraction), captioned
-
-
-def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> SplitCounts:
-    """Counts of the pipeline output at ``root`` under the held-out split at ``val_fraction``."""
-    from animegamer.data.storage import ShardSource
-
-    folder, metas, split, captioned = _read_clips(root, clips_dir, val_fraction)
-    shots = {split.unit(m["key"]): key_fraction(split.unit(m["key"])) for m in captioned}
-    held = [split.clip(m["key"]) for m in captioned]
-    runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
-    sessions = ShardSource(str(root)).read_json_if_exists(SESSIONS_FILE) or {"turns": 0, "sessions": []}
-    keys = [session_key(s["keys"]) for s in sessions["sessions"]]
-    return SplitCounts(
-        folder=str(folder), val_fraction=val_fraction, clips=len(metas), captioned=len(captioned), shots=shots,
-        train_clips=held.count(False), held_out_clips=held.count(True),
-        longest_train_run=max((len(r) for r in runs), default=0), turns=int(sessions["turns"]),
-        train_sessions=sum(map(split.keep_session(TRAIN), keys)),
-        held_out_sessions=sum(map(split.keep_session(VAL), keys)))
 
 
 def split_options(captioned: list[dict], fraction_of: dict[str, float]) -> tuple[SplitOption, ...]:
@@ -130,7 +56,7 @@ def _just_above(value: float) -> float:
 
 def options_of(cfg) -> tuple[SplitOption, ...]:
     """:func:`split_options` of a config's pipeline output (computed only when a split problem asks)."""
-    _, _, split, captioned = _read_clips(cfg.data.root, cfg.data.clips, cfg.data.val_fraction)
+    _, _, split, captioned = read_clips(cfg.data.root, cfg.data.clips, cfg.data.val_fraction)
     return split_options(captioned, {m["key"]: key_fraction(split.unit(m["key"])) for m in captioned})
 
 
@@ -215,13 +141,6 @@ def session_problems(c: SplitCounts) -> list[str]:
             f"covering more of the film"]
 
 
-def evaluation_problems(cfg, trained: bool = True) -> list[str]:
-    """What an evaluation needs from its data: captioned clips of held-out shots to play. ``trained``: its
-    exports are already trained (False: checked before the recipe trains them, with the same split)."""
-    c = counts_of(cfg)
-    return captions_problems(c) + held_out_problems(c, "evaluation", trained)
-
-
 def validation_gap(cfg, c: SplitCounts, sessions: bool = False) -> str | None:
     """Why a stage trained with ``cfg`` on the data counted in ``c`` validates nothing (None: it validates):
     no held-out clip (``sessions``, phase (b): no session made only of held-out clips), or a validation
@@ -235,44 +154,3 @@ def validation_gap(cfg, c: SplitCounts, sessions: bool = False) -> str | None:
     if p.val_every_n_steps > p.max_steps:
         return f"phase.val_every_n_steps={p.val_every_n_steps} is above phase.max_steps={p.max_steps}"
     return None
-
-
-def raise_problems(problems: list[str]) -> None:
-    unique = list(dict.fromkeys(problems))
-    if unique:
-        raise ConfigError(unique)
-
-
-def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCounts]:
-    """Everything the recipe's stages need from the pipeline output, before the first one trains.
-
-    Each argument is that stage's composed config (None: the stage does not run). Raises
-    :class:`ConfigError` listing every problem; warns where a stage will run without validation."""
-    counts = {"phase a": counts_of(phase_a)}
-    c = counts["phase a"]
-    problems = captions_problems(c)
-    split = training_problems(c, "phase a")  # what the held-out fraction or the session length would fix
-    if c.captioned and (gap := validation_gap(phase_a, c)):
-        log.warning("phase a: %s: validation is skipped", gap)
-    b = None
-    if phase_b is not None:
-        counts["phase b"] = b = counts_of(phase_b)
-        split += training_problems(b, "phase b") + session_problems(b)
-        if b.train_sessions and (gap := validation_gap(phase_b, b, sessions=True)):
-            log.warning("phase b: %s: validation is skipped", gap)
-    if evaluation is not None:
-        counts["evaluation"] = e = counts_of(evaluation)
-        problems += captions_problems(e)
-        split += held_out_problems(e, "evaluation", trained=False)
-    problems += split
-    if split:  # each stage's own fix can undo another's: one value for the whole run, where there is one
-        suggestion = split_suggestion(b or c, options_of(phase_b if b is not None else phase_a),
-                                      b.turns if b is not None else None)
-        if suggestion:
-            problems.append(f"for all of the above at once: {suggestion}")
-    raise_problems(problems)
-    for stage, n in counts.items():
-        log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "
-                 "and %d held-out session(s)", stage, n.clips, n.captioned, len(n.shots), n.train_clips,
-                 n.held_out_clips, n.train_sessions, n.held_out_sessions)
-    return counts

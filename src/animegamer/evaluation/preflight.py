@@ -1,0 +1,84 @@
+"""An evaluation's pre-flight: the exports it scores (their roles, sizes, held-out split and clip size),
+the benchmark file, the data it plays, the judge, the models' settings and the game's batching, every
+problem at once, before any model loads. ``evaluate.py`` and the recipes compose it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from animegamer.checkpoints.export import export_folder_problems
+from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
+from animegamer.config.disk_checks import check_weight_folders
+from animegamer.config.validate import ConfigError, check_encoders
+from animegamer.contracts.files import MANIFEST
+from animegamer.data.split_checks import captions_problems, counts_of, held_out_problems
+from animegamer.data.trained_data import clip_size_problems, split_problems
+from animegamer.diffusion.cfg_parallel import check_cfg_parallel
+from animegamer.diffusion.step_cache import check_sampling_cache
+from animegamer.evaluation.judge import check_judge
+from animegamer.evaluation.runner import benchmark_file_problems, untrained_game_problems
+from animegamer.game import check_batch_games
+from animegamer.models.checks import check_attention, check_tokenizer
+from animegamer.models.decoder import check_decoder_compile
+from animegamer.models.fp8 import check_decoder_fp8
+from animegamer.models.mllm import check_mllm
+
+
+def validate_eval_run(cfg) -> None:
+    """Exports, shards and the model sizes an evaluation needs, all checked before anything loads."""
+    problems = check_evaluation(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_evaluation(cfg, made: bool = True) -> list[str]:
+    """Every problem of an evaluation config. ``made`` False: its exports and data are made later (a recipe
+    checking its evaluation before its first stage): only its settings and the files it is given."""
+    e = cfg.evaluation
+    problems = []
+    if made:
+        for key in ("mllm_export", "renderer_export"):
+            path = getattr(e, key)
+            problems += export_folder_problems(f"evaluation.{key}={path!r}", path, hint="train the phase first")
+        if e.reconstruction_export:
+            problems += export_folder_problems(f"evaluation.reconstruction_export={e.reconstruction_export!r}",
+                                               e.reconstruction_export, "not a phase (a) export folder")
+    if e.benchmark:
+        problems += benchmark_file_problems(e.benchmark)  # its game ids become folders under evaluation.out
+    root = Path(cfg.data.root)
+    for folder in (cfg.data.clips, cfg.data.sessions) if made else ():
+        if not (root / folder / MANIFEST).exists():
+            problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
+    if e.games <= 0 or e.turns <= 0:
+        problems.append("evaluation.games and evaluation.turns must be > 0")
+    problems += check_batch_games("evaluation.batch_games", e.batch_games)
+    problems += check_judge(e.judge)
+    problems += check_mllm(cfg.model) + check_encoders(cfg.model.encoders, ("vae",)) + check_attention(cfg.model)
+    problems += check_decoder_compile(cfg.model.decoder, training=False) + check_decoder_fp8(cfg.model.decoder)
+    problems += check_cfg_parallel(cfg.model.decoder) + check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
+    problems += check_tokenizer(cfg.model, [("evaluation.mllm_export", e.mllm_export)])
+    problems += check_weight_folders(cfg.model, ("mllm", "decoder", "vae"))
+    if not made:
+        return problems
+    for key, role in (("mllm_export", "mllm"), ("renderer_export", "renderer"), ("reconstruction_export", "renderer")):
+        role_problems = check_export_role(f"evaluation.{key}", getattr(e, key), role)
+        problems += role_problems or check_export_sizes(f"evaluation.{key}", getattr(e, key), cfg.model)
+    problems += check_evaluated_exports(cfg, ("mllm_export", "renderer_export", "reconstruction_export"))
+    if not e.benchmark and (root / cfg.data.clips / MANIFEST).exists():
+        problems += evaluation_problems(cfg)
+    problems += untrained_game_problems(cfg)
+    return problems
+
+
+def check_evaluated_exports(cfg, keys: tuple[str, ...]) -> list[str]:
+    """The held-out split and clip size each evaluated export was trained with, against this evaluation's."""
+    exports = [(f"evaluation.{key}", getattr(cfg.evaluation, key)) for key in keys]
+    renderers = [(k, f) for k, f in exports if not k.endswith("mllm_export")]
+    return split_problems(cfg, exports) + clip_size_problems(cfg, renderers)
+
+
+def evaluation_problems(cfg, trained: bool = True) -> list[str]:
+    """What an evaluation needs from its data: captioned clips of held-out shots to play. ``trained``: its
+    exports are already trained (False: checked before the recipe trains them, with the same split)."""
+    c = counts_of(cfg)
+    return captions_problems(c) + held_out_problems(c, "evaluation", trained)
