@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from animegamer.contracts.files import CLIPS_DIR
+from animegamer.contracts.steps import CLIP_STEPS
 from data_pipeline.toyfilm import (
     CHARACTER_JOINER,
     LEVEL_VOCABULARY,
@@ -55,7 +56,6 @@ FIRST_SEED = 1000  # away from the seeds the unit tests and the quick start draw
 FILMS_DIR = "films"
 PIPELINE_DIR = "pipeline"
 MEASUREMENTS_FILE = "known_answer.json"
-CLIP_STEPS = ("process", "finalize")
 FEATURE_STEPS = ("precompute", "sessions")
 
 # The instruction template's fields, read back from the pipeline's clip json (not from the captions),
