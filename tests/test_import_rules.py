@@ -205,6 +205,9 @@ def import_graph(root: Path) -> list[Edge]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node, local in _imports_with_context(tree):
             names = names_of(node, module, is_package)
+            if isinstance(node, ast.ImportFrom):  # the package itself only where a name is not a submodule of it
+                submodules = {n for n in names[1:] if n in modules}
+                names = sorted(submodules) + ([names[0]] if len(submodules) < len(names) - 1 else [])
             targets = {next((c for c in (n, n.rsplit(".", 1)[0]) if c in modules), None) for n in names}
             for target in sorted(t for t in targets if t and t != module):
                 edges.append(Edge(str(path.relative_to(root)), node.lineno, module, target, local))

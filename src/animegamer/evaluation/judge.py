@@ -32,9 +32,12 @@ import numpy as np
 
 from animegamer.config.validate import ConfigError, positive
 from animegamer.contracts.states import MOTION_LEVEL
+from animegamer.errors import UserError, exit_on_user_error
 from animegamer.metrics.common import available, format_metric, unavailable
+from animegamer.pages import TEMPLATE_FOLDER, TEMPLATE_PACKAGE
 from animegamer.utils.http import (ERROR_DETAIL_CHARS, IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient,
                                    answer_with_retries, api_key_from_env, client_setting_problems, redact)
+from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("animegamer.evaluation.judge")  # the same name under ``python -m``
 
@@ -111,8 +114,6 @@ def _frame_images(frames: np.ndarray, count: int, max_side: int) -> list:
 def _prompt_environment():
     """The package's templates rendered as plain text (no HTML escaping of instructions)."""
     import jinja2
-
-    from animegamer.pages import TEMPLATE_FOLDER, TEMPLATE_PACKAGE
 
     return jinja2.Environment(loader=jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_FOLDER), autoescape=False,
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -402,8 +403,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import sys
 
     from animegamer.config.compose import compose_config
-    from animegamer.errors import UserError, exit_on_user_error
-    from animegamer.utils.logging import setup_logging
 
     def run() -> int:
         args = list(sys.argv[1:] if argv is None else argv)

@@ -15,9 +15,11 @@ from urllib.parse import urlencode
 
 from animegamer.errors import InvalidInputError, UserError
 from animegamer.evaluation.judge import DIMENSION_LABELS, DIMENSIONS, state_changes
+from animegamer.pages import POSTER_SUFFIX, ensure_poster, render_page
 from animegamer.ranking.runs import COLUMN_LABELS, RANK_SCORES, Run, column_order, common_games
 from animegamer.ranking.scores import aggregate, is_complete, ranking_status, report_lines
 from animegamer.ranking.store import ANSWERS_FILE, LOCK_FILE, AnswerStore, State, folder_flock
+from animegamer.utils.io import read_json, write_bytes_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,6 @@ class RankingApp:
     def _session(self) -> str:
         """The folder's record of the runs it ranks and its column salt (made on the first start).
         The answers of a folder rank one set of runs: another set would mix rankings of other runs."""
-        from animegamer.utils.io import read_json, write_json_atomic
-
         path = self.out / SESSION_FILE
         with folder_flock(self.out / LOCK_FILE):  # two servers starting at once draw one salt
             if not path.exists():
@@ -94,8 +94,6 @@ class RankingApp:
             return salt
 
     def _posters(self, run: Run) -> None:
-        from animegamer.pages import ensure_poster
-
         for gid in self.games:
             for turn in run.games[gid].get("turns", []):
                 video = run.folder / str(turn.get("video", ""))
@@ -172,8 +170,6 @@ class RankingApp:
     def write_report(self) -> State:
         """Rewrite report.md and rankings.json from every answer in the folder (those of other servers on
         it too); returns the answers they were written from."""
-        from animegamer.utils.io import write_bytes_atomic, write_json_atomic
-
         files = self.report_files()
         with self.store.locked() as state:  # the report written last holds every answer
             snapshot = {key: dict(ranks) for key, ranks in state.items()}
@@ -190,8 +186,6 @@ class RankingApp:
     def page(self, rater: Optional[str], index: int, nonce: str) -> str:
         """The page: a name form without a valid ``rater``, else game ``index`` for the rater. ``nonce``
         is the one the response's Content-Security-Policy allows to run its script."""
-        from animegamer.pages import POSTER_SUFFIX, render_page
-
         if not valid_rater(rater):
             return render_page(PAGE_TEMPLATE, title="AnimeGamer ranking", meta=[], rater=None,
                                invalid_rater=rater is not None, games=len(self.games), nonce=nonce)
@@ -242,8 +236,6 @@ class RankingApp:
         """The clip (``CLIP_ROUTE``) or poster (``POSTER_ROUTE``) of ``turn`` (its number from 0, as text)
         in the column ``column`` of the rater's game: the file under the run's folder that the run's
         record names, or None for anything else."""
-        from animegamer.pages import POSTER_SUFFIX
-
         if not valid_rater(rater) or game not in self.games:
             return None
         order = self.order(rater, game)

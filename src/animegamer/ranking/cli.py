@@ -6,17 +6,17 @@ import logging
 from pathlib import Path
 from typing import Optional, Sequence
 
+from animegamer import ranking
 from animegamer.errors import UserError, exit_on_user_error
 from animegamer.ranking.app import RankingApp
 from animegamer.ranking.runs import MAX_RUNS, MIN_RUNS, load_runs
 from animegamer.ranking.server import DEFAULT_PORT, HOST, REQUEST_TIMEOUT_S, RankingServer
+from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from animegamer import ranking
-
     parser = argparse.ArgumentParser(prog="python -m animegamer.ranking", description=ranking.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", required=True, help=f"{MIN_RUNS} to {MAX_RUNS} evaluate.py output folders")
@@ -31,8 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 @exit_on_user_error
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from animegamer.utils.logging import setup_logging
-
     args = build_parser().parse_args(argv)
     setup_logging("INFO")
     app = RankingApp(load_runs(args.runs, args.names), args.out)
