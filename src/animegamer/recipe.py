@@ -28,13 +28,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
 from animegamer.config.compose import compose_config
+from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.steps import CLIP_STEPS
 from animegamer.data.split_checks import (captions_problems, counts_of, held_out_problems, options_of,
                                          session_problems, split_suggestion, training_problems, validation_gap)
 from animegamer.data.split_counts import SplitCounts
+from animegamer.media.fingerprint import fingerprint
 from animegamer.pipeline_port import load_pipeline
+from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
+from animegamer.utils.io import first_free, write_json_atomic
 
 if TYPE_CHECKING:
     from animegamer.toy_vae import ToyVAETraining
@@ -114,9 +119,6 @@ def train_stage(overrides: list[str], new_folder: str = "") -> dict:
 def supersede(folder: Path, wait_seconds: float) -> Path:
     """Move what ``folder`` holds into the first free ``<folder>.superseded-N`` and return that path. The
     folder's lock is held meanwhile (the lock file itself stays), so no run starts in it half-moved."""
-    from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
-    from animegamer.utils.io import first_free
-
     with folder_lock(folder, wait_seconds):
         kept = first_free(lambda n: folder.with_name(f"{folder.name}{SUPERSEDED}{n}"))
         kept.mkdir()
@@ -132,8 +134,6 @@ def evaluation_config(overrides: list[str]):
 
 def start_clip_size_problems(phase_a, start: str) -> list[str]:
     """Training from an earlier export continues at the clip size it was trained at."""
-    from animegamer.checkpoints.trained_data import clip_size_of, trained_clip_size
-
     trained, configured = trained_clip_size(start), clip_size_of(phase_a.pipeline.clips)
     if trained is not None and trained != configured:
         return [f"{start} was trained on clips of {trained}, but this run cuts {configured}: "
@@ -201,7 +201,6 @@ def play_story(composed, out: Path) -> dict:
     returns its page (with why it stopped when it did before its last turn), its turns played and planned."""
     from omegaconf import OmegaConf
 
-    from animegamer.checkpoints.trained_data import clip_manifest
     from animegamer.evaluation.runner import story_instructions
     from animegamer.game import INDEX_FILE, play_game
     from animegamer.game_models import load_game_models, read_level_flow
@@ -222,7 +221,6 @@ def play_story(composed, out: Path) -> dict:
 
 def story_turns(out: Path) -> list[dict]:
     """The turns game.json in ``out`` records (none without a readable one)."""
-    from animegamer.config.disk_checks import read_json_object
     from animegamer.game import GAME_FILE
 
     turns = (read_json_object(out / GAME_FILE) or {}).get("turns")
@@ -232,7 +230,6 @@ def story_turns(out: Path) -> list[dict]:
 def reused_story(out: Path, fp: str) -> dict | None:
     """The demonstration game in ``out`` when it was played to its end with fingerprint ``fp`` and every
     file of it is in place (None: play it; an unreadable record too)."""
-    from animegamer.config.disk_checks import read_json_object
     from animegamer.game import INDEX_FILE
 
     record = read_json_object(out / STORY_RECORD) or {}
@@ -250,8 +247,6 @@ def story_or_reuse(composed, out: Path) -> dict:
     clips as the evaluation's (its fingerprint, :mod:`animegamer.evaluation.reuse`), else played and
     recorded. A change of code is not seen: delete the folder to play it again."""
     from animegamer.evaluation.reuse import evaluation_fingerprint
-    from animegamer.utils.io import write_json_atomic
-    from animegamer.media.fingerprint import fingerprint
 
     fp = fingerprint(evaluation_fingerprint(composed), STORY_TURNS)
     story = reused_story(out, fp)
@@ -299,7 +294,6 @@ def trained_seconds(export: str | Path) -> float | None:
     """How long the run of ``export`` trained, over all its launches (None: an export from before that
     was recorded)."""
     from animegamer.checkpoints.export import EXPORT_FILE
-    from animegamer.config.disk_checks import read_json_object
     from animegamer.training.callbacks import TRAIN_SECONDS
 
     return (read_json_object(Path(export) / EXPORT_FILE) or {}).get(TRAIN_SECONDS)
@@ -334,7 +328,6 @@ def validation_result(result: dict, key: str, composed, counts, sessions: bool =
     """A stage's validation metric ``key`` of this launch, or why it has none: the stage finished in an
     earlier launch (no metric at all), else what :func:`animegamer.data.split_counts.validation_gap` finds in
     its config and the held-out data ``counts``."""
-
     if key in result["metrics"]:
         return result["metrics"][key]
     if not result["metrics"]:
