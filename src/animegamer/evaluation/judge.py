@@ -296,7 +296,7 @@ def _clip_frames(turn: Mapping, number: int) -> tuple[Optional[np.ndarray], str]
 
 
 def games_from_report(games: Sequence[Mapping]) -> list[JudgedGame]:
-    """Evaluation's report games (``metrics.report``'s format: the turns played), their clips decoded.
+    """Evaluation's report games (``evaluation.report``'s format: the turns played), their clips decoded.
     A game with a missing or unreadable clip, or without a played turn, comes back with its ``problem``
     and no turn: judging the turns left would show the judge wrong turn numbers and state history."""
     judged = []
