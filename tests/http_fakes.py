@@ -1,5 +1,6 @@
-"""A fake OpenAI-compatible chat-completions server on 127.0.0.1, shared by the judge's and the http
-caption backend's tests: scripted answers and errors, and the ways a server can misbehave that the
+"""Fake HTTP servers on 127.0.0.1 for the tests: :class:`LocalServer`, the one way a test serves HTTP
+(a free port, a daemon thread, every request handed to one function), and on it a fake
+OpenAI-compatible chat-completions server, shared by the judge's and the http caption backend's tests: scripted answers and errors, and the ways a server can misbehave that the
 client must survive (a body trickled byte by byte, no answer at all, a huge body, a redirect).
 
 A script entry is ``(status, text)`` or ``(status, text, delay_s)``: 200 answers a chat completion whose
@@ -14,7 +15,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pytest
 
@@ -46,8 +47,46 @@ def _send(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: di
         return False
 
 
+class LocalServer:
+    """A ``ThreadingHTTPServer`` on 127.0.0.1 at a free port: each request of ``methods`` goes to
+    ``answer(handler)`` (``handler.command`` says which method), nothing is logged to stderr. Serving
+    starts on ``start()`` or entering it as a context manager, and ends on ``close()`` or leaving it."""
+
+    def __init__(self, answer: Callable[[BaseHTTPRequestHandler], None], methods: Iterable[str] = ("GET", "POST"),
+                 protocol_version: str = BaseHTTPRequestHandler.protocol_version) -> None:
+        def handle(handler: BaseHTTPRequestHandler) -> None:
+            answer(handler)
+
+        def quiet(handler: BaseHTTPRequestHandler, *args: Any) -> None:  # tests assert on requests, not stderr
+            pass
+
+        members: dict[str, Any] = {f"do_{method}": handle for method in methods}
+        handler = type("Handler", (BaseHTTPRequestHandler,),
+                       {**members, "log_message": quiet, "protocol_version": protocol_version})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def start(self) -> "LocalServer":
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class FakeChatServer:
-    """The endpoint: ``url`` is its base URL (``.../v1``), as a judge or caption config takes it."""
+    """The endpoint: ``url`` is its base URL (``.../v1``), as a judge or caption config takes it. POSTs are
+    answered, and GETs too (a redirected POST arrives as a GET)."""
 
     def __init__(self, script: list[Any], delay_s: float = 0.0, otherwise: Any = (500, "script exhausted")) -> None:
         self.script = list(script)
@@ -56,23 +95,9 @@ class FakeChatServer:
         self.requests: list[dict[str, Any]] = []
         self.sent_bytes = 0  # what the misbehaving answers managed to write
         self.closing = threading.Event()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                owner.answer(self)
-
-            def do_GET(self) -> None:  # noqa: N802 - a redirected POST arrives as a GET
-                owner.answer(self)
-
-            def log_message(self, *args: Any) -> None:  # keep test output clean
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
+        self.local = LocalServer(self.answer)
+        self.port = self.local.port
         self.url = self.url_on("127.0.0.1")
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def url_on(self, host: str) -> str:
         """The base URL through another name of this machine (``localhost``: another origin)."""
@@ -92,13 +117,12 @@ class FakeChatServer:
         _send(handler, status, chat_json(text) if status == 200 else text.encode())
 
     def __enter__(self) -> "FakeChatServer":
-        self.thread.start()
+        self.local.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.local.close()
 
 
 Behaviour = Callable[[BaseHTTPRequestHandler, FakeChatServer], None]

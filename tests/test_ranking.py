@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Iterator, Optional
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -24,6 +24,7 @@ from animegamer.ranking.app import REPORT_FILE, RESULTS_FILE, TOKEN_HEADER
 from animegamer.ranking.server import MAX_BODY_BYTES, REQUEST_TIMEOUT_S
 from animegamer.ranking.store import ANSWERS_FILE
 from cdp_browser import Browser, find_browser
+from http_fakes import LocalServer
 from page_helpers import PageReader
 
 RUNS = ("alpha", "beta", "gamma")
@@ -572,39 +573,25 @@ def test_a_scripted_rater_in_chromium_ranks_two_games_through_a_reload(runs, tmp
         (out / REPORT_FILE).read_text()
 
 
-class OtherOrigin:
+def _blank_page(handler: BaseHTTPRequestHandler) -> None:
+    body = b"<!DOCTYPE html><title>another origin</title>"
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/html")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def other_origin() -> LocalServer:
     """A blank page on another port of 127.0.0.1: another local origin, as any other local server is."""
-
-    def __init__(self) -> None:
-        class Blank(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                body = b"<!DOCTYPE html><title>another origin</title>"
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Blank)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def __enter__(self) -> "OtherOrigin":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return LocalServer(_blank_page, methods=("GET",))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (Debian: apt-get install chromium)")
 def test_a_page_of_another_local_origin_in_chromium_stores_nothing_and_reads_no_token(runs, tmp_path):
     out = tmp_path / "rankings"
-    with Serving(runs, out) as serving, OtherOrigin() as other, Browser(CHROMIUM) as browser:
-        browser.navigate(other.url)
+    with Serving(runs, out) as serving, other_origin() as other, Browser(CHROMIUM) as browser:
+        browser.navigate(other.base_url + "/")
         answer = json.dumps(json.dumps(GOOD))
         outcomes = browser.evaluate(f"""(async () => {{
             const target = {json.dumps(serving.url)};

@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from http_fakes import LocalServer
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 
 from animegamer.config.compose import compose_config
@@ -64,27 +65,12 @@ class RangeServer:
         self.failure = "503"  # an HTTP status, or "reset": the connection is dropped without an answer
         self.failed = 0
         self._lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as object stores answer
-
-            def log_message(self, *args) -> None:  # the test asserts on requests, not on stderr lines
-                pass
-
-            def do_HEAD(self) -> None:
-                server.answer(self, body=False)
-
-            def do_GET(self) -> None:
-                server.answer(self, body=True)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        # keep-alive (HTTP/1.1), as object stores answer
+        self.local = LocalServer(lambda handler: self.answer(handler, body=handler.command != "HEAD"),
+                                 methods=("HEAD", "GET"), protocol_version="HTTP/1.1").start()
 
     def url(self, *parts: str) -> str:
-        return "/".join([f"http://127.0.0.1:{self.httpd.server_port}", *parts])
+        return "/".join([self.local.base_url, *parts])
 
     def answer(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
         path = handler.path.lstrip("/")
@@ -134,8 +120,7 @@ class RangeServer:
         self.fail_next, self.fail_always, self.failure, self.failed = 0, False, "503", 0
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.local.close()
 
 
 @pytest.fixture(scope="module")
