@@ -6,14 +6,29 @@ from pathlib import Path
 
 import pytest
 
+from tiers import is_slow
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach a model hub
+# Under pytest-xdist each worker takes its share of the cores (set before any test imports torch), so
+# that workers do not each start a thread per core and slow one another down.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 # Small clips keep every pipeline test to seconds; the tiny VAE's compression divides them.
 SMALL_CLIPS = ["pipeline.clips.height=64", "pipeline.clips.width=96"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook selects by marker (-m)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tier: the tests named in tests/tiers.py get the ``slow`` marker."""
+    for item in items:
+        if is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

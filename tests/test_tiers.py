@@ -1,0 +1,57 @@
+"""The test tiers (tests/tiers.py, applied in conftest.py): the default run leaves the slow tier out, CI's
+command runs it, and every entry of the slow list names a test that exists."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from conftest import REPO
+from tiers import SLOW, is_slow
+
+TESTS = REPO / "tests"
+CI_TIERS = ["-m", "slow or not slow"]  # .ci/run's selection: every tier
+# A listed test in a module whose import is cheap, beside fast tests.
+LISTED = "test_cli_errors.py::test_a_wrong_key_option_or_value_is_one_message_and_exit_code_2_writing_nothing"
+
+
+def _collected(*args: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           f"tests/{LISTED.partition('::')[0]}", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: every test deselected
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def test_the_default_run_leaves_the_slow_tier_out_and_ci_runs_it():
+    default, everything, slow = _collected(), _collected(*CI_TIERS), _collected("-m", "slow")
+    assert len(default) >= 1 and any(line.startswith(f"tests/{LISTED}") for line in slow), everything
+    assert slow == [line for line in everything if is_slow(line)] and sorted(default + slow) == sorted(everything)
+
+
+def test_a_listed_test_is_slow_with_every_parametrisation_and_its_neighbours_are_not():
+    assert is_slow(f"tests/{LISTED}") and is_slow(f"tests/{LISTED}[train]")
+    assert not is_slow(f"tests/{LISTED}_too") and not is_slow("tests/test_cli_errors.py::test_other")
+    assert not is_slow(f"tests/other_{LISTED}")
+
+
+def _tests_in(path) -> set[str]:
+    """``test`` and ``Class::test`` names defined in the test file ``path``."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names |= {f"{node.name}::{f.name}" for f in node.body
+                      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test")}
+    return names
+
+
+def test_every_slow_entry_names_an_existing_test():
+    stale = []
+    for entry in sorted(SLOW):
+        file, _, name = entry.partition("::")
+        path = TESTS / file
+        if not path.is_file() or (name and name not in _tests_in(path)):
+            stale.append(entry)
+    assert stale == [], f"tests/tiers.py names tests that do not exist: {stale}"
