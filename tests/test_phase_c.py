@@ -49,12 +49,12 @@ def test_loss_falls_on_adaptation_data(data_root, tmp_path):
     items = [adaptation_dataset(cfg, "train")[i] for i in range(2)]
     batch = {k: torch.stack([it[k] for it in items]) for k in ("latents", "pred_rep", "flow")}
     t = torch.tensor([300, 700])
-    loss_at = lambda: float(module.loss(batch, SampleRandom(0, range(2)), t=t, dropout=False))
+    loss_at = lambda: float(module.diffusion_loss(batch, SampleRandom(0, range(2)), t=t, dropout=False))
     optimizer = make_optimizer(module.model, cfg.phase)["optimizer"]
     first = loss_at()
     for step in range(60):
         optimizer.zero_grad()
-        module.loss(batch, SampleRandom(0, range(2 * step, 2 * step + 2)), dropout=False).backward()
+        module.diffusion_loss(batch, SampleRandom(0, range(2 * step, 2 * step + 2)), dropout=False).backward()
         optimizer.step()
     assert loss_at() < 0.8 * first, (first, loss_at())
 

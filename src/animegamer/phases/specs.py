@@ -23,7 +23,7 @@ from animegamer.contracts.shards import IMAGE, LATENTS, PRED_REP, REPS, TEXT
 log = logging.getLogger(__name__)
 
 # Parameter groups of the reconstruction model (encoder + decoder) that a phase trains, resolved to
-# parameter names by phases/phase_a.py; a phase that trains the decoder's LoRA also adds it. DECODER is
+# parameter names by phases/denoising.py; a phase that trains the decoder's LoRA also adds it. DECODER is
 # every parameter of the decoder's transformer (pre-training a base, no LoRA).
 ENCODER, MOTION_SCOPE, ADALN, LORA, DECODER = "encoder", "motion_scope", "adaln", "lora", "decoder"
 # The game-state MLLM's own trainable set (LoRA, and per model.mllm its norms and embeddings, the projections).
