@@ -33,9 +33,22 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from animegamer.checkpoints.export_checks import check_export_sizes
+from animegamer.checkpoints.trained_data import clip_manifest_sha256
 from animegamer.config.compose import compose_config, config_dir
+from animegamer.config.validate import ConfigError
+from animegamer.contracts.files import METRICS_FILE, TRAINED_FILE
+from animegamer.errors import exit_on_user_error
+from animegamer.evaluation.preflight import check_evaluated_exports
+from animegamer.evaluation.report import METRIC_INFO, PAPER_TABLE3_RECONSTRUCTION
+from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
+from animegamer.metrics.baselines import SHUFFLED
+from animegamer.metrics.common import as_metric, available, format_metric
+from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import A_JOINT, A_WARMUP
-from animegamer.recipe import OUT_NEW_FOLDER, evaluation_config, train_stage
+from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_config, train_stage
+from animegamer.utils.io import read_json, sha256_file, write_json_atomic
+from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +106,6 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
     names = [BASELINE, *[n for n in names if n != BASELINE]]
     unknown = sorted(set(names) - set(variant_names()))
     if unknown:
-        from animegamer.config.validate import ConfigError
-
         raise ConfigError([f"unknown Table 3 variant(s) {unknown}: choose from {variant_names()}"])
     warmup = lambda name: _trained(compose_config("train", [f"experiment={experiment_of(name)}", "phase=a_warmup",
                                                             "phase.init_from=''", *extra, "output_dir=."]))
@@ -115,10 +126,6 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
 def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int]) -> None:
     """Every stage's config and data, checked before the first one trains (the a2 stages without
     the warm-up export they will start from, which does not exist yet)."""
-    from animegamer.phases.preflight import validate_train_run
-    from animegamer.config.validate import ConfigError
-    from animegamer.recipe import check_recipe
-
     problems: list[str] = []
     for v in variants:
         stages = [(A_JOINT, steps[1])] + ([(A_WARMUP, steps[0])] if v.warmup == OWN else [])
@@ -138,8 +145,6 @@ def scored_with(composed) -> dict:
     """What a variant's reconstruction scores depend on besides its export: the evaluation settings, the
     held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the sampling
     steps the model config gives when ``evaluation.sampling_steps`` is 0."""
-    from animegamer.checkpoints.trained_data import clip_manifest_sha256
-
     data = composed.data
     return {"evaluation": OmegaConf.to_container(composed.evaluation, resolve=True),
             "data": {"root": str(Path(data.root).resolve()), "clips": data.clips, "val_fraction": data.val_fraction,
@@ -149,8 +154,6 @@ def scored_with(composed) -> dict:
 
 def saved_scores(done: Path, digest: str, settings: dict) -> dict | None:
     """The metrics in ``done`` when they scored the export of sha256 ``digest`` with ``settings``."""
-    from animegamer.utils.io import read_json
-
     saved = read_json(done)["metrics"] if done.exists() else {}
     return saved if saved.get("export_sha256") == digest and saved.get(SCORED_WITH) == settings else None
 
@@ -158,14 +161,6 @@ def saved_scores(done: Path, digest: str, settings: dict) -> dict | None:
 def score(v: Variant, extra: list[str]) -> dict:
     """The reconstruction metrics of the variant's a2 export (kept while neither it nor
     :func:`scored_with` changed)."""
-    from animegamer.checkpoints.export import TRAINED_FILE
-    from animegamer.checkpoints.export_checks import check_export_sizes
-    from animegamer.evaluation.preflight import check_evaluated_exports
-    from animegamer.config.validate import ConfigError
-    from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
-    from animegamer.contracts.files import METRICS_FILE
-    from animegamer.utils.io import sha256_file
-
     export = v.export(A_JOINT)
     digest = sha256_file(Path(export) / TRAINED_FILE)
     out = v.folder / RECONSTRUCTION_FOLDER
@@ -187,8 +182,6 @@ def score(v: Variant, extra: list[str]) -> dict:
 
 def _metric(row: dict, key: str) -> dict:
     """The row's ``key`` as a metric dict (a score saved before the report measured it: not measured)."""
-    from animegamer.metrics.common import as_metric
-
     return as_metric(row.get(key))
 
 
@@ -196,9 +189,6 @@ def minus_shuffled(row: dict) -> dict[str, dict]:
     """Per metric, the variant's score minus the shuffled-representation baseline's on the same clips:
     how much each clip's own representation tells the decoder (unavailable, with the reason, where
     either side is)."""
-    from animegamer.metrics.baselines import SHUFFLED
-    from animegamer.metrics.common import available
-
     shuffled = (row.get("baselines") or {}).get(SHUFFLED) or {}
     gaps = {}
     for key in METRICS:
@@ -215,8 +205,6 @@ class Footnotes:
         self.reasons: list[str] = []
 
     def cell(self, key: str, metric: dict, signed: bool = False) -> str:
-        from animegamer.evaluation.report import METRIC_INFO
-
         if metric["available"]:
             return f"{metric['value']:{'+' if signed else ''}.{METRIC_INFO[key][2]}f}"
         reason = str(metric.get("reason") or "unavailable")
@@ -230,16 +218,12 @@ class Footnotes:
 
 def _cell(metric: dict | None) -> str:
     """A metric for the log: its value, or n/a with the reason."""
-    from animegamer.metrics.common import format_metric
-
     return format_metric(metric)
 
 
 def table_markdown(table: dict) -> str:
     """``table3.md``: the variants' metrics beside the paper's, then their gaps to the shuffled representation;
     every metric not measured is "n/a" with a footnote saying why."""
-    from animegamer.evaluation.report import METRIC_INFO
-
     labels = [METRIC_INFO[m][0] for m in METRICS]
     notes = Footnotes()
     lines = ["# AnimeGamer Table 3: tokenizer / de-tokenizer ablations (reconstruction)", "",
@@ -271,9 +255,6 @@ def table_markdown(table: dict) -> str:
 
 def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> dict[str, Path]:
     """``table3.md`` and ``table3.json``: every variant's metrics beside the paper's Table 3 numbers."""
-    from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION
-    from animegamer.utils.io import write_json_atomic
-
     paper = {BASELINE: PAPER_TABLE3_RECONSTRUCTION}
     warmups = {v.name: v.warmup for v in variants}
     table = {"paper": paper, "variants": [
@@ -307,8 +288,6 @@ def run_table3(out: Path, names: list[str], extra: list[str], steps: tuple[int, 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from animegamer.utils.logging import setup_logging
-
     parser = argparse.ArgumentParser(prog="python -m animegamer.ablations", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="one folder per variant, and the table")
@@ -322,6 +301,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from animegamer.errors import exit_on_user_error
-
     exit_on_user_error(main)(sys.argv[1:])
