@@ -1,32 +1,6 @@
-"""Train one phase: ``python train.py experiment=quickstart_a`` (Hydra overrides as usual).
-
-Resumes automatically from the newest complete checkpoint in ``<output_dir>/checkpoints``; writes the portable export to
-``<output_dir>/export``. See README "Training".
-"""
-from __future__ import annotations
-
-import hydra
-from omegaconf import DictConfig
-
-from animegamer.config.compose import config_dir, run_command
-from animegamer.errors import exit_on_user_error
-
-
-def run(cfg: DictConfig) -> dict:
-    from animegamer.training.runner import run as train  # Lightning: imported once the command line is checked
-
-    return train(cfg)
-
-
-@hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")
-def hydra_main(cfg: DictConfig) -> None:
-    """Hydra's options (--multirun, --cfg job, --help) and hydra.* settings; run_command checked the overrides."""
-    exit_on_user_error(run)(cfg)  # a configuration problem: its message and exit code 2, no traceback
-
-
-def main() -> None:
-    run_command("train", run, hydra_main)
-
+"""Train one phase: ``python train.py experiment=quickstart_a``, the same as ``animegamer train ...``
+(:mod:`animegamer.cli.train`)."""
+from animegamer.cli.train import main
 
 if __name__ == "__main__":
     main()

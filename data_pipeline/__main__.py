@@ -1,4 +1,8 @@
-"""``python -m data_pipeline [hydra overrides]`` (console script: ``animegamer-pipeline``)."""
+"""Run the offline data pipeline on films.
+
+``python -m data_pipeline [hydra overrides]``, also ``animegamer pipeline`` and the console script
+``animegamer-pipeline``.
+"""
 from __future__ import annotations
 
 import logging

@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
+from animegamer.config.compose import config_dir
 from animegamer.config.schema import EncodersConfig, ModelConfig
 from animegamer.models.frozen_encoders import (
     FrozenClipVision,
@@ -44,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- fixtures and helpers
 def load_encoders_config(preset: str) -> EncodersConfig:
-    """configs/model/<preset>.yaml merged into the schema, as Hydra composes it, as dataclasses."""
-    raw = OmegaConf.load(REPO / "configs" / "model" / f"{preset}.yaml")
+    """model/<preset>.yaml of the config folder merged into the schema, as Hydra composes it, as dataclasses."""
+    raw = OmegaConf.load(config_dir() / "model" / f"{preset}.yaml")
     raw.pop("defaults", None)  # Hydra's defaults list; the schema below is what it names
     merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), raw)
     return OmegaConf.to_object(merged).encoders

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import os
 import sys
 from contextlib import contextmanager
@@ -27,9 +28,12 @@ from animegamer.config.schema import register_configs
 from animegamer.errors import UserError, exit_on_user_error
 
 CONFIG_DIR_ENV = "ANIMEGAMER_CONFIG_DIR"
+CONFIG_PACKAGE_DIR = "configs"  # the package data folder of animegamer holding the YAML configs
 HYDRA_NODE = "hydra"  # Hydra's own settings (hydra.run.dir, hydra/launcher=...): applied by @hydra.main only
 ADDED = ("++", "+")  # prefixes of an override that adds its key (Hydra accepts any key given so)
 DELETED = "~"
+CONFIG_SUFFIX = ".yaml"
+HELP_GROUPS = "$APP_CONFIG_GROUPS"  # the place of the group listing in a hydra/help template
 T = TypeVar("T")
 
 
@@ -38,9 +42,10 @@ class OverrideError(UserError):
 
 
 def config_dir() -> Path:
-    """``configs/`` of the checkout (src layout: three levels above this package)."""
+    """The config folder: ``$ANIMEGAMER_CONFIG_DIR`` if set, else ``animegamer/configs``, the package data
+    shipped with the library (a folder on disk in a checkout and in an installed wheel alike)."""
     override = os.environ.get(CONFIG_DIR_ENV)
-    return Path(override) if override else Path(__file__).resolve().parents[3] / "configs"
+    return Path(override) if override else Path(str(importlib.resources.files("animegamer") / CONFIG_PACKAGE_DIR))
 
 
 @contextmanager
@@ -51,7 +56,7 @@ def _initialized() -> Iterator[None]:
 
 
 def compose_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
-    """The root config ``name`` (``configs/<name>.yaml``) with ``overrides``; :class:`OverrideError` names
+    """The root config ``name`` (``<config_dir()>/<name>.yaml``) with ``overrides``; :class:`OverrideError` names
     an unknown key (added with ``+`` too), group option or wrong value, and the closest known one."""
     overrides = list(overrides)
     with _initialized():
@@ -130,7 +135,7 @@ def no_such_option(group: str, option: str, options: Sequence[str]) -> str:
 
 
 def config_groups() -> list[str]:
-    """The config groups of ``configs/`` (``trainer``, ``experiment``, ...), Hydra's own left out."""
+    """The config groups of :func:`config_dir` (``trainer``, ``experiment``, ...), Hydra's own left out."""
     return sorted(p.name for p in config_dir().iterdir() if p.is_dir() and p.name != HYDRA_NODE)
 
 
@@ -164,6 +169,20 @@ def _override_of(full_key: str, overrides: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------------- the commands
+def group_options(group: str) -> list[str]:
+    """The options of ``group`` that are config files (the schemas the files build on are no choice)."""
+    return sorted(p.stem for p in (config_dir() / group).glob(f"*{CONFIG_SUFFIX}"))
+
+
+def command_help(config_name: str) -> str:
+    """``--help`` of the command over the root config ``config_name``: its ``hydra/help`` template (how to call
+    it, then its config groups with their options), every group listed with the files it offers."""
+    with _initialized():
+        cfg = compose(config_name=config_name, return_hydra_config=True)
+    groups = "\n".join(f"{g}: {', '.join(group_options(g))}" for g in config_groups() if group_options(g))
+    return cfg.hydra.help.template.replace(HELP_GROUPS, groups) + "\n"
+
+
 def _hydra_flag(args) -> bool:
     """A Hydra option that changes what runs (--help, --cfg, --info, --multirun, ...): @hydra.main runs it."""
     return bool(args.help or args.hydra_help or args.cfg or args.info or args.package or args.multirun
@@ -209,6 +228,9 @@ def _run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion:
         return hydra_main()  # another config root or search path: Hydra's to compose
+    if args.help:  # the groups a user chooses from, not the schemas registered for the files to build on
+        sys.stdout.write(command_help(config_name))
+        return None
     overrides = list(args.overrides)
     hydra_settings = _sets_hydra(overrides)
     if args.multirun:  # each job checked (another sweeper's syntax, set in hydra/sweeper=, is Hydra's to read)
