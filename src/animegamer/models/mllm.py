@@ -46,10 +46,8 @@ Design choices:
   backward's), and the collator checked the query counts and ``history_index`` on the host. Without
   them (hand-built batches, inference) the masks are read and checked here, giving the same rows in
   the same order, so the losses and gradients are bitwise the same either way.
-- **Inference** (:meth:`generate_states`) is one prefill over the prompt (which already holds the
-  query block and its bidirectional mask) giving ``pred``, then a greedy KV-cache loop for the
-  state tokens. The official code runs two passes over the same prompt; one is enough because the
-  query positions' hidden states do not depend on anything after the prompt.
+- **Inference** (:meth:`generate_states`) is one prefill and a greedy KV-cache loop,
+  :mod:`animegamer.models.mllm_generate`; adapter folders are :mod:`animegamer.models.mllm_adapters`.
 
 The batch layout is the one of :mod:`animegamer.mllm.collate` (``history_index``, ``query_mask``,
 ``padding_mask``, ``position_ids``), and its helpers do the work: ``scatter_history`` /
@@ -59,12 +57,9 @@ mean of the old input rows, new output rows = 3 x the mean of the old output row
 """
 from __future__ import annotations
 
-import inspect
-import json
 import logging
-import re
 from pathlib import Path
-from typing import Sequence, TYPE_CHECKING, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -80,9 +75,12 @@ from animegamer.mllm.tokens import NUM_FRAME_TOKENS, resize_embeddings
 from animegamer.mllm.words import WORDS
 from animegamer.models import lora
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
+from animegamer.models.compiling import compile_blocks
 from animegamer.models.encoder import representation_tokens
+from animegamer.models.mllm_adapters import AdapterFolders
+from animegamer.models.mllm_generate import StateGeneration, token_positions
+from animegamer.models.recompute import checkpoint_every, forward_state
 from animegamer.utils.randomness import seeded
-from animegamer.utils.state import clean_name, require
 
 if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
     from peft import LoraConfig
@@ -90,8 +88,6 @@ if TYPE_CHECKING:  # transformers / peft load only where an MLLM is built
 
 logger = logging.getLogger(__name__)
 
-MODULES_FILE = "mllm_modules.safetensors"  # projections + trained norms / embeddings
-META_FILE = "mllm_meta.json"
 # The official projections use the exact (erf) GELU (nn.GELU() defaults); the golden case checks it.
 GELU_APPROXIMATION = "none"
 SDPA = "sdpa"  # the one model.mllm.attention whose kernels model.mllm.attention_backends orders
@@ -100,26 +96,10 @@ ATTENTIONS = tuple(ATTENTION_IMPLEMENTATIONS)  # model.mllm.attention
 # Sizes a pretrained LLM folder must share with the config: the rest of the code is built from them.
 _ARCHITECTURE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads")
-_PEFT_PREFIX = "llm.base_model.model."
-_LORA_RE = re.compile(r"\.(lora_[AB])\.[^.]+\.weight$")
 _PROJECTIONS = ("input_proj.", "output_proj.")
 
 
 # --------------------------------------------------------------------------- helpers
-def canonical_name(name: str) -> str:
-    """A parameter name independent of peft wrapping: ``llm.<MistralForCausalLM name>`` or the projection name.
-
-    ``llm.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
-    ``llm.model.layers.0.self_attn.q_proj.weight``; LoRA matrices lose their adapter name
-    (``...q_proj.lora_A.weight``). Saved module files and the official importer use these names, so
-    they load into a model with or without LoRA.
-    """
-    if name.startswith(_PEFT_PREFIX):
-        name = "llm." + name[len(_PEFT_PREFIX):]
-    name = name.replace(lora.PEFT_BASE, ".")
-    return _LORA_RE.sub(r".\1.weight", name)
-
-
 def _projection(in_dim: int, out_dim: int) -> nn.Sequential:
     """Linear-GELU-Linear, indices 0 and 2 as in the official ``*_resampler.proj``."""
     return nn.Sequential(nn.Linear(in_dim, out_dim), nn.GELU(approximate=GELU_APPROXIMATION),
@@ -140,47 +120,13 @@ def _resize(llm: "MistralForCausalLM", vocab_size: int) -> int:
     return added
 
 
-def _positions(position_ids: Optional[torch.Tensor], padding_mask: Optional[torch.Tensor],
-               input_ids: torch.Tensor) -> torch.Tensor:
-    """Given positions, or 0.. over the real tokens of each row (left or right padding), (B, L)."""
-    if position_ids is not None:
-        return position_ids
-    if padding_mask is None:
-        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    return (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
-def _new_cache(config):
-    """An empty DynamicCache (built from the config where the installed transformers takes one)."""
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=config)
-    except TypeError:
-        return DynamicCache()
-
-
-def _cache_keyword(decoder: nn.Module) -> str:
-    """The decoder's name for the KV cache argument: ``cache`` in recent transformers 5 releases,
-    ``past_key_values`` before (an unknown keyword would be swallowed by ``**kwargs`` and ignored)."""
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-
-
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
     """Boolean view of a bool or additive float mask (True = attend)."""
     return mask if mask.dtype == torch.bool else mask == 0
 
 
 # --------------------------------------------------------------------------- the module
-def _greedy(logits: torch.Tensor, allowed: Optional[Sequence[Sequence[int]]], step: int) -> torch.Tensor:
-    """argmax, over ``allowed[step]`` only when constrained decoding gives a set for this step."""
-    if allowed is None or step >= len(allowed):
-        return logits.argmax(dim=-1)
-    ids = torch.as_tensor(list(allowed[step]), device=logits.device)
-    return ids[logits[:, ids].argmax(dim=-1)]
-
-
-class GameStateMLLM(nn.Module):
+class GameStateMLLM(StateGeneration, AdapterFolders, nn.Module):
     """Mistral (``llm``) + ``input_proj`` (D -> H) + ``output_proj`` (H -> D), LoRA through peft.
 
     ``rep_width`` is D (the encoder width), ``num_query_tokens`` N (the representation's token
@@ -219,8 +165,6 @@ class GameStateMLLM(nn.Module):
                 self.add_lora()
         self.apply_trainable()
         if cfg.compile:  # first: the checkpoint wraps the compiled layer
-            from animegamer.models.compiling import compile_blocks
-
             compile_blocks(self.causal_lm.model.layers)
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
 
@@ -301,8 +245,6 @@ class GameStateMLLM(nn.Module):
         version, and the recomputation's context (:func:`~animegamer.models.recompute.forward_state`)
         must run as Python, outside the graph.
         """
-        from animegamer.models.recompute import checkpoint_every, forward_state
-
         lm = self.causal_lm
         # recomputed layers run under their forward's thread count and attention kernels, compiled or not
         context_fn = forward_state(recompute_context(self.cfg.attention_backends, self))
@@ -348,10 +290,6 @@ class GameStateMLLM(nn.Module):
         names = set(self.trainable_parameter_names())
         for name, param in self.named_parameters():
             param.requires_grad_(name in names)
-
-    def _saved_module_names(self) -> List[str]:
-        """Non-LoRA tensors an adapter folder carries: projections, and norms / embeddings when trained."""
-        return [n for n in self.trainable_parameter_names() if not lora.is_lora_name(n)]
 
     # ----------------------------------------------------------------------- forward pieces
     def embed_inputs(self, input_ids: torch.Tensor, history_reps: Optional[torch.Tensor] = None,
@@ -444,9 +382,10 @@ class GameStateMLLM(nn.Module):
         """Last hidden states (after the final norm), (B, L, H); ``history_checked`` as for :meth:`embed_inputs`."""
         embeds = self.embed_inputs(input_ids, history_reps, history_index, history_checked)
         allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, input_ids, document_ids)
+        positions = token_positions(position_ids, padding_mask, input_ids)
         with attention_kernels(self.cfg.attention_backends, embeds.is_cuda, self):
             out = self.causal_lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
-                                       position_ids=_positions(position_ids, padding_mask, input_ids), use_cache=False)
+                                       position_ids=positions, use_cache=False)
         return out.last_hidden_state
 
     # ----------------------------------------------------------------------- forward
@@ -517,132 +456,6 @@ class GameStateMLLM(nn.Module):
         hidden = self.hidden_states(input_ids, attention_mask_4d, history_reps, history_index, query_mask,
                                     position_ids, padding_mask)
         return self._project_out(self._query_hidden(hidden, query_mask))
-
-    @torch.no_grad()
-    def generate_states(self, prompt_ids: torch.Tensor, attention_mask_4d: Optional[torch.Tensor] = None,
-                        history_reps: Optional[torch.Tensor] = None, history_index: Optional[torch.Tensor] = None,
-                        query_mask: Optional[torch.Tensor] = None, max_new_tokens: int = 12,
-                        stop_token_id: Optional[int] = None, position_ids: Optional[torch.Tensor] = None,
-                        padding_mask: Optional[torch.Tensor] = None,
-                        allowed_tokens: Optional[Sequence[Sequence[int]]] = None) -> Dict[str, Optional[torch.Tensor]]:
-        """Greedy state tokens after a prompt ending in ``<ML>``, and the representation from the same prefill.
-
-        Returns ``tokens`` (B, T) with T <= max_new_tokens (after ``stop_token_id``, e.g.
-        ``</TURN>``, a row repeats it until every row has stopped) and ``pred`` (B, N, D) read at
-        the query positions of the prompt (None without query_mask). Padded prompts must be left
-        padded (the last prompt position is real in every row; ``collate_sequences(...,
-        padding_side="left")``); the keys a row may attend to later are those its last prompt
-        position attends to. A custom 4-D mask does not apply Mistral's sliding window, so prompt +
-        new tokens must fit in it. Call it in eval mode (LoRA dropout is active in train mode).
-        """
-        lm = self.causal_lm
-        batch, length = prompt_ids.shape
-        window = getattr(lm.config, "sliding_window", None)
-        if window is not None and length + max_new_tokens > window:
-            raise ValueError(f"prompt ({length}) + new tokens ({max_new_tokens}) exceed the sliding window {window}")
-        if padding_mask is not None and not bool(padding_mask[:, -1].all()):
-            raise ValueError("batched prompts must be left padded: the last position of every row must be real")
-        embeds = self.embed_inputs(prompt_ids, history_reps, history_index)
-        allowed = self._allowed_mask(attention_mask_4d, query_mask, padding_mask, prompt_ids)
-        if not isinstance(allowed, torch.Tensor):
-            raise ValueError("generate_states needs a tensor mask, not a BlockMask")
-        position_ids = _positions(position_ids, padding_mask, prompt_ids)
-        with attention_kernels(self.cfg.attention_backends, embeds.is_cuda):
-            return self._greedy_states(embeds, allowed, position_ids, query_mask, max_new_tokens, stop_token_id,
-                                       allowed_tokens)
-
-    def _greedy_states(self, embeds: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor,
-                       query_mask: Optional[torch.Tensor], max_new_tokens: int, stop_token_id: Optional[int],
-                       allowed_tokens: Optional[Sequence[Sequence[int]]]) -> Dict[str, Optional[torch.Tensor]]:
-        """The prefill and the greedy loop of :meth:`generate_states`: ``embeds`` (B, L, H) with the
-        history scattered in, ``allowed`` (B, 1, L, L) bool, ``position_ids`` (B, L), ``query_mask``
-        (B, L) or None."""
-        lm = self.causal_lm
-        batch = embeds.shape[0]
-        cache = {_cache_keyword(lm.model): _new_cache(lm.config)}
-        hidden = lm.model(inputs_embeds=embeds, attention_mask=self._kernel_mask(allowed, embeds.dtype),
-                          position_ids=position_ids, use_cache=True, **cache).last_hidden_state
-        pred = self._project_out(self._query_hidden(hidden, query_mask)) if query_mask is not None else None
-
-        keys = allowed[:, 0, -1, :]  # (B, L): what the last prompt position sees
-        position = position_ids[:, -1:].clone()
-        pick = lambda h, step: _greedy(lm.get_output_embeddings()(h), allowed_tokens, step)
-        token = pick(hidden[:, -1], 0)
-        done = torch.zeros(batch, dtype=torch.bool, device=embeds.device)
-        tokens = []
-        for step in range(max_new_tokens):
-            if stop_token_id is not None:
-                token = token.masked_fill(done, stop_token_id)
-                done |= token == stop_token_id
-            tokens.append(token)
-            if step == max_new_tokens - 1 or bool(done.all()):
-                break
-            keys = torch.cat([keys, torch.ones(batch, 1, dtype=torch.bool, device=keys.device)], dim=1)
-            position = position + 1
-            step_embeds = lm.get_input_embeddings()(token[:, None])
-            step_mask = self._kernel_mask(keys[:, None, None, :], step_embeds.dtype)
-            hidden = lm.model(inputs_embeds=step_embeds, attention_mask=step_mask, position_ids=position,
-                              use_cache=True, **cache).last_hidden_state
-            token = pick(hidden[:, -1], step + 1)
-        stacked = torch.stack(tokens, dim=1) if tokens else position_ids.new_zeros(batch, 0)
-        return dict(tokens=stacked, pred=pred)
-
-    # ----------------------------------------------------------------------- adapter folders
-    def save_adapter(self, folder: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Path:
-        """Write what phase (b) trains: the peft LoRA folder + ``mllm_modules.safetensors``.
-
-        The modules file holds the projections and, when trained, the norms and both embedding
-        matrices, under :func:`canonical_name` keys; ``mllm_meta.json`` records the sizes. ``state``:
-        whole tensors gathered elsewhere (FSDP saves) under this module's clean parameter names, read
-        instead of the (sharded) parameters.
-        """
-        from animegamer.utils.io import save_tensors
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        saved = self._saved_module_names()
-        if self.has_lora:
-            adapter = [n for n in self.trainable_parameter_names() if n not in saved]
-            lora.save_adapter(self.llm, folder, adapter, state, "llm.", save_embedding_layers=False)
-        params = dict(self.named_parameters()) if state is None else state
-        require(params, saved)
-        modules = {canonical_name(clean_name(n)): params[clean_name(n)].detach().contiguous().cpu() for n in saved}
-        save_tensors(modules, folder / MODULES_FILE)
-        meta = dict(rep_width=self.rep_width, num_query_tokens=self.num_query_tokens, vocab_size=self.vocab_size,
-                    hidden_size=self.hidden, lora=self.has_lora, train_norms=self.cfg.train_norms,
-                    train_embeddings=self.cfg.train_embeddings, train_base=self.cfg.train_base)
-        (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        return folder
-
-    def load_adapter(self, folder: str | Path) -> None:
-        """Load a folder written by :meth:`save_adapter`; every tensor must fit, none may be left over.
-
-        A model without LoRA gets the folder's adapter (its rank / alpha) added first.
-        """
-        from animegamer.checkpoints.safe_load import load_safetensors
-
-        folder = Path(folder)
-        meta = json.loads((folder / META_FILE).read_text())
-        for key in ("rep_width", "num_query_tokens", "vocab_size", "hidden_size"):
-            mine = self.hidden if key == "hidden_size" else getattr(self, key)
-            if meta[key] != mine:
-                raise ValueError(f"adapter in {folder} has {key}={meta[key]}, the model {mine}")
-        if lora.holds_adapter(folder):
-            lora.load_adapter(self, folder, "model")
-        elif self.has_lora:
-            raise ValueError(f"{folder} holds no LoRA adapter but the model has one")
-        by_canonical = {canonical_name(n): p for n, p in self.named_parameters()}
-        modules = load_safetensors(folder / MODULES_FILE)
-        unknown = sorted(k for k in modules if k not in by_canonical)
-        wrong = [f"{k}: file {tuple(v.shape)} vs model {tuple(by_canonical[k].shape)}"
-                 for k, v in modules.items() if k in by_canonical and v.shape != by_canonical[k].shape]
-        if unknown or wrong:
-            raise ValueError(f"{folder / MODULES_FILE} does not fit the model: unknown {unknown}, shapes {wrong}")
-        with torch.no_grad():
-            for key, value in modules.items():
-                param = by_canonical[key]
-                param.copy_(value.to(dtype=param.dtype, device=param.device))
-
 
 # --------------------------------------------------------------------------- config check
 def check_mllm(model: ModelConfig) -> list[str]:

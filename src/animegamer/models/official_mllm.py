@@ -13,7 +13,7 @@ state dict is a plain dict of tensors with keys
 
 A plain Hugging Face state dict (``model.layers...``, ``lm_head.weight``) or one prefixed
 ``base_model.model.`` is accepted as well. Names are compared after
-:func:`animegamer.models.mllm.canonical_name`, so the import works whether or not the model wraps
+:func:`animegamer.models.mllm_adapters.canonical_name`, so the import works whether or not the model wraps
 its LLM with peft. The report lists every official key left unplaced and every module parameter
 left unset, so a partial import is visible instead of silently training from random weights.
 
@@ -32,7 +32,8 @@ import torch
 
 from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors, load_weights_only
 from animegamer.models.lora import ADAPTER
-from animegamer.models.mllm import GameStateMLLM, canonical_name
+from animegamer.models.mllm import GameStateMLLM
+from animegamer.models.mllm_adapters import canonical_name
 from animegamer.models.official_import import ImportReport, copy_into
 
 logger = logging.getLogger(__name__)
