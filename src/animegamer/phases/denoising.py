@@ -11,7 +11,9 @@ from typing import Any, Callable
 import lightning as L
 import torch
 
+from animegamer.checkpoints.export import save_export
 from animegamer.config.schema import RunConfig
+from animegamer.config.validate import vae_latent_shape
 from animegamer.diffusion.loss import add_noise, cogvideox_v_loss
 from animegamer.diffusion.schedule import alphas_cumprod
 from animegamer.models.decoder import BASE_FOLDER
@@ -19,6 +21,7 @@ from animegamer.models.reconstruction import ReconstructionModel, build_reconstr
 from animegamer.phases.common import (clip_gradients, compute_dtype, init_exports, keep_trained, make_optimizer,
                                       micro_step, set_trainable, trainable_names)
 from animegamer.phases.specs import ADALN, DECODER, ENCODER, LORA, MOTION_SCOPE, spec_for
+from animegamer.training.throughput import transformer_forward_flops
 from animegamer.utils.randomness import SampleRandom, sample_positions
 from animegamer.utils.state import submodule_state
 
@@ -84,8 +87,6 @@ def decoder_tokens(cfg: RunConfig, rep_tokens: int, batch: dict) -> int:
     """N + T' x (H'/p) x (W'/p): the decoder's joint sequence for this batch's latents."""
     latents = batch["latents"] if "latents" in batch else None
     if latents is None:  # raw clips: the VAE's geometry
-        from animegamer.config.validate import vae_latent_shape
-
         t, _, h, w = vae_latent_shape(cfg.model.encoders, *batch["video"].shape[1:4])
     else:
         t, _, h, w = latents.shape[1:]
@@ -95,8 +96,6 @@ def decoder_tokens(cfg: RunConfig, rep_tokens: int, batch: dict) -> int:
 
 def decoder_flops(cfg: RunConfig, rep_tokens: int, batch: dict) -> float:
     """Forward FLOPs of the CogVideoX decoder on a batch (the frozen encoders are not counted)."""
-    from animegamer.training.throughput import transformer_forward_flops
-
     dec = cfg.model.decoder
     hidden = dec.num_attention_heads * dec.attention_head_dim
     tokens = decoder_tokens(cfg, rep_tokens, batch)
@@ -198,8 +197,6 @@ def export_denoising(module: DenoisingPhase, folder: str | Path, meta: dict, sta
 
     ``state``: the tensors to export, gathered by an FSDP save (names relative to ``module.model``);
     None reads the module. ``module.export_extra`` adds frozen parameters by prefix (phase (c))."""
-    from animegamer.checkpoints.export import save_export
-
     folder = save_export(folder, module.model, {"phase": module.cfg.phase.name, **meta}, module.export_extra, state)
     decoder = module.model.decoder
     decoder_state = None if state is None else submodule_state(state, "decoder.")
