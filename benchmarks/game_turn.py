@@ -226,7 +226,7 @@ def build_framework(args, cfg, replica_device=None):
     with ``replica_device``, the decoder's copy for the second guidance branch there (``cfg_replica``), as
     ``load_game_models`` makes it."""
     from animegamer.game_models import GameModels, merge_for_play, renderer_for_play
-    from animegamer.models.frozen_encoders import FrozenVAE
+    from animegamer.models.frozen_vae import FrozenVAE
     from animegamer.models.reconstruction import ReconstructionModel
     from animegamer.phases.phase_b import PhaseB
 

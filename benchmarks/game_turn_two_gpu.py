@@ -56,7 +56,7 @@ from game_turn import (HISTORY_TURNS, STAGES, SideTimeout, build_framework, comp
 
 from animegamer.diffusion.cfg_parallel import TwoDeviceCFG  # noqa: E402
 from animegamer.diffusion.sampler import sample  # noqa: E402
-from animegamer.models.frozen_encoders import conv3d_memory_format  # noqa: E402
+from animegamer.models.frozen_vae import conv3d_memory_format  # noqa: E402
 
 MODES = ("one_gpu", "two_gpus")
 EQUALITY_SEED = 7
@@ -260,7 +260,7 @@ def compile_decoders(models, replica, on: bool) -> None:
 
 def build_vae(args, cfg) -> SimpleNamespace:
     """Only the frozen VAE at ``cfg``'s sizes (``--vae-only``), as ``build_framework`` builds it."""
-    from animegamer.models.frozen_encoders import FrozenVAE
+    from animegamer.models.frozen_vae import FrozenVAE
 
     with building(args.device, args.dtype):
         vae = FrozenVAE(cfg.model.encoders.vae, seed=cfg.model.encoders.seed, dtype=args.dtype)

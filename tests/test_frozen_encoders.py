@@ -18,14 +18,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from animegamer.config.compose import config_dir
 from animegamer.config.schema import EncodersConfig, ModelConfig
-from animegamer.models.frozen_encoders import (
-    FrozenClipVision,
-    FrozenEncoders,
-    FrozenT5,
-    FrozenVAE,
-    build_frozen_encoders,
-    count_parameters,
-)
+from animegamer.models.frozen_base import count_parameters
+from animegamer.models.frozen_clip import FrozenClipVision
+from animegamer.models.frozen_encoders import FrozenEncoders, build_frozen_encoders
+from animegamer.models.frozen_t5 import FrozenT5
+from animegamer.models.frozen_vae import FrozenVAE
 
 REPO = Path(__file__).resolve().parents[1]
 CLIP_FRAMES, CLIP_HEIGHT, CLIP_WIDTH = 17, 96, 144  # one tiny-preset clip

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.models.frozen_encoders import FrozenVAE
+from animegamer.models.frozen_vae import FrozenVAE
 
 FRAMES, HEIGHT, WIDTH = 9, 32, 48
 

@@ -10,7 +10,7 @@ stays the same) on the clip shards of ``PIPELINE_OUTPUT/clips``, never on a held
 other stage. Its ``scaling_factor`` is set so that scaled latents of the training clips have unit
 standard deviation, as CogVideoX's own factor is meant. ``OUT/training.json`` records the held-out PSNR
 (posterior mode, 8-bit output, as precompute and the game use it) measured again after loading ``OUT``
-through :class:`~animegamer.models.frozen_encoders.FrozenVAE`, the learning curve and the settings.
+through :class:`~animegamer.models.frozen_vae.FrozenVAE`, the learning curve and the settings.
 """
 from __future__ import annotations
 
@@ -272,7 +272,7 @@ def save_vae(model: torch.nn.Module, out: str | Path, record: dict[str, Any]) ->
 
 def check_saved(out: str | Path, held_out: Clips, batch_size: int, device: str) -> float:
     """Held-out PSNR through the frozen-encoder loader (``model.encoders.vae.path=out``)."""
-    from animegamer.models.frozen_encoders import FrozenVAE
+    from animegamer.models.frozen_vae import FrozenVAE
 
     vae = FrozenVAE(VAEConfig(path=str(out))).to(device)
     scores = []

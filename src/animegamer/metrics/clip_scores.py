@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from animegamer.models.frozen_encoders import FrozenClipVision, _check_loading_info, _find_folder
+from animegamer.models.frozen_base import check_loading_info, find_folder
+from animegamer.models.frozen_clip import FrozenClipVision
 from animegamer.utils.randomness import seeded
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class ClipScorer:
         """Full CLIP model + tokenizer from a local folder (never the hub; FileNotFoundError if absent)."""
         from transformers import AutoTokenizer, CLIPModel
 
-        folder = _find_folder(path, (), ("config.json",))
+        folder = find_folder(path, (), ("config.json",))
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         if model_type != "clip":
             raise ValueError(
@@ -79,8 +80,8 @@ class ClipScorer:
                 "(model_type 'clip': vision and text towers with projections)"
             )
         model, info = CLIPModel.from_pretrained(folder, local_files_only=True, dtype=dtype, output_loading_info=True)
-        _check_loading_info(info, folder, "CLIP scorer")
-        tok_dir = _find_folder(str(folder), ("tokenizer",), _TOKENIZER_FILES)
+        check_loading_info(info, folder, "CLIP scorer")
+        tok_dir = find_folder(str(folder), ("tokenizer",), _TOKENIZER_FILES)
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
         _warn_if_other_normalisation(folder)
         scorer = cls(model, tokenizer, source=str(folder), batch_size=batch_size)

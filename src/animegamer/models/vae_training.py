@@ -3,7 +3,7 @@
 The tiny presets build the frozen VAE with random weights, which cannot give pixels back, so no pixel
 metric of a generated clip means anything. :func:`trainable_vae` builds the same
 ``AutoencoderKLCogVideoX`` that a random build of ``model.encoders.vae`` gives (so the trained folder
-loads through :class:`~animegamer.models.frozen_encoders.FrozenVAE` with no code change), and
+loads through :class:`~animegamer.models.frozen_vae.FrozenVAE` with no code change), and
 :func:`reconstruction_loss` is what it trains on: L1 + MSE on pixels in [-1, 1] plus a small KL term
 that keeps the posterior a usable Gaussian for the diffusion decoder. The training loop, data and
 saving are in :mod:`animegamer.toy_vae`.
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from animegamer.config.schema import VAEConfig
-from animegamer.models.frozen_encoders import FrozenVAE
+from animegamer.models.frozen_vae import FrozenVAE
 
 UINT8_MAX = 255.0
 
