@@ -18,6 +18,7 @@ from animegamer.config.validate import PIPELINE_STEPS
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
+from animegamer.utils.threads import use_threads
 from data_pipeline.captioners.base import BACKEND_NONE
 from data_pipeline.captioners.failures import CaptionsFailedError, caption_secrets, stop_reason, summary, tally_captions
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
@@ -44,6 +45,7 @@ MERGED_KEYS = ("reuse", STEP_SECONDS)
 def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
     """Run ``fn(*job)`` for every job, in a spawn pool when workers > 1, with a progress bar."""
     bar = tqdm(total=len(jobs), desc=desc, unit="job", disable=None)
+    use_threads(workers if len(jobs) > 1 else 1)  # spawned workers start with the count it sets
     if workers <= 1 or len(jobs) <= 1:
         results = []
         for job in jobs:

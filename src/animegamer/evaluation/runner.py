@@ -28,6 +28,7 @@ from animegamer.metrics.latent_motion import latent_motion
 from animegamer.evaluation.motion_sweep import evaluation_sweep
 from animegamer.metrics.psnr import clip_psnr
 from animegamer.media.captions import STATUS_OK
+from animegamer.utils.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class Scorers:
 
 def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
     """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
-    from animegamer.game import play_games
+    from animegamer.game.scheduler import play_games
 
     keys = {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t}
     frames_by_key = first_frames(cfg, keys)
@@ -271,7 +272,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
 
     from animegamer.data.phase_a import FEATURES, phase_a_dataset
     from animegamer.metrics.setup import describe_setup
-    from animegamer.game_models import default_device, play_dtype, renderer_for_play
+    from animegamer.game.models import default_device, play_dtype, renderer_for_play
     from animegamer.models.frozen_encoders import build_frozen_encoders
     from animegamer.models.reconstruction import ClipBatch, build_reconstruction
     from animegamer.utils.randomness import step_generator
@@ -376,7 +377,7 @@ def untrained_baseline(cfg: RunConfig, models, benchmark: dict, out: Path, score
     init_from, no trained weights) and the trained renderer, scored by the same code as the game."""
     from dataclasses import replace
 
-    from animegamer.game_models import load_game_mllm
+    from animegamer.game.models import load_game_mllm
 
     seed, init = recorded_start(cfg.evaluation.mllm_export)
     start = replace(models.cfg, seed=cfg.seed if seed is None else int(seed))
@@ -422,11 +423,12 @@ def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: di
 def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
     from animegamer.checkpoints.trained_data import clip_manifest
-    from animegamer.game_models import load_game_models, read_level_flow
+    from animegamer.game.models import load_game_models, read_level_flow
     from animegamer.evaluation.reuse import forget_record
     from animegamer.evaluation.judge import judge_report_games
     from animegamer.evaluation.report import write_report
 
+    use_threads()
     e = cfg.evaluation
     out = Path(e.out)
     forget_record(out)  # what is played now replaces the metrics an earlier record vouched for

@@ -37,6 +37,7 @@ from animegamer.training.sync_sites import SyncSites
 from animegamer.training.throughput import Throughput
 from animegamer.utils.folder_lock import folder_lock
 from animegamer.utils.logging import DropPrefix, is_global_zero, setup_logging
+from animegamer.utils.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 
 
 def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
+    use_threads(cfg.trainer.devices)  # each of this node's ranks its share of the cores the load leaves
     L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.output_dir)
     folder = out / CHECKPOINT_DIR
