@@ -69,7 +69,7 @@ def output_problems(cfg: PipelineConfig) -> list[str]:
 
 
 def toy_problems(cfg: PipelineConfig, toy_dir: Path) -> list[str]:
-    """The toy film is the default input (data=toy): never let it replace the clips of real films.
+    """The toy film is the default input (source=toy): never let it replace the clips of real films.
     Films are told apart by content, so an output folder moved elsewhere still holds the toy film."""
     manifest = Path(cfg.output) / CLIPS_DIR / MANIFEST
     if not manifest.exists():
@@ -80,7 +80,7 @@ def toy_problems(cfg: PipelineConfig, toy_dir: Path) -> list[str]:
     if not others:
         return []
     return [f"pipeline.output={cfg.output} holds clips of other films ({', '.join(others[:3])}), but this run "
-            "uses the toy film (data=toy, the default): add data=films 'pipeline.inputs=[...]', or choose "
+            "uses the toy film (source=toy, the default): add source=films 'pipeline.inputs=[...]', or choose "
             "another pipeline.output"]
 
 

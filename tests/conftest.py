@@ -39,10 +39,10 @@ def toy_film(tmp_path_factory):
 
 
 def pipeline_overrides(output: Path, inputs: list, captions: str | Path | None, *extra: str) -> list[str]:
-    """Overrides for a run over explicit inputs (not data=toy, so sources stay at fixed paths)."""
+    """Overrides for a run over explicit inputs (not source=toy, so sources stay at fixed paths)."""
     listed = ",".join(f"'{p}'" for p in inputs)
     caption = [f"pipeline.caption.path='{captions}'"] if captions else ["pipeline.caption.backend=none"]
-    return ["data=films", f"pipeline.inputs=[{listed}]", f"pipeline.output='{output}'", *caption, *SMALL_CLIPS, *extra]
+    return ["source=films", f"pipeline.inputs=[{listed}]", f"pipeline.output='{output}'", *caption, *SMALL_CLIPS, *extra]
 
 
 def run_pipeline(overrides: list[str]) -> dict:

@@ -76,7 +76,7 @@ def test_the_pipeline_names_a_bad_setting_a_missing_film_and_every_bad_caption_l
     captions = caption_file(tmp_path)
     film = tmp_path / "films" / "ep01.mp4"  # never written
     output = tmp_path / "pipeline"
-    overrides = ["data=films", f"pipeline.inputs=['{film}']", f"pipeline.caption.path='{captions}'",
+    overrides = ["source=films", f"pipeline.inputs=['{film}']", f"pipeline.caption.path='{captions}'",
                  f"pipeline.output='{output}'", *([f"pipeline.clips.width={width}"] if width else [])]
     before = files_under(tmp_path)
     problems = refusal(lambda: exit_on_user_error(run)(compose_config("pipeline", overrides)), capsys)

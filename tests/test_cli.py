@@ -57,3 +57,14 @@ def test_a_config_verbs_help_lists_its_groups_and_no_schema(verb, first, monkeyp
     assert "experiment" in groups and "quickstart" in groups["experiment"].split(", ")
     assert "_schema" not in out
     assert len(out.splitlines()) < 40
+
+
+@pytest.mark.parametrize("old, new", [("data=films", "source=films"), ("data=toy", "source=toy")])
+def test_the_film_source_group_is_source_and_its_old_name_is_refused_naming_the_new(old, new):
+    from animegamer.config.compose import OverrideError, compose_config
+
+    with pytest.raises(OverrideError) as refused:
+        compose_config("pipeline", [old])
+    assert str(refused.value) == f"{old}: the group data is now named source: {new} (options: films, toy)"
+    assert compose_config("pipeline", [new, "pipeline.inputs=[/films]"]).pipeline.toy_film is (new == "source=toy")
+    assert compose_config("train", ["data.root=/shards"]).data.root == "/shards"  # data.* keys stay the data's

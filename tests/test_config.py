@@ -86,7 +86,7 @@ def test_wrong_type_is_rejected_by_the_schema():
 
 
 def test_films_data_needs_inputs():
-    problems = pipeline_problems(compose_config("pipeline", ["data=films", "pipeline.caption.backend=none"]))
+    problems = pipeline_problems(compose_config("pipeline", ["source=films", "pipeline.caption.backend=none"]))
     assert len(problems) == 1 and problems[0].startswith("pipeline.inputs is empty"), problems
 
 

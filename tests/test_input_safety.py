@@ -175,7 +175,7 @@ def _level_flow_manifest(folder: Path) -> Path:
 def test_game_refuses_a_pickle_in_place_of_an_export(tmp_path, marker, capfd):
     """``python -m animegamer.game`` over an export whose tensors file is a pickle: exit code 2, the file
     named, the payload never ran (exports are read as safetensors only)."""
-    from animegamer.game import main
+    from animegamer.game.cli import main
 
     evil = _evil_export(tmp_path / "evil_export", marker)
     script = tmp_path / "turns.txt"
@@ -270,11 +270,11 @@ def test_the_toy_film_refuses_the_users_films_and_captions(tmp_path, capfd, give
     from data_pipeline.__main__ import run
 
     output = tmp_path / "out"
-    composed = compose_config("pipeline", ["data=toy", f"pipeline.output={output}", *given])
+    composed = compose_config("pipeline", ["source=toy", f"pipeline.output={output}", *given])
     code, err = exit_of(run, composed, capfd=capfd)
     assert code == USER_ERROR_EXIT_CODE and "Traceback" not in err, err
-    assert f"pipeline.toy_film=true (data=toy, the default) replaces {named}" in err, err
-    assert f"add data=films" in err and f"drop {named}" in err
+    assert f"pipeline.toy_film=true (source=toy, the default) replaces {named}" in err, err
+    assert f"add source=films" in err and f"drop {named}" in err
     assert not output.exists()
 
 

@@ -29,7 +29,7 @@ def test_steps_that_need_no_films_write_no_toy_film(tmp_path):
 
 def test_only_captioning_steps_need_the_caption_file():
     def caption_problems(steps: str) -> list[str]:
-        cfg = compose_config("pipeline", ["data=films", "pipeline.inputs=[/films]", f"pipeline.steps=[{steps}]"])
+        cfg = compose_config("pipeline", ["source=films", "pipeline.inputs=[/films]", f"pipeline.steps=[{steps}]"])
         return [p for p in check_pipeline(cfg.pipeline) if "pipeline.caption" in p]
 
     for steps in ("adaptation", "sessions", "representations,session_shards", "precompute"):
@@ -40,7 +40,7 @@ def test_only_captioning_steps_need_the_caption_file():
 
 def test_every_caption_setting_problem_is_named():
     """A missing caption file does not hide a wrong frame count (one run names both)."""
-    cfg = compose_config("pipeline", ["data=films", "pipeline.inputs=[/films]",
+    cfg = compose_config("pipeline", ["source=films", "pipeline.inputs=[/films]",
                                       "pipeline.caption.path=/no/captions.jsonl", "pipeline.caption.num_frames=0"])
     frames = cfg.pipeline.clips.frames
     assert [p for p in check_pipeline(cfg.pipeline) if p.startswith("pipeline.caption")] == [
@@ -107,7 +107,7 @@ def test_a_step_refuses_inputs_made_from_older_ones(tmp_path):
     assert reason == (f"{output}/representations/manifest.json was made from other features than the current "
                       "ones: run pipeline.steps=[representations] again")
     with pytest.raises(ConfigError) as caught:
-        run_pipeline(["data=films", f"pipeline.output='{output}'", "pipeline.steps=[session_shards]"])
+        run_pipeline(["source=films", f"pipeline.output='{output}'", "pipeline.steps=[session_shards]"])
     assert caught.value.problems == [f"step session_shards: {reason}"]
 
     representations[MADE_FROM] = {"features": shards_digest(features)}

@@ -35,6 +35,9 @@ DELETED = "~"
 CONFIG_SUFFIX = ".yaml"
 HELP_GROUPS = "$APP_CONFIG_GROUPS"  # the place of the group listing in a hydra/help template
 T = TypeVar("T")
+# Groups renamed: the old name -> the new one. ``data`` chose the film source, while ``data.*`` keys are the
+# training data's settings; the group is ``source`` so the two no longer share a name.
+RENAMED_GROUPS = {"data": "source"}
 
 
 class OverrideError(UserError):
@@ -59,6 +62,9 @@ def compose_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The root config ``name`` (``<config_dir()>/<name>.yaml``) with ``overrides``; :class:`OverrideError` names
     an unknown key (added with ``+`` too), group option or wrong value, and the closest known one."""
     overrides = list(overrides)
+    renamed = [renamed_group(o) for o in overrides if _key_of(o).lstrip("/") in RENAMED_GROUPS and "=" in o]
+    if renamed:
+        raise OverrideError("\n".join(renamed))
     with _initialized():
         try:
             cfg = compose(config_name=name, overrides=overrides)
@@ -121,6 +127,13 @@ def describe_refusal(error: HydraException, overrides: Sequence[str]) -> str:
         return f"{override}: {said}"
     message = _first_line(error) if isinstance(cause, OmegaConfBaseException) else str(error)
     return f"{message}: {_first_line(cause)}" if cause is not None else message
+
+
+def renamed_group(override: str) -> str:
+    """``data=films`` refused: the group's new name, with the same option."""
+    old = _key_of(override).lstrip("/")
+    new, option = RENAMED_GROUPS[old], override.split("=", 1)[1].strip()
+    return f"{override}: the group {old} is now named {new}: {new}={option} (options: {', '.join(group_options(new))})"
 
 
 def no_such_option(group: str, option: str, options: Sequence[str]) -> str:

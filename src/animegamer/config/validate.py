@@ -101,7 +101,7 @@ def check_pipeline(p: PipelineConfig, enc: EncodersConfig | None = None) -> list
         problems += _check_caption(p)
     problems += choice("pipeline.representations.dtype", p.representations.dtype, ("float16", "bfloat16", "float32"))
     if not p.toy_film and not p.inputs and ("process" in (p.steps or PIPELINE_STEPS)):
-        problems.append("pipeline.inputs is empty: name films, folders or globs (or use data=toy)")
+        problems.append("pipeline.inputs is empty: name films, folders or globs (or use source=toy)")
     problems += _check_toy_film(p)
     if enc is not None:
         factor = vae_spatial_factor(enc)
@@ -134,8 +134,8 @@ def _check_toy_film(p: PipelineConfig) -> list[str]:
     if not given:
         return []
     named = " and ".join(given)
-    return [f"pipeline.toy_film=true (data=toy, the default) replaces {named} with the toy film and its captions: "
-            f"add data=films to process your own films (pipeline.inputs and their caption file), or drop {named} "
+    return [f"pipeline.toy_film=true (source=toy, the default) replaces {named} with the toy film and its captions: "
+            f"add source=films to process your own films (pipeline.inputs and their caption file), or drop {named} "
             f"to use the toy film"]
 
 
