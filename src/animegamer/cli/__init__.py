@@ -21,6 +21,7 @@ from animegamer.errors import UserError, exit_on_user_error
 PROG = "animegamer"
 COMMANDS_GROUP = "animegamer.commands"
 INLINE_CODE = re.compile(r"``[^`]*``:?\s*")
+EMPTY_PARENTHESES = re.compile(r"\(\W*\)")  # what is left of "(``a``, ``b``)"
 
 
 def commands() -> dict[str, EntryPoint]:
@@ -37,7 +38,8 @@ def summary(entry_point: EntryPoint) -> str:
     with open(spec.origin, encoding="utf-8") as source:
         doc = ast.get_docstring(ast.parse(source.read())) or ""
     first = doc.strip().splitlines()[0] if doc.strip() else ""
-    return INLINE_CODE.sub("", first).strip(" :.,")  # the words, without the example command lines
+    words = EMPTY_PARENTHESES.sub("", INLINE_CODE.sub("", first))  # the words, without the example command lines
+    return re.sub(r" ([:,;])", r"\1", " ".join(words.split())).strip(" :.,")
 
 
 def build_parser(verbs: dict[str, EntryPoint]) -> argparse.ArgumentParser:
