@@ -68,3 +68,13 @@ def test_the_film_source_group_is_source_and_its_old_name_is_refused_naming_the_
     assert str(refused.value) == f"{old}: the group data is now named source: {new} (options: films, toy)"
     assert compose_config("pipeline", [new, "pipeline.inputs=[/films]"]).pipeline.toy_film is (new == "source=toy")
     assert compose_config("train", ["data.root=/shards"]).data.root == "/shards"  # data.* keys stay the data's
+
+
+def test_a_config_verb_refuses_an_unknown_key_before_any_work(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["animegamer"])
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "phase.max_step=1", f"output_dir={tmp_path / 'run'}"])
+    assert stop.value.code == 2
+    assert "phase.max_step=1: phase (PhaseAConfig) has no key 'max_step'; did you mean phase.max_steps?" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

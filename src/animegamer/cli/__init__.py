@@ -16,7 +16,7 @@ import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import Optional, Sequence
 
-from animegamer.errors import UserError, exit_on_user_error
+from animegamer.errors import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
 
 PROG = "animegamer"
 COMMANDS_GROUP = "animegamer.commands"
@@ -60,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser(verbs)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
-        return 0 if argv else 2
+        return 0 if argv else USER_ERROR_EXIT_CODE  # no verb: a usage error
     verb, rest = argv[0], argv[1:]
     if verb not in verbs:
         exit_on_user_error(_unknown)(verb, verbs)  # its message and exit code 2
