@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
+from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors
 from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
 from animegamer.config.validate import choice
 from animegamer.models import lora
 from animegamer.models.attention_kernels import attention_kernels, recompute_context
+from animegamer.models.recompute import checkpoint_every, checkpoint_options, forward_state
+from animegamer.utils.io import save_tensors
 
 if TYPE_CHECKING:  # diffusers / peft load only where a decoder is built
     from diffusers import CogVideoXTransformer3DModel
@@ -152,8 +155,6 @@ def _restore_motion_scope(embedding: nn.Module, cfg: DecoderConfig) -> None:
     ``ofs_embedding.*`` tensors, but its config says ``ofs_embed_dim=None`` (the embedder is not a
     diffusers option at these widths), so ``from_pretrained`` drops them; they are read back here.
     """
-    from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors
-
     folder = _find_transformer_folder(cfg.path)
     found: Dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob(f"*{SAFETENSORS_SUFFIX}")):
@@ -241,8 +242,6 @@ class MotionScopeDecoder(nn.Module):
         diffusers, or every k-th (``every``, default the config's) through :mod:`.recompute`."""
         from torch.utils.checkpoint import checkpoint
 
-        from animegamer.models.recompute import checkpoint_every, checkpoint_options, forward_state
-
         every = self.cfg.gradient_checkpointing_every if every is None else every
         # Recomputed blocks keep their forward's attention kernels and thread count. The whole transformer
         # compiled traces the checkpoints into its graph, which fixes both (and takes no context_fn).
@@ -312,8 +311,6 @@ class MotionScopeDecoder(nn.Module):
         ``state``: whole tensors gathered elsewhere (FSDP saves) under this module's parameter names,
         read instead of the (sharded) parameters; it must hold every tensor of the transformer."""
         from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
-
-        from animegamer.utils.io import save_tensors
 
         if self.cfg.motion_scope or self.has_lora:
             raise RuntimeError("only a plain transformer is saved as a base: build it with "

@@ -19,6 +19,7 @@ from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokeniz
 from animegamer.mllm.words import WORDS, training_word_tokenizer
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
+from animegamer.models.official_mllm import load_official_mllm
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,6 @@ def build_mllm(cfg: RunConfig, vocab_size: int) -> GameStateMLLM:
 
 def import_official_mllm(model: GameStateMLLM, path: str) -> None:
     """The official MLLM checkpoint into ``model``; anything unplaced is an error."""
-    from animegamer.models.official_mllm import load_official_mllm
-
     report = load_official_mllm(path, model)
     if not report.ok:
         raise ValueError(f"{path}: {report.summary()}")

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional
 import torch
 from torch import nn
 
+from animegamer.checkpoints.safe_load import load_safetensors
+from animegamer.utils.io import save_tensors
 from animegamer.utils.state import peft_adapter_state
 
 if TYPE_CHECKING:  # peft loads only where an adapter is built
@@ -102,8 +104,6 @@ def save_adapter(peft_module: nn.Module, folder: str | Path, names: Iterable[str
     ``names``: the LoRA parameters that must be saved. ``state``: whole tensors gathered elsewhere (FSDP
     saves) under ``prefix`` + the module's parameter names, read instead of the (sharded) parameters.
     ``peft_kwargs`` go to peft's ``get_peft_model_state_dict``."""
-    from animegamer.utils.io import save_tensors
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = peft_adapter_state(peft_module, ADAPTER, state, prefix, names, **peft_kwargs)
@@ -124,8 +124,6 @@ def load_adapter(network: nn.Module, folder: str | Path, label: str) -> None:
     silently partial LoRA would look like a trained model and behave like an untrained one. ``label``
     names the network in errors."""
     from peft import set_peft_model_state_dict
-
-    from animegamer.checkpoints.safe_load import load_safetensors
 
     folder = Path(folder)
     saved = json.loads((folder / CONFIG_FILE).read_text())

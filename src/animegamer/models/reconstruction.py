@@ -16,12 +16,14 @@ import torch
 from torch import nn
 
 from animegamer.checkpoints.export import TRAINED_FILE, load_export
+from animegamer.checkpoints.safe_load import safetensors_keys
 from animegamer.config.schema import DiffusionConfig, RunConfig
 from animegamer.diffusion.sampler import sample
 from animegamer.models.decoder import MotionScopeDecoder
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.fp8 import apply_decoder_fp8
 from animegamer.models.lora import is_lora_name
+from animegamer.models.official_decoder import load_official_decoder
 from animegamer.utils.randomness import seeded
 
 ENCODER = "encoder"  # the encoder's attribute, hence the prefix of its tensors in an export
@@ -68,8 +70,6 @@ class ReconstructionModel(nn.Module):
 def import_official_decoder(model: ReconstructionModel, path: str) -> None:
     """The official decoder checkpoint into encoder and decoder; anything unplaced is an error. Its LoRA
     is kept as the decoder's adapter when the decoder has one, merged into the base weights otherwise."""
-    from animegamer.models.official_decoder import load_official_decoder
-
     report = load_official_decoder(path, model.encoder, model.decoder, merge_lora=not model.decoder.has_lora)
     if not report.ok:
         raise ValueError(f"{path}: {report.summary()}: unplaced {report.unplaced_keys[:10]}, "
@@ -78,8 +78,6 @@ def import_official_decoder(model: ReconstructionModel, path: str) -> None:
 
 def export_holds_lora(export: str | Path) -> bool:
     """Whether an export folder carries decoder LoRA tensors (its tensor names only; nothing is read)."""
-    from animegamer.checkpoints.safe_load import safetensors_keys
-
     path = Path(export) / TRAINED_FILE
     if not path.exists():
         raise FileNotFoundError(f"{export}: not an export folder (no {TRAINED_FILE})")

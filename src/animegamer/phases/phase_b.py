@@ -19,6 +19,7 @@ from animegamer.mllm.tokens import TokenIds
 from animegamer.models.game_mllm import TOKENIZER_DIR, build_game_mllm, run_batch
 from animegamer.phases.common import clip_gradients, init_exports, keep_trained, make_optimizer, micro_step
 from animegamer.phases.specs import PHASE_B
+from animegamer.training.throughput import transformer_forward_flops
 from animegamer.utils.randomness import step_seed
 
 
@@ -92,8 +93,6 @@ class PhaseB(L.LightningModule):
     def flops_per_batch(self, batch: dict) -> float:
         """Forward FLOPs: the LLM over every real token (padding excluded), the LM head at the label
         positions only (that is all the model computes), the projections."""
-        from animegamer.training.throughput import transformer_forward_flops
-
         m = self.cfg.model.mllm
         kv = m.hidden_size // m.num_attention_heads * m.num_key_value_heads
         # lengths stay on the host (HOST_KEYS): reading them waits for no GPU
