@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _device import add_tokenizer_argument, official_tokenizer, run_stamp  # noqa: E402
-from animegamer.game_models import play_dtype  # noqa: E402
+from animegamer.game.models import play_dtype  # noqa: E402
 from game_turn import (HISTORY_TURNS, STATES, SideTimeout, build_framework, compose,  # noqa: E402
                        instruction, time_limit)
 
@@ -58,7 +58,7 @@ def sync(device: str) -> None:
 
 def new_games(args, cfg, models, batch: int) -> list:
     """``batch`` games on the built-in (batched) MLLM, each with the same 4 played turns in its history."""
-    from animegamer.game import Game
+    from animegamer.game.turns import Game
     from animegamer.mllm.predict import HistoryTurn
     from animegamer.mllm.sequence import Turn
     from animegamer.models.encoder import representation_tokens
@@ -81,7 +81,7 @@ def game_text(game_number: int, turn: int) -> str:
 
 
 def run_batch(args, cfg, models, batch: int, record: dict, reference: dict) -> None:
-    from animegamer.game import play_turns
+    from animegamer.game.turns import play_turns
 
     games = new_games(args, cfg, models, batch)
     record.update(rounds=[], steps=games[0].diffusion.sampling_steps)

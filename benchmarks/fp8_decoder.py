@@ -200,7 +200,7 @@ def play_sample(built, cfg, shapes, device: torch.device, steps: int, recipe: st
     (``renderer_for_play``: LoRA merged, then ``apply_play_fp8`` stores the base weights in float8 once)."""
     from torchao.quantization import Float8Tensor
 
-    from animegamer.game_models import renderer_for_play
+    from animegamer.game.models import renderer_for_play
 
     model = copy.deepcopy(built.module.model)  # a fresh adapter (B = 0): merging it adds nothing
     model.decoder.cfg = replace(model.decoder.cfg, fp8=recipe)

@@ -66,7 +66,7 @@ from omegaconf import OmegaConf
 from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
 from animegamer.config.compose import compose_config  # noqa: E402
-from animegamer.game_models import play_dtype  # noqa: E402
+from animegamer.game.models import play_dtype  # noqa: E402
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
 from animegamer.models.fp8 import FP8_RECIPES, OFF as FP8_OFF
@@ -225,7 +225,7 @@ def build_framework(args, cfg, replica_device=None):
     """The framework's ``GameModels`` at ``cfg``'s sizes, random weights, on ``args.device`` in ``args.dtype``;
     with ``replica_device``, the decoder's copy for the second guidance branch there (``cfg_replica``), as
     ``load_game_models`` makes it."""
-    from animegamer.game_models import GameModels, merge_for_play, renderer_for_play
+    from animegamer.game.models import GameModels, merge_for_play, renderer_for_play
     from animegamer.models.frozen_vae import FrozenVAE
     from animegamer.models.reconstruction import ReconstructionModel
     from animegamer.phases.phase_b import PhaseB
@@ -246,7 +246,7 @@ def build_framework(args, cfg, replica_device=None):
 def new_game(args, cfg, models):
     """A ``Game`` with 4 played turns in its history (every timed turn has the full window) and its
     ``PredictOrFixed``."""
-    from animegamer.game import Game
+    from animegamer.game.turns import Game
     from animegamer.mllm.predict import HistoryTurn
     from animegamer.mllm.sequence import Turn
     from animegamer.models.encoder import representation_tokens

@@ -12,8 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.game import play_game, play_games
-from animegamer.game_models import GameModels
+from animegamer.game.models import GameModels
+from animegamer.game.scheduler import play_game, play_games
 
 HEIGHT, WIDTH = 32, 48
 LEVEL_FLOW = {1: 0.25, 2: 1.5, 3: 4.0, 4: 12.0, 5: 30.0}

@@ -140,7 +140,7 @@ def test_device_choice(monkeypatch):
 
 
 def test_load_game_models_refuses_on_without_two_gpus():
-    from animegamer.game_models import load_game_models
+    from animegamer.game.models import load_game_models
 
     with pytest.raises(ConfigError, match="cfg_parallel=on"):
         load_game_models(tiny_cfg("model.decoder.cfg_parallel=on"), None, None, LEVEL_FLOW, device="cpu")

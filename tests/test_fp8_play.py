@@ -36,7 +36,7 @@ def cpu_float8(monkeypatch):
 
 def merged_renderer(recipe: str, lora_scale: float = 0.5):
     """The tiny renderer with a non-zero LoRA adapter, merged, frozen in bfloat16 (what play holds before FP8)."""
-    from animegamer.game_models import renderer_for_play
+    from animegamer.game.models import renderer_for_play
     from animegamer.models.reconstruction import build_reconstruction
 
     torch.manual_seed(0)
@@ -108,7 +108,7 @@ def test_the_guidance_replica_is_quantized_on_its_own(cpu_float8, monkeypatch):
         copied.append(sum(isinstance(p, Float8Tensor) for p in decoder.parameters()))
         return real_replicate(decoder, device)
 
-    monkeypatch.setattr(cfg_parallel, "replicate", spy)
+    monkeypatch.setattr("animegamer.game.models.replicate", spy)  # the name the loader calls
     model, _, renderer_for_play = merged_renderer("tensorwise")
     renderer, replica = renderer_for_play(model, "cpu", torch.bfloat16, replica_device="cpu")
     assert copied == [0]  # copied before any weight was float8
@@ -169,10 +169,10 @@ def test_building_for_play_leaves_the_training_conversion_out(cpu_float8):
 
 
 def test_game_loader_refuses_fp8_on_cpu_before_building(monkeypatch):
-    from animegamer.game_models import load_game_models
-    from animegamer.models import reconstruction
+    from animegamer.game.models import load_game_models
 
-    monkeypatch.setattr(reconstruction, "build_reconstruction", lambda *a, **k: pytest.fail("built before refusing"))
+    monkeypatch.setattr("animegamer.game.models.build_reconstruction",
+                        lambda *a, **k: pytest.fail("built before refusing"))
     with pytest.raises(ConfigError) as refused:
         load_game_models(tiny_cfg("model.decoder.fp8=rowwise"), None, None, LEVEL_FLOW, device="cpu")
     assert "model.decoder.fp8='rowwise': float8 matmuls need a CUDA GPU (this run plays on cpu); set " \

@@ -15,8 +15,12 @@ import torch
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.game import CHARACTER_STATES, INITIAL_STATE, Game, main, play_game, update_states
-from animegamer.game_models import GameModels, load_game_models, read_level_flow
+from animegamer.contracts.states import CHARACTER_STATES
+from animegamer.game.cli import main
+from animegamer.game.models import GameModels, load_game_models, read_level_flow
+from animegamer.game.scheduler import play_game
+from animegamer.game.state import INITIAL_STATE, update_states
+from animegamer.game.turns import Game
 from animegamer.mllm.predict import Prediction
 from animegamer.mllm.sequence import parse_states
 from animegamer.models.encoder import representation_tokens
@@ -355,7 +359,7 @@ def test_phase_c_export_from_a_gathered_state_equals_the_modules(exports, tmp_pa
 
 def test_command_line(exports, tmp_path, monkeypatch):
     stub = StubPredict(exports.cfg)
-    monkeypatch.setattr("animegamer.game.play_game", partial(play_game, predict_fn=stub))  # main's games
+    monkeypatch.setattr("animegamer.game.cli.play_game", partial(play_game, predict_fn=stub))  # main's games
     script = tmp_path / "instructions.txt"
     script.write_text("# a comment\n" + "\n".join(instructions(3)) + "\n\n")
     common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"),
@@ -382,7 +386,7 @@ def test_command_line_max_turns_limits_the_game_and_window_turns_sets_the_window
     """--max-turns is the number of turns played, --window-turns the MLLM's window; every line the
     command writes is a log line in the one shared format."""
     stub = StubPredict(exports.cfg)
-    monkeypatch.setattr("animegamer.game.play_game", partial(play_game, predict_fn=stub))  # main's games
+    monkeypatch.setattr("animegamer.game.cli.play_game", partial(play_game, predict_fn=stub))  # main's games
     script = tmp_path / "instructions.txt"
     script.write_text("\n".join(instructions(5)) + "\n")
     common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"),
@@ -412,7 +416,7 @@ def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeyp
     problem on stderr, no traceback."""
     from animegamer.errors import USER_ERROR_EXIT_CODE
 
-    monkeypatch.setattr("animegamer.game.play_game", partial(play_game, predict_fn=StubPredict(exports.cfg)))
+    monkeypatch.setattr("animegamer.game.cli.play_game", partial(play_game, predict_fn=StubPredict(exports.cfg)))
     script = tmp_path / "instructions.txt"
     script.write_text(instructions(1)[0] + "\n")
     common = ["--clips-manifest", str(exports.manifest), "--device", "cpu", "--instructions", str(script), *SMALL]

@@ -104,7 +104,7 @@ def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_r
     from animegamer.config.compose import compose_config
     from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER
     from animegamer.evaluation.runner import run as run_evaluation
-    from animegamer.game_models import read_level_flow
+    from animegamer.game.models import read_level_flow
 
     pipeline, _ = toy_run
     base = ["experiment=quickstart_eval", f"pipeline.output={pipeline}", "data.sessions=clips", *SMALL_CLIPS]

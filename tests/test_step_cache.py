@@ -86,7 +86,7 @@ def test_validation_names_every_problem():
 
 
 def test_the_game_refuses_the_two_gpu_pair_before_building():
-    from animegamer.game_models import load_game_models
+    from animegamer.game.models import load_game_models
 
     with pytest.raises(ConfigError, match="decide alone"):
         load_game_models(tiny_cfg("model.diffusion.cache=first_block", "model.decoder.cfg_parallel=on"), None, None,

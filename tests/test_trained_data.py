@@ -47,8 +47,8 @@ def test_evaluation_refuses_exports_trained_at_another_clip_size(quickstart, toy
 
 
 def test_game_renders_at_the_size_its_renderer_was_trained_at(quickstart, tmp_path):
-    from animegamer.game import play_game
-    from animegamer.game_models import load_game_models, read_level_flow
+    from animegamer.game.models import load_game_models, read_level_flow
+    from animegamer.game.scheduler import play_game
 
     root, summary = quickstart
     assert trained_clip_size(summary["phase c export"]) == QUICKSTART_CLIPS

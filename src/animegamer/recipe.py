@@ -202,8 +202,9 @@ def play_story(composed, out: Path) -> dict:
     from omegaconf import OmegaConf
 
     from animegamer.evaluation.runner import story_instructions
-    from animegamer.game import INDEX_FILE, play_game
-    from animegamer.game_models import load_game_models, read_level_flow
+    from animegamer.game.models import load_game_models, read_level_flow
+    from animegamer.game.scheduler import play_game
+    from animegamer.game.writer import INDEX_FILE
 
     cfg = OmegaConf.to_object(composed)
     e = cfg.evaluation
@@ -221,7 +222,7 @@ def play_story(composed, out: Path) -> dict:
 
 def story_turns(out: Path) -> list[dict]:
     """The turns game.json in ``out`` records (none without a readable one)."""
-    from animegamer.game import GAME_FILE
+    from animegamer.game.writer import GAME_FILE
 
     turns = (read_json_object(out / GAME_FILE) or {}).get("turns")
     return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
@@ -230,7 +231,7 @@ def story_turns(out: Path) -> list[dict]:
 def reused_story(out: Path, fp: str) -> dict | None:
     """The demonstration game in ``out`` when it was played to its end with fingerprint ``fp`` and every
     file of it is in place (None: play it; an unreadable record too)."""
-    from animegamer.game import INDEX_FILE
+    from animegamer.game.writer import INDEX_FILE
 
     record = read_json_object(out / STORY_RECORD) or {}
     story = record.get("story") if record.get("fingerprint") == fp else None

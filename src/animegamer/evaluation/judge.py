@@ -84,7 +84,8 @@ def _signed(delta: int) -> str:
 
 def state_changes(turns: Sequence[Mapping[str, int]]) -> list[str]:
     """Per turn: "SC +1 (50 -> 55), ET 0 (50 -> 50), ST -1 (50 -> 45)", by the game's own state rule."""
-    from animegamer.game import CHARACTER_STATES, INITIAL_STATE, update_states
+    from animegamer.contracts.states import CHARACTER_STATES
+    from animegamer.game.state import INITIAL_STATE, update_states
 
     states = {key: INITIAL_STATE for key in CHARACTER_STATES}
     texts = []

@@ -124,7 +124,7 @@ def evaluation_sweep(cfg, clips: int, render: Callable[[int, float], Any],
     import json
 
     from animegamer.checkpoints.trained_data import clip_manifest
-    from animegamer.game_models import read_level_flow
+    from animegamer.game.models import read_level_flow
     from animegamer.metrics.latent_motion import clip_speed
     from animegamer.metrics.motion import make_estimator, measure_levels
 

@@ -17,7 +17,7 @@ from animegamer.diffusion.cfg_parallel import check_cfg_parallel
 from animegamer.diffusion.step_cache import check_sampling_cache
 from animegamer.evaluation.judge import check_judge
 from animegamer.evaluation.runner import benchmark_file_problems, untrained_game_problems
-from animegamer.game import check_batch_games
+from animegamer.game.scheduler import check_batch_games
 from animegamer.models.checks import check_attention, check_tokenizer
 from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.fp8 import check_decoder_fp8

@@ -1,7 +1,7 @@
 """The storyboard page of a played game: one card per turn, its clip (with a poster frame), instruction
 and state bars.
 
-Rendered from game.json's content (``animegamer.game.GameWriter.record``) through the
+Rendered from game.json's content (``animegamer.game.writer.GameWriter.record``) through the
 ``storyboard.html.j2`` template into ``index.html`` next to the clips (no scripts, no external assets,
 links relative to the page): open it in a browser, wherever the folder is.
 """

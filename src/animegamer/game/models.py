@@ -5,6 +5,7 @@ motion level -> flow table, from trained exports (``load_game_models``), frozen 
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +13,18 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from animegamer.checkpoints.trained_data import at_clip_size, renderer_clip_size
 from animegamer.config.schema import RunConfig
+from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import MANIFEST
+from animegamer.diffusion.cfg_parallel import cfg_devices, replicate, two_device_predictor
+from animegamer.diffusion.step_cache import caching, check_sampling_cache
 from animegamer.errors import InvalidInputError
+from animegamer.models.decoder import check_decoder_compile
+from animegamer.models.fp8 import apply_play_fp8, check_play_fp8, refuse
+from animegamer.models.frozen_encoders import build_frozen_encoders
+from animegamer.models.game_mllm import build_game_mllm
+from animegamer.models.reconstruction import build_reconstruction
 
 log = logging.getLogger("animegamer.game")  # the game's logger: loading is part of starting a game
 
@@ -43,8 +53,6 @@ class GameModels:
     def denoiser(self):
         """What the sampler runs: the decoder (guidance branches batched) or, with a replica, both
         decoders, one branch each."""
-        from animegamer.diffusion.cfg_parallel import two_device_predictor
-
         return two_device_predictor(self.renderer.decoder, self.cfg_replica)
 
     @property
@@ -67,8 +75,6 @@ def check_level_flow(level_flow: Mapping) -> dict[int, float]:
 
 def read_level_flow(manifest: str | Path) -> dict[int, float]:
     """``motion_bins.level_flow`` of a pipeline manifest (a ``manifest.json`` or the folder holding one)."""
-    import json
-
     path = Path(manifest)
     if path.is_dir():
         path = path / MANIFEST
@@ -115,9 +121,6 @@ def renderer_for_play(renderer, device, dtype, replica_device=None):
     a copy of the decoder on ``replica_device`` for the second guidance branch (None: no copy), then under
     ``model.decoder.fp8`` each decoder's base weights stored in float8 (the copy is quantized on its own
     device rather than copied in float8)."""
-    from animegamer.diffusion.cfg_parallel import replicate
-    from animegamer.models.fp8 import apply_play_fp8
-
     merge_for_play(renderer.decoder)
     renderer = _frozen(renderer, device, dtype)
     replica = replicate(renderer.decoder, replica_device) if replica_device is not None else None
@@ -131,8 +134,6 @@ def renderer_for_play(renderer, device, dtype, replica_device=None):
 def load_game_mllm(cfg: RunConfig, exports: Sequence[str | Path], device: torch.device, dtype: torch.dtype):
     """The game-state MLLM of ``cfg`` with ``exports`` loaded over it, ready to play (LoRA merged,
     frozen); no export: the network as phase (b) starts from it (the untrained-game baseline)."""
-    from animegamer.models.game_mllm import build_game_mllm
-
     mllm = build_game_mllm(cfg, exports)
     merge_for_play(mllm.model)
     mllm.model = _frozen(mllm.model, device, dtype)
@@ -152,14 +153,6 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     empty when the config's official checkpoint provides that network. Everything ends frozen, in
     eval mode, on ``device`` (CUDA when available) in ``dtype`` (bfloat16 on CUDA, float32 on CPU).
     """
-    from animegamer.config.validate import ConfigError
-    from animegamer.diffusion.cfg_parallel import cfg_devices
-    from animegamer.diffusion.step_cache import caching, check_sampling_cache
-    from animegamer.models.decoder import check_decoder_compile
-    from animegamer.models.fp8 import check_play_fp8, refuse
-    from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.models.reconstruction import build_reconstruction
-
     problems = check_decoder_compile(cfg.model.decoder, training=False)
     problems += check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
     if problems:
@@ -170,8 +163,6 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     dtype = dtype or play_dtype(device)
     refuse(check_play_fp8(cfg.model.decoder, branch_devices or [device], dtype))  # nothing to check when off
     level_flow = check_level_flow(level_flow)
-    from animegamer.checkpoints.trained_data import at_clip_size, renderer_clip_size
-
     cfg = at_clip_size(cfg, renderer_clip_size(_as_list(renderer_export)))  # render at the trained clip size
 
     mllm_exports = _as_list(mllm_export)

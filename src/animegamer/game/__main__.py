@@ -1,0 +1,6 @@
+"""``python -m animegamer.game``."""
+import sys
+
+from animegamer.game.cli import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""The game's command line (``python -m animegamer.game``, ``animegamer play``): instructions from a file
+or typed on stdin, the exports loaded, the game played into its folder."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import torch
+from omegaconf import OmegaConf
+
+import animegamer.game
+from animegamer.checkpoints.trained_data import preset_overrides
+from animegamer.config.compose import compose_config
+from animegamer.config.schema import RunConfig
+from animegamer.config.validate import ConfigError
+from animegamer.errors import UserError, exit_on_user_error
+from animegamer.game.models import load_game_models, read_level_flow
+from animegamer.game.preflight import input_problems
+from animegamer.game.scheduler import play_game
+from animegamer.game.writer import INDEX_FILE
+from animegamer.utils.logging import setup_logging
+
+log = logging.getLogger("animegamer.game")  # the same name under ``python -m animegamer.game``
+
+
+def read_instructions(path: str | Path) -> list[str]:
+    """One instruction per line; blank lines and lines starting with ``#`` are skipped."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def stdin_instructions(stream=None, prompt: bool = True) -> Iterable[str]:
+    """Instructions typed one per line; an empty line or EOF ends the game."""
+    stream = stream or sys.stdin
+    while True:
+        if prompt:
+            print("instruction (empty line ends)> ", end="", file=sys.stderr, flush=True)
+        line = stream.readline()
+        if not line or not line.strip():
+            return
+        yield line.strip()
+
+
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m animegamer.game",
+                                     description=animegamer.game.__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mllm", default="", help="phase (b) export folder")
+    parser.add_argument("--renderer", action="append", default=[],
+                        help="phase (c) export folder (or phase (a)); repeat to load several in order")
+    parser.add_argument("--clips-manifest", required=True,
+                        help="pipeline manifest.json (or its folder) with motion_bins.level_flow")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--instructions", help="text file, one instruction per line")
+    source.add_argument("--interactive", action="store_true", help="read instructions from stdin")
+    parser.add_argument("--out", required=True, help="output folder (clips, game.json, index.html)")
+    parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: the config's seed)")
+    parser.add_argument("--max-turns", type=int, default=0,
+                        help="stop after this many turns (default 0: play every instruction, or until an empty line)")
+    parser.add_argument("--window-turns", type=int, default=0,
+                        help="turns the MLLM sees, the new one included: the last N-1 played turns are its history "
+                             "(default K, the number of window lengths phase (b) trained on: data.window_weights)")
+    parser.add_argument("--sampling-steps", type=int, default=0, help="DPM++ steps (default from the config)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
+                        help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument("--constrained-states", action="store_true",
+                        help="decode the states within the layout (model.mllm.constrained_states=true): never "
+                             "malformed, for briefly trained exports")
+    parser.add_argument("--overwrite", action="store_true", help="replace a game already in --out")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the train config (model=..., ...; "
+                                                      "default model: the preset the exports were trained with)")
+    return parser
+
+
+@exit_on_user_error
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line; returns 0, or 1 when a malformed generation stopped the game. A wrong input
+    (path, override, an --out that holds a game) exits with code 2 and its message, no traceback."""
+    args = build_parser().parse_intermixed_args(argv)
+    overrides = preset_overrides(list(args.overrides), [args.mllm, *args.renderer])
+    if args.constrained_states:
+        overrides.append("model.mllm.constrained_states=true")
+    cfg: RunConfig = OmegaConf.to_object(compose_config("train", overrides))
+    setup_logging(cfg.log_level)
+    problems = input_problems(args, cfg)
+    if problems:
+        raise ConfigError(problems)
+    instructions = read_instructions(args.instructions) if args.instructions else None
+    if instructions is not None and not instructions:
+        raise UserError(f"{args.instructions}: no instructions")
+    if args.max_turns and instructions is not None and len(instructions) > args.max_turns:
+        log.info("--max-turns %d: playing the first %d of %d instructions", args.max_turns, args.max_turns,
+                 len(instructions))
+    script = instructions if instructions is not None else stdin_instructions()
+    models = load_game_models(cfg, args.mllm, args.renderer, read_level_flow(args.clips_manifest),
+                              device=args.device, dtype=DTYPES[args.dtype])
+    seed = cfg.seed if args.seed is None else args.seed
+    try:
+        record = play_game(models, islice(script, args.max_turns or None), args.out, seed,
+                           window_turns=args.window_turns or None, sampling_steps=args.sampling_steps,
+                           overwrite=args.overwrite,
+                           extra={"turn_limit": args.max_turns or None})
+    except ValueError as error:
+        log.error("game stopped: %s", error)
+        return 1
+    log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / INDEX_FILE)
+    return 0
