@@ -27,4 +27,10 @@ window, the new turn included (default K). A wrong path or override exits with c
 
 The output folder holds ``turn_000.mp4``, ``turn_001.mp4``, ..., ``game.json`` (the full log) and
 ``index.html`` (a storyboard), rewritten after every turn.
+
+The modules: ``state`` (the character states and a played turn's record), ``turns`` (one game and one turn
+of several games played as a batch), ``render`` (sampling and decoding a batch of turns), ``writer`` (the
+output folder), ``scheduler`` (whole games, several advancing together), ``models`` (what a turn runs,
+loaded from the exports), ``html`` (the storyboard page), ``preflight`` (the command's input checks) and
+``cli`` (the command line).
 """
