@@ -26,7 +26,7 @@ What is timed (forward + backward + gradient clipping + optimizer step, one samp
 - ``lightning-*``: the same module under a real ``lightning.Trainer`` (``bf16-mixed`` or ``bf16-true``,
   ``gradient_clip_val=phase.grad_clip``), timed between consecutive ``on_train_batch_start`` hooks (batch
   transfer, logging and hooks included). ``lightning-mixed+clip-hook`` clips in a module hook instead of
-  through Lightning's precision plugin (a benchmark-only subclass; see README for why).
+  through Lightning's precision plugin (a benchmark-only subclass; see benchmarks/README.md for why).
 - ``plain-*``: diffusers ``CogVideoXTransformer3DModel`` at CogVideoX-2B sizes (its own ``text_proj`` on
   (1, 226, 4096) inputs, no encoder, no motion scope), peft LoRA with the same targets via ``add_adapter``,
   AdaLN linears trainable, fused AdamW, the v-prediction MSE written inline with on-GPU randomness.

@@ -53,7 +53,7 @@ import strategies  # noqa: E402  (benchmarks/strategies.py: shards, overrides, l
 
 log = logging.getLogger("phase_b_gap")
 
-TRAINPY_PEAK_TFLOPS = 780.4  # the peak every train.py MFU in the README divides by
+TRAINPY_PEAK_TFLOPS = 780.4  # the peak every train.py MFU in the docs divides by
 RESULTS = "phase_b_gap.json"
 WEAK_RESULTS = "weak_scaling_a_joint_h200x2.json"
 TOP_KERNELS = 15

@@ -15,7 +15,7 @@ flash attention tried before cuDNN (same maths, other kernels): bf16's own run-t
 
 Random weights decide differently from trained ones which steps change little, so the skipped share
 here is not a trained decoder's; the known-answer benchmark measures the cache on a trained one
-(``--stage eval:model.diffusion.cache=first_block``, README "Does it learn?"). Output:
+(``--stage eval:model.diffusion.cache=first_block``, docs/known-answer.md). Output:
 ``$OUT/step_cache.json``.
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ REHEARSAL_PHASE, REHEARSAL_STRATEGY = "b", "deepspeed_stage_2"
 WEAK_PHASES = ("b", "a_joint")  # b first: the phase whose scaling was in doubt
 WEAK_STRATEGIES = ("deepspeed_stage_2", "fsdp")
 TINY_STRATEGIES = ("ddp",)  # CPU: the launch and measurement logic only
-PEAK_TFLOPS = 780.4  # the bf16 matmul peak every README MFU figure divides by (measured on these H200s)
+PEAK_TFLOPS = 780.4  # the bf16 matmul peak every MFU figure in the docs divides by (measured on these H200s)
 NO_SAVES = 10 ** 6  # checkpoint and validation cadence of the weak-scaling runs: none inside the run
 # Per phase: the runs' extra overrides on GPUs. Phase (b): SDPA's memory-efficient kernel, not cuDNN,
 # whose per-shape graph builds (~0.4 s for each new packed length) land in a short run's first steps

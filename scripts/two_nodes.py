@@ -3,7 +3,7 @@ with an optional node failure: node 1 SIGKILLed after a checkpoint, then both no
 
     python scripts/two_nodes.py --log-dir LOGS [--gpus-per-node 1] [--kill-after STEP] -- OVERRIDES...
 
-Each node is the README's multi-node command, ``torchrun --nnodes 2 --nproc-per-node P --node-rank R
+Each node is docs/distributed.md's multi-node command, ``torchrun --nnodes 2 --nproc-per-node P --node-rank R
 --master-addr 127.0.0.1 --master-port PORT train.py OVERRIDES trainer.num_nodes=2 trainer.devices=P``
 (static rendezvous: node 0's agent hosts the store, node 1 connects to it), with its own stdout/stderr log
 ``LOGS/launch-I.node-R.log``. With ``--gpus-per-node P`` (> 0) node R sees only GPUs R*P..R*P+P-1, as a

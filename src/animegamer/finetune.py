@@ -151,7 +151,7 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--film", required=True, help="the new film, or a folder of films")
-    parser.add_argument("--captions", required=True, help="caption-import JSONL of the film (README)")
+    parser.add_argument("--captions", required=True, help="caption-import JSONL of the film (docs/pipeline.md)")
     parser.add_argument("--from", dest="start", type=Path, required=True, help="run folder with a_joint/ and b/ exports")
     parser.add_argument("--out", type=Path, required=True,
                         help="the fine-tune's run folder (pipeline/, one folder per phase, eval/, game/)")

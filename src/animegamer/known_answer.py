@@ -27,7 +27,7 @@ baselines are scored in the same evaluation code:
 scope can carry it. Each choice of words needs its own ``OUT`` (the films' captions are rewritten).
 
 ``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
-row; ``OUT/known_answer.md`` the table (the README's "Does it learn?" table is this file);
+row; ``OUT/known_answer.md`` the table (docs/known-answer.md shows it);
 ``OUT/curves.png`` the training stages' losses; ``OUT/gallery.png`` generated clips under their
 ground truth. The films, pipeline output and VAE are shared by every seed; each seed trains into
 ``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages, and

@@ -3,7 +3,7 @@
 Plays benchmark games (held-out sessions, or ``evaluation.benchmark=FILE``) with
 ``evaluation.mllm_export`` and ``evaluation.renderer_export`` (a phase (c) export; a phase (a) export
 gives the paper's "without adaptation" setting) and writes metrics.json, report.md, plots and an
-HTML gallery to ``evaluation.out``. See README "Phase (c), the game, evaluation".
+HTML gallery to ``evaluation.out``. See docs/game-and-evaluation.md.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Train one phase: ``animegamer train experiment=quickstart_a [key=value ...]``.
 
 Resumes automatically from the newest complete checkpoint in ``<output_dir>/checkpoints``; writes the portable export to
-``<output_dir>/export``. See README "Training".
+``<output_dir>/export``. See docs/training.md.
 """
 from __future__ import annotations
 
