@@ -138,7 +138,7 @@ LAYERS = (
     ("data", PIPELINE_PACKAGE),
     ("metrics", "training"),
     ("phases",),
-    ("game", "game_models", "game_html", "evaluation", "pages", "ranking", "pipeline_port"),
+    ("game", "evaluation", "pages", "ranking", "pipeline_port"),
     ("recipe", "finetune", "ablations", "quickstart", "toy_vae", "known_answer", "known_answer_report",
      "motion_probe"),
     ("cli", "__main__"),
