@@ -46,7 +46,7 @@ def build_parser(verbs: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     listing = "\n".join(f"  {name:<11} {summary(ep)}" for name, ep in sorted(verbs.items()))
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\n")[0].replace("``", ""),  # the docstring's literal marks are not for a terminal
         epilog=f"verbs:\n{listing}\n\nEvery verb takes key=value overrides; {PROG} VERB --help shows its own.")
     parser.add_argument("verb", metavar="VERB", help="one of the verbs below")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the verb's options and key=value overrides")
