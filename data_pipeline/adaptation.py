@@ -29,7 +29,8 @@ from data_pipeline.writer import write_numbered_shards, write_step_manifest
 
 MODEL_PREFIX = "model."
 # Model settings that schedule the same computation differently (compilation, attention kernels,
-# gradient checkpointing): what a training run may change on resume changes no prediction either.
+# gradient checkpointing) or only steer sampling: what a training run may change on resume changes no
+# prediction either.
 PERFORMANCE_ONLY = frozenset(key for key in ALLOWED if key.startswith(MODEL_PREFIX))
 
 

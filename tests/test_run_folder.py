@@ -65,6 +65,13 @@ def test_diff_lists_every_changed_key_and_refuses_only_what_alters_the_training(
     (["trainer.devices=-1"], ["trainer.devices=2"], ["trainer.devices"]),  # -1: unknown before the run
     ([], ["trainer.strategy=fsdp"], ["trainer.strategy"]),
     ([], ["model.decoder.gradient_checkpointing=true", "data.num_workers=2", "pipeline.workers=4"], []),
+    # Sampling settings: only the game, the evaluation and validation's samples read them.
+    ([], ["model.diffusion.sampling_steps=3", "model.diffusion.guidance_scale=1.0",
+          "model.diffusion.guidance_exponent=1.0", "model.diffusion.cache=first_block",
+          "model.diffusion.cache_threshold=0.1"], []),
+    # The noise schedule is what the loss trains against.
+    ([], ["model.diffusion.num_train_timesteps=500", "model.diffusion.snr_shift_scale=1.0"],
+     ["model.diffusion.num_train_timesteps", "model.diffusion.snr_shift_scale"]),
     ([], ["seed=1", "data.val_fraction=0.3", "phase.init_from=/elsewhere/export"],
      ["data.val_fraction", "phase.init_from", "seed"]),
 ])

@@ -1,5 +1,5 @@
 """The settings that never change what a run computes: logging, checkpointing, the same computation
-scheduled differently (memory, kernels, compilation, packing), the pipeline's execution. A resume may
+scheduled differently (memory, kernels, compilation, packing), sampling, the pipeline's execution. A resume may
 change them (:mod:`animegamer.training.run_record`), and a pipeline step's fingerprint leaves the model's
 ones out (the adaptation step's predictions do not depend on them)."""
 from __future__ import annotations
@@ -24,6 +24,10 @@ ALLOWED = (
     "model.mllm.attention_backends", "model.mllm.attention", "model.mllm.compile", "model.mllm.constrained_states",
     "model.encoders.vae.tiling", "model.encoders.vae.cudnn_benchmark", "model.encoders.vae.channels_last",
     "model.encoders.vae.compile",
+    # Sampling: read by the game, the evaluation and validation's samples, never by a training loss or a
+    # pipeline step (phase (c) adapts to the MLLM's representations, not to sampled clips).
+    "model.diffusion.sampling_steps", "model.diffusion.guidance_scale", "model.diffusion.guidance_exponent",
+    "model.diffusion.cache", "model.diffusion.cache_threshold",
     # The pipeline's execution (the shards it writes do not depend on these).
     "pipeline.workers", "pipeline.lock_wait_seconds", "pipeline.part", "pipeline.num_parts", "pipeline.steps", "pipeline.precompute.device",
     "pipeline.precompute.batch_size", "pipeline.representations.device", "pipeline.representations.batch_size",
