@@ -216,7 +216,6 @@ def test_emulated_forward_backward_stays_close(recipe):
 
 
 # --------------------------------------------------------------------------- the GPU benchmark, rehearsed
-@pytest.mark.slow
 def test_fp8_benchmark_runs_both_variants_on_cpu(tmp_path):
     """benchmarks/fp8_decoder.py --tiny (eager, float8 emulated): both variants sample and train from
     the same weights, and the comparison is written."""

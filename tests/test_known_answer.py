@@ -191,7 +191,6 @@ def ci_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         return out, build(out, "ci")
 
 
-@pytest.mark.slow
 def test_ci_data_set_agrees_with_the_generators_truth(ci_data: tuple[Path, dict]) -> None:
     out, result = ci_data
     assert json.loads((out / MEASUREMENTS_FILE).read_text()) == result
@@ -211,7 +210,6 @@ def test_ci_data_set_agrees_with_the_generators_truth(ci_data: tuple[Path, dict]
     assert result["clip_size"] == [17, 32, 64]
 
 
-@pytest.mark.slow
 def test_toy_vae_trains_on_the_ci_clips_and_loads_as_the_frozen_vae(ci_data: tuple[Path, dict], tmp_path: Path) -> None:
     from animegamer.config.schema import EncodersConfig, VAEConfig
     from animegamer.models.frozen_encoders import build_frozen_encoders

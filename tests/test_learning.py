@@ -60,8 +60,6 @@ MAE_S_UNDER_MAJORITY = 0.375
 # query block), 3.23 without the loss.
 REP_MSE_RATIO_MAX = 1.4
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def benchmark(tmp_path_factory: pytest.TempPathFactory) -> dict:

@@ -196,7 +196,6 @@ def probe_sweeps() -> dict:
         return {"given": measured(False), "zeroed": measured(True)}
 
 
-@pytest.mark.slow
 def test_a_small_decoder_renders_the_speed_its_motion_scope_asks_for(probe_sweeps: dict) -> None:
     """Measured 2026-12-04 over seeds 0-4 (the decoder's, the representation's and the training draws'; 600
     steps at batch 16, one thread, six clips swept at 10 sampling steps), on the shared 2-core machine under
@@ -211,7 +210,6 @@ def test_a_small_decoder_renders_the_speed_its_motion_scope_asks_for(probe_sweep
     assert measured["rising_share"] >= 0.5, measured
 
 
-@pytest.mark.slow
 def test_the_rendered_speed_comes_from_the_motion_scope_alone(probe_sweeps: dict) -> None:
     """The same trained decoder, noise and representation with zeros for the motion scope: nothing else it is
     given varies with the requested level, so no order of speeds may remain."""
