@@ -18,6 +18,8 @@ from urllib.parse import quote
 
 import numpy as np
 
+from animegamer.utils.io import write_bytes_atomic
+
 log = logging.getLogger(__name__)
 
 TEMPLATE_PACKAGE, TEMPLATE_FOLDER = "animegamer", "templates"
@@ -41,8 +43,6 @@ def render_page(template: str, **context: Any) -> str:
 
 def write_page(path: str | Path, template: str, **context: Any) -> Path:
     """Render ``template`` into ``path`` atomically."""
-    from animegamer.utils.io import write_bytes_atomic
-
     path = Path(path)
     write_bytes_atomic(path, render_page(template, **context).encode("utf-8"))
     return path
@@ -67,8 +67,6 @@ def poster_path(video: str | Path) -> Path:
 def save_poster(frame: np.ndarray, path: str | Path) -> Path:
     """An (H, W, 3) uint8 frame as a JPEG, written atomically."""
     from PIL import Image
-
-    from animegamer.utils.io import write_bytes_atomic
 
     frame = np.asarray(frame)
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
