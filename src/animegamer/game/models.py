@@ -17,6 +17,7 @@ from animegamer.checkpoints.trained_data import at_clip_size, renderer_clip_size
 from animegamer.config.schema import RunConfig
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import MANIFEST
+from animegamer.data.words import training_word_tokenizer
 from animegamer.diffusion.cfg_parallel import cfg_devices, replicate, two_device_predictor
 from animegamer.diffusion.step_cache import caching, check_sampling_cache
 from animegamer.errors import InvalidInputError
@@ -134,7 +135,7 @@ def renderer_for_play(renderer, device, dtype, replica_device=None):
 def load_game_mllm(cfg: RunConfig, exports: Sequence[str | Path], device: torch.device, dtype: torch.dtype):
     """The game-state MLLM of ``cfg`` with ``exports`` loaded over it, ready to play (LoRA merged,
     frozen); no export: the network as phase (b) starts from it (the untrained-game baseline)."""
-    mllm = build_game_mllm(cfg, exports)
+    mllm = build_game_mllm(cfg, exports, words=training_word_tokenizer)
     merge_for_play(mllm.model)
     mllm.model = _frozen(mllm.model, device, dtype)
     return mllm

@@ -2,21 +2,19 @@
 
 A random-weight MLLM preset (``tiny``, ``small``) has no pretrained tokenizer. With the byte tokenizer
 every instruction value is a run of bytes, and a random LLM has to learn to compose them into words
-before any state rule can be read. On the known-answer CI data (phase (b) 300 steps) it fitted its
-training sessions (state accuracy 0.89) and scored 0.33 on held-out shots, below the majority class's
-0.50; with this tokenizer 0.97-0.98 and 0.75-0.83 (seeds 0-2: SC and ST right on every held-out turn,
-ET on one of three held-out shots, its backgrounds being in one or two training shots each there).
+before any state rule can be read: on held-out shots it falls below the majority class, where one token
+per word lets it read the rules it was trained on.
 
 Mistral's tokenizer gives a pretrained model whole words or a few pieces of them; this tokenizer is
 that stand-in: one token per word or punctuation mark of the training instructions, ``<unk>`` for a
-word they never hold. Held-out clips are left out, so their words never enter the vocabulary.
+word they never hold. Held-out clips are left out, so their words never enter the vocabulary (the data
+layer reads them: :mod:`animegamer.data.words`).
 
 The vocabulary is the sorted word set, so the same data gives the same ids; a phase (b) export keeps
 its own copy (``tokenizer/``), which the game, the evaluation and the adaptation step load.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable
 
 from tokenizers import Tokenizer, pre_tokenizers, processors
@@ -46,23 +44,3 @@ def word_tokenizer(texts: Iterable[str]):
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, unk_token=unk,
                                    pad_token=unk, clean_up_tokenization_spaces=False)
 
-
-def training_word_tokenizer(cfg):
-    """The word tokenizer of ``cfg``'s data (a ``RunConfig``): its training split's instructions."""
-    from animegamer.data.split import held_out
-
-    return word_tokenizer(training_instructions(cfg.data.root, cfg.data.clips, held_out(cfg)))
-
-
-def training_instructions(data_root: str | Path, clips_dir: str, held_out) -> list[str]:
-    """The instructions of the captioned clips of no held-out shot (``held_out``: a
-    :class:`animegamer.data.split.HeldOut`)."""
-    from animegamer.data.indexed import IndexedShardDataset
-
-    clips = IndexedShardDataset(Path(data_root) / clips_dir, lambda s: s["json"], video=False)
-    metas = (clips[i] for i in range(len(clips)))
-    texts = [m["instruction"] for m in metas if m.get("instruction") and not held_out.clip(m["key"])]
-    if not texts:
-        raise ValueError(f"{Path(data_root) / clips_dir}: no captioned training clip to build the "
-                         f"model.mllm.tokenizer={WORDS} vocabulary from")
-    return texts

@@ -34,7 +34,7 @@ def check_tokenizer(model, mllm_exports: Iterable[tuple[str, str]] = ()) -> list
     """
     m = model.mllm
     if m.tokenizer == WORDS:
-        return []  # built from the data's training split when the phase runs (animegamer.mllm.words)
+        return []  # built from the data's training split when the phase runs (animegamer.data.words)
     folder = m.tokenizer or m.path
     key = "model.mllm.tokenizer" if m.tokenizer else "model.mllm.path"
     if folder and not Path(folder).is_dir():

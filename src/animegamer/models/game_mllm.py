@@ -7,16 +7,16 @@ to that tokenizer, official checkpoint, exports), and runs a collated batch with
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from animegamer.checkpoints.export import load_export, recorded_start
 from animegamer.config.schema import RunConfig
 from animegamer.mllm.collate import LABEL_INDEX, QUERY_INDEX
 from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
-from animegamer.mllm.words import WORDS, training_word_tokenizer
+from animegamer.mllm.words import WORDS
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.mllm import GameStateMLLM
 from animegamer.models.official_mllm import load_official_mllm
@@ -28,6 +28,9 @@ TOKENIZER_DIR = "tokenizer"  # a phase (b) export's copy of the tokenizer it tra
 # keys) is bookkeeping.
 MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
               "padding_mask", "document_ids", QUERY_INDEX, LABEL_INDEX)
+# Builds the ``model.mllm.tokenizer=words`` tokenizer of a run config from its data (the data layer's
+# :func:`animegamer.data.words.training_word_tokenizer`); the model layer reads no data itself.
+WordsSource = Callable[[RunConfig], Any]
 
 
 @dataclass
@@ -39,21 +42,26 @@ class TokenizedMLLM:
     ids: TokenIds
 
 
-def _tokenizer(cfg: RunConfig, exports: Sequence[str | Path]):
-    """The configured tokenizer; ``words``: the newest export's own copy, else built from the training
-    split's instructions (:mod:`animegamer.mllm.words`)."""
+def _tokenizer(cfg: RunConfig, exports: Sequence[str | Path], words: Optional[WordsSource]):
+    """The configured tokenizer; ``words``: the newest export's own copy, else ``words(cfg)`` (built from
+    the training split's instructions)."""
     mllm = cfg.model.mllm
     if mllm.tokenizer != WORDS:
         return load_tokenizer(mllm.tokenizer or mllm.path or None)
     saved = Path(exports[-1]) / TOKENIZER_DIR if exports else None
     if saved is not None and saved.is_dir():
         return load_tokenizer(str(saved))
-    return training_word_tokenizer(cfg)
+    if words is None:
+        where = f"the phase (b) export {exports[-1]} holds no {TOKENIZER_DIR}/" if exports else "no phase (b) export is given"
+        raise ValueError(f"model.mllm.tokenizer={WORDS}: {where}, and this command builds no word vocabulary "
+                         "from data")
+    return words(cfg)
 
 
-def game_tokenizer(cfg: RunConfig, exports: Sequence[str | Path] = ()):
-    """The configured tokenizer with every AnimeGamer token present, and its ids by name."""
-    tokenizer = _tokenizer(cfg, exports)
+def game_tokenizer(cfg: RunConfig, exports: Sequence[str | Path] = (), words: Optional[WordsSource] = None):
+    """The configured tokenizer with every AnimeGamer token present, and its ids by name. ``words``: how
+    the ``words`` tokenizer is built when no export holds its copy (:data:`WordsSource`)."""
+    tokenizer = _tokenizer(cfg, exports, words)
     added = add_animegamer_tokens(tokenizer)
     if added:
         log.info("added %d AnimeGamer tokens to the tokenizer", len(added))
@@ -77,8 +85,6 @@ def seeded_as_trained(cfg: RunConfig, exports: Sequence[str | Path]) -> RunConfi
     """``cfg`` with the seed the newest export's run built its network with: the export holds only the
     trained tensors, so the game, the evaluation and the adaptation step must rebuild the same frozen
     rest (a random-weight preset's comes from the seed) whatever their own ``seed`` is."""
-    from dataclasses import replace
-
     seed = recorded_start(exports[-1])[0] if exports else None
     if seed is None or int(seed) == cfg.seed:
         return cfg
@@ -86,11 +92,16 @@ def seeded_as_trained(cfg: RunConfig, exports: Sequence[str | Path]) -> RunConfi
     return replace(cfg, seed=int(seed))
 
 
-def build_game_mllm(cfg: RunConfig, exports: Sequence[str | Path] = ()) -> TokenizedMLLM:
+def build_game_mllm(cfg: RunConfig, exports: Sequence[str | Path] = (),
+                    words: Optional[WordsSource] = None) -> TokenizedMLLM:
     """The game-state MLLM of ``cfg``: the tokenizer, the network sized to it, the official checkpoint
-    when the config names one, then each phase (b) export in order, each over the last."""
+    when the config names one, then each phase (b) export in order, each over the last.
+
+    ``words``: builds the ``model.mllm.tokenizer=words`` tokenizer from ``cfg``'s data when no export
+    holds its copy (phase (b) and the game pass :func:`animegamer.data.words.training_word_tokenizer`);
+    None: an export's copy is the only source."""
     cfg = seeded_as_trained(cfg, exports)
-    tokenizer, ids = game_tokenizer(cfg, exports)
+    tokenizer, ids = game_tokenizer(cfg, exports, words)
     model = build_mllm(cfg, len(tokenizer))
     if cfg.model.mllm.official_checkpoint:
         import_official_mllm(model, cfg.model.mllm.official_checkpoint)

@@ -13,12 +13,13 @@ import torch
 
 from animegamer.checkpoints.export import save_export
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.exports import PHASE_B
+from animegamer.data.words import training_word_tokenizer
 from animegamer.mllm.collate import LABEL_INDEX
 from animegamer.mllm.sequence import IGNORE_INDEX
 from animegamer.mllm.tokens import TokenIds
 from animegamer.models.game_mllm import TOKENIZER_DIR, build_game_mllm, run_batch
 from animegamer.phases.common import clip_gradients, init_exports, keep_trained, make_optimizer, micro_step
-from animegamer.phases.specs import PHASE_B
 from animegamer.training.throughput import transformer_forward_flops
 from animegamer.utils.randomness import step_seed
 
@@ -49,7 +50,7 @@ class PhaseB(L.LightningModule):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        built = build_game_mllm(cfg, init_exports(cfg.phase))
+        built = build_game_mllm(cfg, init_exports(cfg.phase), words=training_word_tokenizer)
         self.model, self.tokenizer, self.ids = built.model, built.tokenizer, built.ids
         self.trainable = self.model.trainable_parameter_names()
         self.strict_loading = False  # checkpoints hold only what trains
