@@ -18,7 +18,7 @@ from animegamer.checkpoints.export import TRAINED_FILE, recorded_start
 from animegamer.config.neutral_keys import ALLOWED, flatten
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.contracts.files import ADAPTATION_DIR, FEATURES_DIR, MANIFEST, SESSION_SHARDS_DIR
-from animegamer.contracts.shards import LATENTS, PRED_REP
+from animegamer.contracts.shards import FLOW, HISTORY_TURNS, JSON, KEY, KEYS, LATENTS, LEVEL, MOTION, PRED_REP
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_b import session_of
 from animegamer.mllm.collate import collate_sequences, make_example
@@ -52,7 +52,7 @@ def targets_with_most_history(sessions: IndexedShardDataset) -> dict[str, tuple[
     """clip key -> (session index, turn index) where the clip has the longest true history."""
     best: dict[str, tuple[int, int]] = {}
     for index in range(len(sessions)):
-        keys = sessions.raw(index)["json"]["keys"]
+        keys = sessions.raw(index)[JSON][KEYS]
         for turn, key in enumerate(keys):
             if key not in best or turn > best[key][1]:
                 best[key] = (index, turn)
@@ -94,9 +94,9 @@ def build_adaptation_shards(cfg: PipelineConfig, model: ModelConfig, resolved: d
             chunk = group[start : start + settings.batch_size]
             for (key, (index, turn)), pred in zip(chunk, predict(mllm, sessions, chunk)):
                 clip = features.raw(feature_index[key])
-                meta = {"key": key, "flow": clip["json"]["motion"]["flow"],
-                        "level": clip["json"]["motion"]["level"], "history_turns": turn}
-                yield {"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(),
+                motion = clip[JSON][MOTION]
+                meta = {KEY: key, FLOW: motion[FLOW], LEVEL: motion[LEVEL], HISTORY_TURNS: turn}
+                yield {"__key__": key, JSON: json.dumps(meta, sort_keys=True).encode(),
                        LATENTS: npy_bytes(clip[LATENTS]), PRED_REP: npy_bytes(pred.astype("float16"))}
 
     shards = write_numbered_shards(jobs, root / ADAPTATION_DIR, cfg.writer.maxcount, adaptation_records, "adaptation")

@@ -17,6 +17,9 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from animegamer.config.schema import PipelineConfig
+from animegamer.contracts.shards import (ATTEMPTS, CAPTION, CAPTIONER, CLIP, END, ERROR, FILM, FLOW, FPS, FRAMES, HEIGHT,
+                                         INSTRUCTION, KEY, MOTION, MOTION_TEXT, NAME, SHOT, SOURCE, SOURCE_FRAMES,
+                                         START, STATES, STATUS, VERSION, WIDTH)
 from animegamer.media.fingerprint import FINGERPRINT
 from animegamer.media.flow import clip_flow, make_estimator
 from animegamer.media.video import encode_mp4
@@ -107,19 +110,19 @@ def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: flo
     """The clip's json record minus its caption fields and its motion level (the fields: see
     docs/architecture.md, 'Clip shards')."""
     return {
-        "key": window.key,
-        "film": film.film_id,
-        "shot": window.shot_index,
-        "clip": window.clip_index,
-        "source": film.path,
-        "source_frames": list(window.frame_indices),
-        "start": window.start_s(film.fps),
-        "end": window.end_s(film.fps),
-        "fps": cfg.clips.fps,
-        "frames": cfg.clips.frames,
-        "height": cfg.clips.height,
-        "width": cfg.clips.width,
-        "motion": {"flow": flow},
+        KEY: window.key,
+        FILM: film.film_id,
+        SHOT: window.shot_index,
+        CLIP: window.clip_index,
+        SOURCE: film.path,
+        SOURCE_FRAMES: list(window.frame_indices),
+        START: window.start_s(film.fps),
+        END: window.end_s(film.fps),
+        FPS: cfg.clips.fps,
+        FRAMES: cfg.clips.frames,
+        HEIGHT: cfg.clips.height,
+        WIDTH: cfg.clips.width,
+        MOTION: {FLOW: flow},
     }
 
 
@@ -129,16 +132,16 @@ def caption_fields(result) -> dict:
 
     caption = result.to_json()
     return {
-        "caption": caption["caption"],
-        "states": caption["states"],
-        "instruction": build_instruction(result.caption) if result.ok else None,
-        "motion_text": build_motion_text(result.caption) if result.ok else None,
-        "captioner": {
-            "name": caption["captioner"],
-            "version": caption["captioner_version"],
-            "status": caption["status"],
-            "error": caption["error"],
-            "attempts": caption["attempts"],
+        CAPTION: caption["caption"],
+        STATES: caption["states"],
+        INSTRUCTION: build_instruction(result.caption) if result.ok else None,
+        MOTION_TEXT: build_motion_text(result.caption) if result.ok else None,
+        CAPTIONER: {
+            NAME: caption["captioner"],
+            VERSION: caption["captioner_version"],
+            STATUS: caption["status"],
+            ERROR: caption["error"],
+            ATTEMPTS: caption["attempts"],
         },
     }
 

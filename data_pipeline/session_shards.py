@@ -14,7 +14,7 @@ import numpy as np
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.files import MANIFEST, REPRESENTATIONS_DIR, SESSION_SHARDS_DIR, SESSIONS_FILE
-from animegamer.contracts.shards import REP, REPS
+from animegamer.contracts.shards import FILM, FLOW, INSTRUCTION, JSON, KEY, KEYS, LEVEL, MOTION, REP, REPS, STATES, TURNS
 from animegamer.contracts.states import CHARACTER_STATES, MOTION_LEVEL
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import session_key
@@ -27,10 +27,10 @@ from data_pipeline.writer import write_numbered_shards, write_step_manifest
 def turn_record(meta: dict) -> dict:
     """What phase (b) needs of one clip: instruction and the four state values (ML = motion level)."""
     return {
-        "key": meta["key"],
-        "instruction": meta["instruction"],
-        "flow": meta["motion"]["flow"],
-        "states": {MOTION_LEVEL: meta["motion"]["level"], **{k: meta["states"][k] for k in CHARACTER_STATES}},
+        KEY: meta[KEY],
+        INSTRUCTION: meta[INSTRUCTION],
+        FLOW: meta[MOTION][FLOW],
+        STATES: {MOTION_LEVEL: meta[MOTION][LEVEL], **{k: meta[STATES][k] for k in CHARACTER_STATES}},
     }
 
 
@@ -50,10 +50,10 @@ def build_session_shards(cfg: PipelineConfig, resolved: dict) -> dict:
     def session_records(group: list[dict]):
         for session in group:
             samples = [reps.raw(position[k]) for k in session["keys"]]
-            record = {"film": session["film"], "keys": session["keys"],
-                      "turns": [turn_record(s["json"]) for s in samples]}
+            record = {FILM: session["film"], KEYS: session["keys"],
+                      TURNS: [turn_record(s[JSON]) for s in samples]}
             stacked = np.stack([s[REP] for s in samples])  # (K, N, D)
-            yield {"__key__": session_key(session["keys"]), "json": json.dumps(record, sort_keys=True).encode(),
+            yield {"__key__": session_key(session["keys"]), JSON: json.dumps(record, sort_keys=True).encode(),
                    REPS: npy_bytes(stacked)}
 
     shards = write_numbered_shards(sessions, root / SESSION_SHARDS_DIR, cfg.writer.maxcount, session_records,

@@ -13,7 +13,9 @@ from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SHOTS_FILE
+from animegamer.contracts.shards import CAPTIONER, FILM, FLOW, JSON, KEY, LEVEL, MOTION, MP4, SHOT, SOURCE, STATUS
 from animegamer.data.split import shot_id
+from animegamer.errors import UserError
 from animegamer.media.captions import STATUS_OK
 from animegamer.media.fingerprint import FINGERPRINT
 from animegamer.media.motion_bins import LEVELS, MotionBins, compute_bins
@@ -75,7 +77,7 @@ def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captio
             if staging.task_done(film_id, task, task_fp) and captions is not None:
                 _add_timings(out.timings, staging.task_info(film_id, task)["timings"])
                 _add_timings(out.timings, captions["timings"])
-                out.clips.extend((key, mp4, {**meta, "source": path, **captions["captions"][key]})
+                out.clips.extend((key, mp4, {**meta, SOURCE: path, **captions["captions"][key]})
                                  for key, mp4, meta in staging.task_clips(film_id, task))
             elif (error := staging.task_error(film_id, task, caption_fp)) is not None:
                 out.failed_tasks.append({k: error[k] for k in ("film_id", "task", "reason", "detail")})
@@ -85,7 +87,7 @@ def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captio
 
 
 def with_levels(clips: list[tuple[str, Path, dict]], bins: MotionBins) -> list[tuple[str, Path, dict]]:
-    return [(key, mp4, {**meta, "motion": {**meta["motion"], "level": bins.level(meta["motion"]["flow"])}})
+    return [(key, mp4, {**meta, MOTION: {**meta[MOTION], LEVEL: bins.level(meta[MOTION][FLOW])}})
             for key, mp4, meta in clips]
 
 
@@ -132,7 +134,7 @@ def write_step_manifest(root: Path, step: str, resolved: dict, lineage: tuple[di
 
 def _clip_records(group: Sequence[tuple[str, Path, dict]]) -> Iterator[dict]:
     for key, mp4_path, meta in group:
-        yield {"__key__": key, "json": json.dumps(meta, sort_keys=True).encode(), "mp4": mp4_path.read_bytes()}
+        yield {"__key__": key, JSON: json.dumps(meta, sort_keys=True).encode(), MP4: mp4_path.read_bytes()}
 
 
 def write_shards(clips: list[tuple[str, Path, dict]], out_dir: Path, maxcount: int) -> list[dict]:
@@ -176,11 +178,11 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
             "(other parts still running, or the process step not run since a change?): "
             + ", ".join(collected.pending[:10])
         )
-    flows = [meta["motion"]["flow"] for _, _, meta in collected.clips]
+    flows = [meta[MOTION][FLOW] for _, _, meta in collected.clips]
     bins = compute_bins(flows, cfg.motion)
     clips = with_levels(collected.clips, bins)
     shards = write_shards(clips, root / CLIPS_DIR, cfg.writer.maxcount)
-    failed_captions = [meta["key"] for _, _, meta in clips if meta["captioner"]["status"] != STATUS_OK]
+    failed_captions = [meta[KEY] for _, _, meta in clips if meta[CAPTIONER][STATUS] != STATUS_OK]
     manifest = {
         "kind": "clips",
         "format_version": FORMAT_VERSION,
@@ -193,7 +195,7 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
         "shards": shards,
     }
     # The held-out split is by shot (animegamer.data.split): every reader needs each clip's shot.
-    write_json_atomic(root / CLIPS_DIR / SHOTS_FILE, {m["key"]: shot_id(m["film"], m["shot"]) for _, _, m in clips})
+    write_json_atomic(root / CLIPS_DIR / SHOTS_FILE, {m[KEY]: shot_id(m[FILM], m[SHOT]) for _, _, m in clips})
     write_json_atomic(root / CLIPS_DIR / MANIFEST, manifest)
     if cfg.writer.report_histogram and clips:
         save_histogram(bins, flows, root / HISTOGRAM)
@@ -221,8 +223,6 @@ def raise_no_clips(report_path: Path, inputs: int, skipped: list[dict], failed_t
     """Stop before any later step reads empty shards: which inputs were skipped and why, how many tasks
     failed (the report holds the details); the other inputs were read and are shorter than one clip's
     window or have no shot long enough."""
-    from animegamer.errors import UserError
-
     why = "; ".join(f"{s.get('path', s.get('film_id'))}: {s.get('reason')}" for s in skipped[:SHOWN])
     more = f"; and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
     parts = [f"{len(skipped)} skipped ({why}{more})"] if skipped else []

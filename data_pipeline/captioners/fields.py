@@ -9,17 +9,13 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from animegamer.contracts.shards import CAPTION_FIELDS, STATES
 from animegamer.contracts.states import CHARACTER_STATES, STATE_ALLOWED_VALUES
 
 # --------------------------------------------------------------------------- field names
-CHARACTER = "character"
-MOTION = "motion"
-ADVERB = "adverb"
-ENVIRONMENT = "environment"
-TIME_OF_DAY = "time_of_day"
-CAPTION_FIELDS: tuple[str, ...] = (CHARACTER, MOTION, ADVERB, ENVIRONMENT, TIME_OF_DAY)
-
-STATES = "states"  # key of the nested states object in import records and model answers
+# The caption's slots and the states object are spelt as the clip shards' records spell them; import
+# records and model answers use the same keys.
+CHARACTER, MOTION, ADVERB, ENVIRONMENT, TIME_OF_DAY = CAPTION_FIELDS
 STATE_FIELDS: tuple[str, ...] = CHARACTER_STATES  # the states a caption gives (the motion level is measured)
 
 # The keys a model answer must have, exactly (the import format adds film/start/end).

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from animegamer.config.schema import RunConfig
-from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
+from animegamer.contracts.shards import CAPTIONER, FLOW, IMAGE, JSON, LATENTS, MOTION, MOTION_TEXT, MP4, STATUS, TEXT
 from animegamer.data.indexed import (SKIPPED, ExpectArrays, IndexedShardDataset, StepSampler, ignore_interrupt,
                                      split_skipped)
 from animegamer.data.split import held_out
@@ -20,11 +20,11 @@ FEATURES, CLIPS = "features", "clips"
 INPUTS = (FEATURES, CLIPS)  # phase.input: precomputed features or raw clips
 # What a good sample holds (ranks; shapes must also match the first good samples').
 FEATURE_ARRAYS = ExpectArrays({LATENTS: 4, TEXT: 2, IMAGE: 2})
-CLIP_ARRAYS = ExpectArrays({"mp4": (None, None, None, 3)})  # (T, H, W, RGB)
+CLIP_ARRAYS = ExpectArrays({MP4: (None, None, None, 3)})  # (T, H, W, RGB)
 
 
 def _captioned(sample: dict) -> None:
-    if sample["json"]["captioner"]["status"] != STATUS_OK:
+    if sample[JSON][CAPTIONER][STATUS] != STATUS_OK:
         raise ValueError(f"{sample['__url__']}: {sample['__key__']} has no caption; phase (a) needs motion_text")
 
 
@@ -34,7 +34,7 @@ def feature_transform(sample: dict) -> dict:
         "latents": torch.from_numpy(sample[LATENTS]).float(),  # (T', C, H', W')
         "text": torch.from_numpy(sample[TEXT]).float(),  # (Lt, text_dim)
         "image": torch.from_numpy(sample[IMAGE]).float(),  # (P, image_dim)
-        "flow": torch.tensor(float(sample["json"]["motion"]["flow"])),
+        "flow": torch.tensor(float(sample[JSON][MOTION][FLOW])),
     }
 
 
@@ -48,14 +48,14 @@ def _frame_index(key: str, frames: int, random_frame: bool, seed: int) -> int:
 
 def clip_transform(sample: dict, random_frame: bool, seed: int) -> dict:
     _captioned(sample)
-    video = sample["mp4"]  # (T, H, W, 3) uint8
+    video = sample[MP4]  # (T, H, W, 3) uint8
     frame = _frame_index(sample["__key__"], video.shape[0], random_frame, seed)
     return {
         "key": sample["__key__"],
         "video": torch.from_numpy(np.ascontiguousarray(video)),
         "frame": torch.from_numpy(np.ascontiguousarray(video[frame])),
-        "motion_text": sample["json"]["motion_text"],
-        "flow": torch.tensor(float(sample["json"]["motion"]["flow"])),
+        "motion_text": sample[JSON][MOTION_TEXT],
+        "flow": torch.tensor(float(sample[JSON][MOTION][FLOW])),
     }
 
 

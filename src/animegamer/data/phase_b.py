@@ -7,7 +7,7 @@ from functools import partial
 from torch.utils.data import DataLoader, Dataset
 
 from animegamer.config.schema import RunConfig
-from animegamer.contracts.shards import REPS
+from animegamer.contracts.shards import JSON, REPS, TURNS
 from animegamer.data.indexed import SKIPPED, BadSample, IndexedShardDataset, StepSampler, ignore_interrupt
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
@@ -18,7 +18,7 @@ from animegamer.mllm.tokens import TokenIds
 
 
 def session_of(sample: dict) -> Session:
-    return Session(sample["json"]["turns"], sample[REPS], key=sample["__key__"])
+    return Session(sample[JSON][TURNS], sample[REPS], key=sample["__key__"])
 
 
 def check_session(sample: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.contracts.shards import LATENTS, PRED_REP
+from animegamer.contracts.shards import FLOW, JSON, LATENTS, PRED_REP
 from animegamer.data.indexed import ExpectArrays, IndexedShardDataset
 from animegamer.data.split import held_out
 from animegamer.data.storage import data_source
@@ -18,7 +18,7 @@ def adaptation_transform(sample: dict) -> dict:
         "key": sample["__key__"],
         "latents": torch.from_numpy(sample[LATENTS]).float(),  # (T', C, H', W')
         "pred_rep": torch.from_numpy(sample[PRED_REP]).float(),  # (N, D)
-        "flow": torch.tensor(float(sample["json"]["flow"])),
+        "flow": torch.tensor(float(sample[JSON][FLOW])),
     }
 
 

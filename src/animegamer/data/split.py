@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from animegamer.contracts.files import SESSIONS_FILE, SHOTS_FILE
+from animegamer.contracts.shards import CLIP, FILM
 from animegamer.data.indexed import key_fraction
 from animegamer.data.storage import RemoteSettings, ShardSource, join, remote_settings
 
@@ -65,11 +66,11 @@ def held_out(cfg) -> HeldOut:
 def consecutive_runs(metas: Iterable[dict], keep: Callable[[dict], bool]) -> list[list[dict]]:
     """Runs of consecutive clips (same film, adjacent clip numbers) that all pass ``keep``."""
     runs: list[list[dict]] = []
-    for meta in sorted(metas, key=lambda m: (m["film"], m["clip"])):
+    for meta in sorted(metas, key=lambda m: (m[FILM], m[CLIP])):
         if not keep(meta):
             continue
         last = runs[-1][-1] if runs else None
-        if last is not None and last["film"] == meta["film"] and last["clip"] + 1 == meta["clip"]:
+        if last is not None and last[FILM] == meta[FILM] and last[CLIP] + 1 == meta[CLIP]:
             runs[-1].append(meta)
         else:
             runs.append([meta])

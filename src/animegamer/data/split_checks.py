@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from animegamer.contracts.files import SESSIONS_FILE
+from animegamer.contracts.shards import CLIP, FILM, KEY
 from animegamer.data.indexed import key_fraction
 from animegamer.data.split_counts import SplitCounts, read_clips, split_counts
 
@@ -31,17 +32,17 @@ def split_options(captioned: list[dict], fraction_of: dict[str, float]) -> tuple
     most 99: a split is by whole shots, so only fractions with a shot hash between them differ), with
     what it holds out and the longest run of training clips it leaves."""
     hashes = sorted(set(fraction_of.values()))
-    clips = sorted(captioned, key=lambda m: (m["film"], m["clip"]))
+    clips = sorted(captioned, key=lambda m: (m[FILM], m[CLIP]))
     grid = sorted({_just_above(h) for h in hashes[:-1]})  # above the highest: nothing to train on
     options = []
     for fraction in grid:
         longest = length = 0
         last = None
         for meta in clips:
-            if fraction_of[meta["key"]] < fraction:  # held out
+            if fraction_of[meta[KEY]] < fraction:  # held out
                 length, last = 0, None
                 continue
-            follows = last is not None and last["film"] == meta["film"] and last["clip"] + 1 == meta["clip"]
+            follows = last is not None and last[FILM] == meta[FILM] and last[CLIP] + 1 == meta[CLIP]
             length, last = (length + 1 if follows else 1), meta
             longest = max(longest, length)
         options.append(SplitOption(fraction, sum(h < fraction for h in hashes), longest))
@@ -57,7 +58,7 @@ def _just_above(value: float) -> float:
 def options_of(cfg) -> tuple[SplitOption, ...]:
     """:func:`split_options` of a config's pipeline output (computed only when a split problem asks)."""
     _, _, split, captioned = read_clips(cfg.data.root, cfg.data.clips, cfg.data.val_fraction)
-    return split_options(captioned, {m["key"]: key_fraction(split.unit(m["key"])) for m in captioned})
+    return split_options(captioned, {m[KEY]: key_fraction(split.unit(m[KEY])) for m in captioned})
 
 
 def split_suggestion(c: SplitCounts, options: tuple[SplitOption, ...], turns: int | None) -> str | None:

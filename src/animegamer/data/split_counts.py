@@ -11,6 +11,7 @@ from pathlib import Path
 
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import MANIFEST, SESSIONS_FILE
+from animegamer.contracts.shards import CAPTIONER, JSON, KEY, STATUS
 from animegamer.data.indexed import IndexedShardDataset, key_fraction
 from animegamer.data.split import TRAIN, VAL, HeldOut, consecutive_runs, session_key
 from animegamer.data.storage import ShardSource, join
@@ -42,12 +43,12 @@ class SplitCounts:
 @lru_cache(maxsize=8)
 def _clip_metas(folder: str, manifest_sha256: str) -> tuple[dict, ...]:
     """The json of every clip in a shard folder or URL (no video read); cached per manifest version."""
-    clips = IndexedShardDataset(folder, _json_of, video=False, allow_empty=True, members=("json",))
+    clips = IndexedShardDataset(folder, _json_of, video=False, allow_empty=True, members=(JSON,))
     return tuple(clips[i] for i in range(len(clips)))
 
 
 def _json_of(sample: dict) -> dict:
-    return sample["json"]
+    return sample[JSON]
 
 
 def read_clips(root: str | Path, clips_dir: str, val_fraction: float):
@@ -57,16 +58,16 @@ def read_clips(root: str | Path, clips_dir: str, val_fraction: float):
     if problem is not None:
         raise ConfigError([problem if folder.remote else f"{problem}; the pipeline has not written clip shards there"])
     metas = _clip_metas(folder.folder, sha256_bytes(folder.read_bytes(MANIFEST)))
-    captioned = [m for m in metas if m["captioner"]["status"] == STATUS_OK]
+    captioned = [m for m in metas if m[CAPTIONER][STATUS] == STATUS_OK]
     return folder, metas, HeldOut(root, clips_dir, val_fraction), captioned
 
 
 def split_counts(root: str | Path, clips_dir: str, val_fraction: float) -> SplitCounts:
     """Counts of the pipeline output at ``root`` under the held-out split at ``val_fraction``."""
     folder, metas, split, captioned = read_clips(root, clips_dir, val_fraction)
-    shots = {split.unit(m["key"]): key_fraction(split.unit(m["key"])) for m in captioned}
-    held = [split.clip(m["key"]) for m in captioned]
-    runs = consecutive_runs(captioned, lambda m: not split.clip(m["key"]))
+    shots = {split.unit(m[KEY]): key_fraction(split.unit(m[KEY])) for m in captioned}
+    held = [split.clip(m[KEY]) for m in captioned]
+    runs = consecutive_runs(captioned, lambda m: not split.clip(m[KEY]))
     sessions = ShardSource(str(root)).read_json_if_exists(SESSIONS_FILE) or {"turns": 0, "sessions": []}
     keys = [session_key(s["keys"]) for s in sessions["sessions"]]
     return SplitCounts(

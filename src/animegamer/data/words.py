@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.shards import INSTRUCTION, JSON, KEY
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.split import HeldOut, held_out
 from animegamer.mllm.words import WORDS, word_tokenizer
@@ -20,9 +21,9 @@ def training_word_tokenizer(cfg: RunConfig):
 def training_instructions(data_root: str | Path, clips_dir: str, held: HeldOut) -> list[str]:
     """The instructions of the captioned clips of no held-out shot (``held``: the split's held-out
     shots)."""
-    clips = IndexedShardDataset(Path(data_root) / clips_dir, lambda s: s["json"], video=False)
+    clips = IndexedShardDataset(Path(data_root) / clips_dir, lambda s: s[JSON], video=False)
     metas = (clips[i] for i in range(len(clips)))
-    texts = [m["instruction"] for m in metas if m.get("instruction") and not held.clip(m["key"])]
+    texts = [m[INSTRUCTION] for m in metas if m.get(INSTRUCTION) and not held.clip(m[KEY])]
     if not texts:
         raise ValueError(f"{Path(data_root) / clips_dir}: no captioned training clip to build the "
                          f"model.mllm.tokenizer={WORDS} vocabulary from")

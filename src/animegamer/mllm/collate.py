@@ -49,7 +49,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from animegamer.contracts.shards import SKIPPED
+from animegamer.contracts.shards import SKIPPED, TURNS
 from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, PromptSequence, Turn, build_sequence
 from animegamer.mllm.tokens import TokenIds
 
@@ -97,7 +97,7 @@ class Session:
     @classmethod
     def from_record(cls, record: Mapping[str, Any], reps: Any, key: str = "") -> "Session":
         """From a session-shard sample: its ``json`` record (``turns`` list) and ``reps.npy``."""
-        return cls([Turn.from_dict(t) for t in record["turns"]], reps, key)
+        return cls([Turn.from_dict(t) for t in record[TURNS]], reps, key)
 
     def __len__(self) -> int:
         return len(self.turns)

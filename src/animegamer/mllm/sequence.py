@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from animegamer.contracts.shards import INSTRUCTION, STATES
 from animegamer.contracts.states import ML_RANGE, MOTION_LEVEL, STATE_KEYS
 from animegamer.mllm.tokens import (
     ANIMEGAMER_TOKENS,
@@ -73,10 +74,10 @@ class Turn:
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> "Turn":
         """From a session-shard / game-file turn record (extra keys such as ``key``, ``flow`` ignored)."""
-        return cls(instruction=record["instruction"], states=dict(record["states"]))
+        return cls(instruction=record[INSTRUCTION], states=dict(record[STATES]))
 
     def to_dict(self) -> dict:
-        return {"instruction": self.instruction, "states": dict(self.states)}
+        return {INSTRUCTION: self.instruction, STATES: dict(self.states)}
 
 
 @dataclass(frozen=True)
