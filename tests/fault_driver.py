@@ -4,7 +4,7 @@ Run as ``python tests/fault_driver.py``: it imports torch, Lightning and the pha
 JSON requests on stdin, one a line, and answers one JSON line each on stdout:
 
 * ``{"op": "start", "overrides": [...], "log": path, ...faults}`` forks a child that runs
-  ``animegamer.training.runner.run`` on ``compose_config("train", overrides)`` exactly as ``train.py``
+  ``animegamer.phases.run.run`` on ``compose_config("train", overrides)`` exactly as ``train.py``
   does (stdout and stderr to ``log``); answers ``{"pid": pid}``.
 * ``{"op": "wait", "pid": pid}`` answers ``{"rc": code}`` (negative: killed by that signal).
 
@@ -84,7 +84,7 @@ def _fault_callback(kill: dict | None, pause: dict | None, ready: str):
 def _install_faults(request: dict) -> None:
     import torch
 
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
 
     kill, pause = request.get("kill"), request.get("pause")
     if kill or pause:
@@ -121,7 +121,7 @@ def _child(request: dict) -> None:
         # as launched from a terminal, whatever the test runner's own SIGINT disposition (a background job ignores it)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from animegamer.config.compose import compose_config
-        from animegamer.training.runner import run
+        from animegamer.phases.run import run
 
         _install_faults(request)
         run(compose_config("train", request["overrides"]))
@@ -148,7 +148,7 @@ def main() -> None:
     import animegamer.phases.phase_a  # noqa: F401
     import animegamer.phases.phase_b  # noqa: F401
     import animegamer.phases.phase_c  # noqa: F401
-    import animegamer.training.runner  # noqa: F401
+    import animegamer.phases.run  # noqa: F401
 
     answer = lambda value: (sys.stdout.write(json.dumps(value) + "\n"), sys.stdout.flush())
     for line in sys.stdin:

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from animegamer.phases.preflight import validate_train_run
 from animegamer.config.compose import compose_config, config_dir
 from animegamer.config.validate import ConfigError
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 
 ABLATIONS = sorted(p.stem for p in (config_dir() / "experiment").glob("ablation_a_*.yaml"))
 EXPECTED = {"ablation_a_random_frame", "ablation_a_less_params", "ablation_a_addition",

@@ -147,7 +147,7 @@ def test_the_finetune_checks_every_stage_before_its_pipeline_runs(tmp_path, star
 def test_train_names_two_setting_problems_and_a_missing_data_folder_at_once(tmp_path, capsys, phase):
     """Where the phase's shards cannot be named (the phase node of another phase, an unknown phase), a
     data.root that does not exist is still named beside the settings' problems."""
-    from animegamer.training.runner import run  # what train.py runs
+    from animegamer.phases.run import run  # what train.py runs
 
     root, out = tmp_path / "no_pipeline_output", tmp_path / "run"
     cfg = compose_config("train", ["model=tiny", *phase, "trainer.accumulate_grad_batches=0", f"data.root='{root}'",

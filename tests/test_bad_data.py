@@ -292,7 +292,7 @@ def corrupt_features(tmp_path_factory):
 
 
 def test_tiny_phase_a_run_skips_the_corrupt_sample(corrupt_features, tmp_path, caplog):
-    from animegamer.training.runner import train
+    from animegamer.phases.run import train
 
     root, victim = corrupt_features
     composed, cfg = tiny_train_cfg(root, tmp_path / "run", "phase.max_steps=4", "checkpoint.every_n_steps=4")
@@ -306,7 +306,7 @@ def test_tiny_phase_a_run_skips_the_corrupt_sample(corrupt_features, tmp_path, c
 
 
 def test_tiny_phase_a_run_stops_past_the_budget(corrupt_features, tmp_path):
-    from animegamer.training.runner import train
+    from animegamer.phases.run import train
 
     root, victim = corrupt_features
     composed, cfg = tiny_train_cfg(root, tmp_path / "run", "phase.max_steps=4", "data.bad_sample_budget=0")

@@ -27,7 +27,8 @@ from phase_c_helpers import write_synthetic_adaptation
 from test_safe_loading import evil_checkpoint, marker  # noqa: F401 - the fixture checks the payload never ran
 
 from animegamer.config.compose import compose_config
-from animegamer.training import checkpointing, runner
+from animegamer.phases import run as runner
+from animegamer.training import checkpointing
 from animegamer.training.checkpoint_integrity import record_path, write_file_record
 from animegamer.training.checkpointing import (DiskFullError, AtomicCheckpointIO, checkpoint_name,
                                                resume_checkpoint)
@@ -135,7 +136,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_resume_matches_an_uninte
     (output / "export" / "trained.safetensors").unlink()
 
     with caplog.at_level(logging.WARNING, logger="animegamer.training.checkpointing"), \
-            caplog.at_level(logging.INFO, logger="animegamer.training.runner"):
+            caplog.at_level(logging.INFO, logger="animegamer.phases.run"):
         assert train_phase(phase, data, output, "checkpoint.keep_last=-1")["step"] == STEPS
     assert f"checkpoint {newest} is damaged" in caplog.text
     assert f"set aside as {newest.name}.damaged" in caplog.text

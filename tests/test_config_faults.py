@@ -306,7 +306,7 @@ def test_fsdp_sharding_is_checked(data_root):
 def test_fsdp_sharding_reaches_the_strategy(data_root, sharding):
     from torch.distributed.fsdp import ShardingStrategy
 
-    from animegamer.training.strategies import make_strategy
+    from animegamer.phases.run import make_strategy
 
     cfg = train_cfg(data_root, "b", "trainer=fsdp", f"trainer.fsdp_sharding={sharding}")
     strategy = make_strategy(cfg)

@@ -14,7 +14,7 @@ from animegamer.phases.preflight import validate_train_run
 from animegamer.config.validate import ConfigError
 from animegamer.models.decoder import BASE_FOLDER, MotionScopeDecoder
 from animegamer.phases.phase_a import PhaseA
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 
 PLAIN = "model.decoder.motion_scope=false"
 TOLERANCE = 1e-6  # float32, tiny preset: the same weights and the same inputs give the same output

@@ -38,7 +38,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features  # noqa: E402
 
-from animegamer.training import checkpointing, runner, strategies  # noqa: E402
+from animegamer.phases import run as runner  # noqa: E402
+from animegamer.training import checkpointing, strategies  # noqa: E402
 from animegamer.training.checkpoint_integrity import record_path, write_pending_record  # noqa: E402
 from animegamer.training.checkpointing import DiskFullError, checkpoint_name, resume_checkpoint  # noqa: E402
 
@@ -168,7 +169,7 @@ def _equal(a: dict, b: dict) -> bool:
                                                  ("deepspeed_stage_1", "bf16-mixed")])
 def test_the_engine_clips_to_phase_grad_clip_and_skips_a_nan_step(cpu_deepspeed, features, tmp_path, monkeypatch,
                                                                    caplog, strategy, precision):
-    caplog.set_level(logging.WARNING, logger="animegamer.training.faults")
+    caplog.set_level(logging.WARNING, logger="animegamer.training.nonfinite")
     record, run = deepspeed_run(features, tmp_path / "run", monkeypatch, f"trainer.strategy={strategy}",
                                 f"trainer.precision={precision}", "trainer.max_nonfinite_in_row=1",
                                 huge_steps={1}, nan_steps={2})
@@ -325,5 +326,5 @@ def test_fsdp_saves_one_gathered_file_through_the_atomic_writer(tmp_path):
 
     cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "phase=a_joint", "trainer=fsdp",
                                                        f"output_dir={tmp_path}"]))
-    assert strategies.make_strategy(cfg)._state_dict_type == "full"
+    assert runner.make_strategy(cfg)._state_dict_type == "full"
     assert any(isinstance(plugin, AtomicCheckpointIO) for plugin in runner.plugins(cfg))

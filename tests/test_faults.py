@@ -325,7 +325,7 @@ def _nan_run(data, tmp_path, monkeypatch, nan_steps: set[int], *overrides: str):
     import lightning as L
 
     from animegamer.phases.phase_a import PhaseA
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
     from phase_a_helpers import tiny_train_cfg
 
     original = PhaseA.training_step

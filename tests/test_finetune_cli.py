@@ -127,7 +127,7 @@ def test_a_refusal_to_resume_names_out_not_output_dir(start, tmp_path, monkeypat
     """An output_dir override would put every stage of the fine-tune into one folder."""
     from animegamer import recipe
     from animegamer.recipe import OUT_NEW_FOLDER
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
     from animegamer.training.run_record import Change, RunFolderChanged
 
     folder = tmp_path / "ft" / "b"

@@ -19,7 +19,8 @@ from test_encoder_decoder import _decoder, _decoder_inputs, randomize_lora_b
 from test_mllm_model import _batch, _model, _randomize
 
 from animegamer.config.compose import compose_config
-from animegamer.training.strategies import block_types, fsdp_mixed_precision, lightning_precision, make_strategy
+from animegamer.phases.run import block_types, make_strategy
+from animegamer.training.strategies import fsdp_mixed_precision, lightning_precision
 
 
 @pytest.fixture

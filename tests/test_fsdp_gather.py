@@ -17,7 +17,8 @@ import pytest
 from test_fsdp_compute import _cfg
 
 from animegamer.training import fsdp_gather
-from animegamer.training.strategies import is_fsdp_strategy, make_strategy
+from animegamer.phases.run import make_strategy
+from animegamer.training.strategies import is_fsdp_strategy
 
 DRIVER = Path(__file__).with_name("fsdp_gather_driver.py")
 

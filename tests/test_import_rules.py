@@ -144,11 +144,7 @@ LAYERS = (
     ("cli", "__main__"),
 )
 # Project modules a function may import (each import of one is otherwise at the module's top), and why.
-LOCAL_IMPORTS = {
-    ("animegamer.phases.specs", "animegamer.models.checks"):
-        "a phase's spec is read without loading any network (the game and the checks read its contracts); "
-        "its own check of phase (b) loads the tokenizer checks when it runs",
-}
+LOCAL_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str:

@@ -12,7 +12,7 @@ from animegamer.mllm.collate import collate_sequences
 from animegamer.mllm.masks import allowed_matrix, mask_mod_for
 from animegamer.mllm.packing import assign_rows, pack_sequences
 from animegamer.phases.phase_b import PhaseB
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 
 
 @pytest.fixture(scope="module")

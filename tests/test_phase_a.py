@@ -11,7 +11,7 @@ from phase_a_helpers import logged_losses, tiny_train_cfg, write_synthetic_featu
 
 from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.phase_a import PhaseA
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 
 
 @pytest.fixture(scope="module")

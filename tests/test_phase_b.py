@@ -13,7 +13,7 @@ from animegamer.mllm.predict import HistoryTurn, generate, predict_next, prompt_
 from animegamer.phases.common import make_optimizer
 from animegamer.phases.phase_b import PhaseB, label_count, state_accuracy
 from animegamer.phases.specs import frozen_bf16_applies
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_validation_reports_state_accuracy_on_held_out_sessions(data_root, tmp_p
 def test_empty_held_out_split_skips_validation_and_says_so(data_root, tmp_path, caplog):
     composed, cfg = tiny_b_cfg(data_root, tmp_path, "phase.max_steps=2", "phase.val_every_n_steps=1",
                                "data.val_fraction=0")
-    with caplog.at_level("WARNING", logger="animegamer.training.runner"):
+    with caplog.at_level("WARNING", logger="animegamer.training.shard_data"):
         metrics = train(cfg, composed)["metrics"]
     assert not any(name.startswith("val/") for name in metrics)
     assert "validation skipped: the held-out split is empty" in caplog.text
@@ -135,7 +135,7 @@ def test_empty_held_out_split_skips_validation_and_says_so(data_root, tmp_path, 
 def test_an_empty_training_split_fails_before_the_mllm_is_built(data_root, tmp_path, monkeypatch):
     """Every synthetic session held out: the run stops with what to change, and PhaseB is never built."""
     from animegamer.errors import InvalidInputError
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
 
     built = []
     monkeypatch.setattr("animegamer.phases.phase_b.PhaseB", lambda cfg: built.append(cfg))

@@ -14,7 +14,7 @@ from animegamer.config.compose import compose_config
 from animegamer.data.phase_c import adaptation_dataset
 from animegamer.phases.common import make_optimizer
 from animegamer.phases.phase_c import PhaseC, rep_dropout
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 from animegamer.utils.randomness import SampleRandom
 from golden_helpers import check_golden_losses
 from phase_a_helpers import logged_losses

@@ -7,7 +7,7 @@ import pytest
 
 from phase_b_helpers import tiny_b_cfg, write_synthetic_sessions
 
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 from animegamer.training.trace_summary import render, summarise, summarise_file, write_summaries
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from animegamer import recipe
-from animegamer.training import runner
+from animegamer.phases import run as runner
 from animegamer.training.run_record import DATA_REASON, Change, RunFolderChanged
 from animegamer.utils.folder_lock import LOCK_FILE
 

@@ -32,7 +32,8 @@ from animegamer.data.indexed import IndexedShardDataset, StepSampler
 from animegamer.contracts.files import MANIFEST
 from animegamer.data.phase_a import FEATURE_ARRAYS, collate_samples, feature_transform
 from animegamer.data.storage import HEADER_READAHEAD, RemoteReadError, RemoteSettings, ShardSource, join
-from animegamer.training import checkpointing, runner
+from animegamer.phases import run as runner
+from animegamer.training import checkpointing
 from animegamer.training.checkpointing import checkpoint_name
 from animegamer.training.faults import LOSS_HISTORY
 from animegamer.utils.io import sha256_file
@@ -269,8 +270,8 @@ def test_validation_and_the_run_record_read_a_url_root(data_root, server, tmp_pa
     remote, _ = tiny_train_cfg(server.url(), tmp_path / "remote", "phase=a_joint", "data.remote_retries=1")
     assert check_training(composed) == [] and check_training(remote) == []
     assert _first_sample_shapes(ShardSource(server.url("features"))) == _first_sample_shapes(data_root / "features")
-    digests = data_digests(OmegaConf.to_container(remote, resolve=True))
-    assert digests == data_digests(OmegaConf.to_container(composed, resolve=True))
+    digests = data_digests(OmegaConf.to_container(remote, resolve=True), "features")  # phase (a)'s samples
+    assert digests == data_digests(OmegaConf.to_container(composed, resolve=True), "features")
     assert digests["data.features"] is not None and digests["data.clips"] is None  # synthetic data: no clips
 
     server.fail_always = True
@@ -316,7 +317,7 @@ def test_a_run_from_the_url_stopped_by_the_server_dying_resumes_to_the_local_run
 
     server.reset()
     before = len(server.requests)
-    with caplog.at_level(logging.INFO, logger="animegamer.training.runner"):
+    with caplog.at_level(logging.INFO, logger="animegamer.phases.run"):
         assert runner.train(cfg, composed)["step"] == STEPS
     assert f"resuming from {output / 'checkpoints' / checkpoint_name(DIES_AFTER)}" in caplog.text
     assert not [r for r in server.tar_gets(before) if r.start == 0]  # the index came from the cache

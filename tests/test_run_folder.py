@@ -23,6 +23,8 @@ from animegamer.errors import InvalidInputError
 from animegamer.training import run_record
 from animegamer.training.run_record import Change, RunFolderChanged, check_run_folder, diff, refused, write_record
 
+SAMPLES = "features"  # data.<key> of the quick start's phase (a) samples (its spec's sample_key)
+
 
 @functools.lru_cache(maxsize=None)
 def _composed(overrides: tuple[str, ...]) -> dict:
@@ -90,17 +92,17 @@ def test_a_changed_number_of_processes_is_refused_with_the_reason():
 
 def test_refusal_names_every_key_with_both_values_and_the_ways_on(tmp_path):
     old, new = _resolved(), _resolved("phase.lr=5e-4", "seed=3", "phase.max_steps=80")
-    check_run_folder(tmp_path, old, None, allow_changes=False, writer=True)
+    check_run_folder(tmp_path, old, None, allow_changes=False, samples=SAMPLES, writer=True)
     recorded = (tmp_path / RECORD_FILE).read_bytes()
     with pytest.raises(RunFolderChanged) as error:
-        check_run_folder(tmp_path, new, 60, allow_changes=False, writer=True)
+        check_run_folder(tmp_path, new, 60, allow_changes=False, samples=SAMPLES, writer=True)
     message = str(error.value)
     assert "phase.lr: 0.001 (recorded) -> 0.0005 (now)" in message and "seed: 0 (recorded) -> 3 (now)" in message
     assert "2 setting(s) differ" in message and "phase.max_steps" not in message
     assert "output_dir=" in message and "resume_with_changes=true" in message
     assert (tmp_path / RECORD_FILE).read_bytes() == recorded  # a refusal writes nothing
 
-    decision = check_run_folder(tmp_path, new, 60, allow_changes=True, writer=True)
+    decision = check_run_folder(tmp_path, new, 60, allow_changes=True, samples=SAMPLES, writer=True)
     assert decision.changes == [Change("phase.lr", 1e-3, 5e-4), Change("phase.max_steps", 60, 80), Change("seed", 0, 3)]
     assert (tmp_path / RECORD_FILE).read_bytes() == recorded  # written once the resumed run saves a checkpoint
     record = decision.pending
@@ -108,30 +110,31 @@ def test_refusal_names_every_key_with_both_values_and_the_ways_on(tmp_path):
     assert record["changes"][0]["step"] == 60 and record["changes"][0]["forced"] == ["phase.lr", "seed"]
     assert record["changes"][0]["changes"]["phase.max_steps"] == [60, 80]
     write_record(tmp_path, record)
-    assert check_run_folder(tmp_path, new, 80, allow_changes=False, writer=True).changes == []  # the record moved on
+    moved_on = check_run_folder(tmp_path, new, 80, allow_changes=False, samples=SAMPLES, writer=True)
+    assert moved_on.changes == []  # the record moved on
 
 
 def test_only_global_rank_zero_writes_and_every_rank_decides_alike(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")  # a child Lightning started
     assert not run_record.is_global_zero()
-    check_run_folder(tmp_path, _resolved(), None, allow_changes=False)
+    check_run_folder(tmp_path, _resolved(), None, allow_changes=False, samples=SAMPLES)
     assert not (tmp_path / RECORD_FILE).exists()
     monkeypatch.delenv("LOCAL_RANK")
-    check_run_folder(tmp_path, _resolved(), None, allow_changes=False)  # rank 0 of a fresh run
+    check_run_folder(tmp_path, _resolved(), None, allow_changes=False, samples=SAMPLES)  # rank 0 of a fresh run
     assert (tmp_path / RECORD_FILE).exists()
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(RunFolderChanged):  # rank 1 reads the same record and refuses the same way
-        check_run_folder(tmp_path, _resolved("phase.lr=5e-4"), 30, allow_changes=False)
+        check_run_folder(tmp_path, _resolved("phase.lr=5e-4"), 30, allow_changes=False, samples=SAMPLES)
 
 
 def test_folder_without_record_is_checked_against_its_exports_config(tmp_path):
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "export.json").write_text(json.dumps({"config": _resolved(), "step": 30}))
     with pytest.raises(RunFolderChanged, match="phase.lr"):
-        check_run_folder(tmp_path, _resolved("phase.lr=5e-4"), 30, allow_changes=False, writer=True)
+        check_run_folder(tmp_path, _resolved("phase.lr=5e-4"), 30, allow_changes=False, samples=SAMPLES, writer=True)
     (tmp_path / RECORD_FILE).write_text("{not json")
     with pytest.raises(InvalidInputError, match=f"{RECORD_FILE}: not a run record"):
-        check_run_folder(tmp_path, _resolved(), 30, allow_changes=False, writer=True)
+        check_run_folder(tmp_path, _resolved(), 30, allow_changes=False, samples=SAMPLES, writer=True)
 
 
 def test_data_changed_under_the_run_folder_is_refused_naming_its_manifest(tmp_path, caplog):
@@ -142,30 +145,31 @@ def test_data_changed_under_the_run_folder_is_refused_naming_its_manifest(tmp_pa
     shards = [{"name": "shard-000000.tar", "count": 3, "sha256": "a" * 64}]
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"kind": "features", "shards": shards, "command": "first"}))
-    check_run_folder(out, config, None, allow_changes=False, writer=True)
+    check_run_folder(out, config, None, allow_changes=False, samples=SAMPLES, writer=True)
     # Re-run with the same shards (another command line): the same data.
     manifest.write_text(json.dumps({"kind": "features", "shards": shards, "command": "again"}))
-    assert check_run_folder(out, config, 30, allow_changes=False, writer=True).changes == []
+    assert check_run_folder(out, config, 30, allow_changes=False, samples=SAMPLES, writer=True).changes == []
 
     manifest.write_text(json.dumps({"kind": "features", "shards": [{**shards[0], "sha256": "b" * 64}]}))
     with pytest.raises(RunFolderChanged) as error:
-        check_run_folder(out, config, 30, allow_changes=False, writer=True)
+        check_run_folder(out, config, 30, allow_changes=False, samples=SAMPLES, writer=True)
     assert f"{manifest}: " in str(error.value) and "its shards changed since the checkpoints" in str(error.value)
     assert "1 setting(s) differ" in str(error.value)
-    decision = check_run_folder(out, config, 30, allow_changes=True, writer=True)
+    decision = check_run_folder(out, config, 30, allow_changes=True, samples=SAMPLES, writer=True)
     assert [c.key for c in decision.changes] == [str(manifest)]
     assert decision.pending["changes"][-1]["forced"] == [str(manifest)]
     write_record(out, decision.pending)
-    assert check_run_folder(out, config, 40, allow_changes=False, writer=True).changes == []
+    assert check_run_folder(out, config, 40, allow_changes=False, samples=SAMPLES, writer=True).changes == []
 
     # A record made before data digests: the current data is recorded, with a warning.
     record = json.loads((out / RECORD_FILE).read_text())
     del record["data"]
     write_record(out, record)
     with caplog.at_level("WARNING"):
-        decision = check_run_folder(out, config, 40, allow_changes=False, writer=True)
+        decision = check_run_folder(out, config, 40, allow_changes=False, samples=SAMPLES, writer=True)
     assert decision.changes == [] and "records no digest of the data" in caplog.text
-    assert decision.pending["data"] == run_record.data_digests(config) and decision.pending["data"]["data.features"]
+    assert decision.pending["data"] == run_record.data_digests(config, SAMPLES)
+    assert decision.pending["data"]["data.features"]
 
 
 # ------------------------------------------------------------------------------------------ train.py's path
@@ -190,7 +194,7 @@ def test_every_rank_applies_the_new_optimizer_settings_whatever_order_they_start
     record, rank 1 found no change and kept the checkpoint's LR)."""
     import torch
 
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
     from animegamer.training.callbacks import RecordOnSave, ResumeSettings
 
     output = tmp_path / "run"
@@ -228,7 +232,7 @@ def test_every_rank_applies_the_new_optimizer_settings_whatever_order_they_start
 
 def test_changed_lr_is_refused_before_anything_is_built_then_applied_when_allowed(features, tmp_path, monkeypatch,
                                                                                   capfd, recwarn):
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
 
     output = tmp_path / "run"
     run = lambda *o: runner.run(tiny_train_cfg(features, output, "phase=a_joint", "phase.max_steps=4", *o)[0])

@@ -146,7 +146,7 @@ def test_part_locks_of_a_split_pipeline_run_are_distinct():
 
 # ------------------------------------------------------------------------------------------ entry points
 def test_train_into_a_locked_folder_refuses_before_anything_is_built(tmp_path, monkeypatch):
-    from animegamer.training import runner
+    from animegamer.phases import run as runner
     from animegamer.training.checkpointing import CHECKPOINT_DIR, PARTIAL
 
     output = tmp_path / "run"

@@ -87,7 +87,7 @@ def project_trainer(tmp_path: Path):
     from omegaconf import OmegaConf
 
     from animegamer.config.compose import compose_config
-    from animegamer.training.runner import make_trainer
+    from animegamer.phases.run import make_trainer
 
     cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "trainer=cpu", "logger=none",
                                                        f"output_dir={tmp_path / 'run'}", "phase.max_steps=2"]))
@@ -186,7 +186,7 @@ def test_training_needs_no_network(tmp_path):
         from pathlib import Path
         from omegaconf import OmegaConf
         from animegamer.config.compose import compose_config
-        from animegamer.training.runner import train
+        from animegamer.phases.run import train
         from phase_a_helpers import tiny_train_cfg, write_synthetic_features
         enc = OmegaConf.to_object(compose_config("train", ["model=tiny"]).model.encoders)
         data = write_synthetic_features(Path({str(tmp_path / 'data')!r}), enc)

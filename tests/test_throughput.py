@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from phase_a_helpers import tiny_train_cfg, write_synthetic_features
 
-from animegamer.training.runner import train
+from animegamer.phases.run import train
 from animegamer.training.throughput import transformer_forward_flops
 
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from animegamer.config.compose import config_dir, run_command
 from animegamer.errors import exit_on_user_error
-from animegamer.training.runner import run
+from animegamer.phases.run import run
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")

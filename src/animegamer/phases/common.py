@@ -10,7 +10,8 @@ from torch import nn
 
 from animegamer.config.schema import CONSTANT_SCHEDULE, LR_SCHEDULES, PhaseConfig
 from animegamer.config.validate import choice
-from animegamer.training.faults import count_step
+from animegamer.training.nonfinite import count_step
+from animegamer.training.strategies import is_deepspeed_strategy, is_fsdp_strategy
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,6 @@ def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0
     ``gradient_clipping`` and skips a non-finite step itself, and the strategy counts that step
     (``strategies.rule_keeping_deepspeed``), so nothing is done here.
     """
-    from animegamer.training.strategies import is_deepspeed_strategy
-
     trainer = module._trainer
     if trainer is not None and is_deepspeed_strategy(trainer.strategy):
         return
@@ -101,8 +100,6 @@ def clip_gradients(module, max_norm: float | None, max_nonfinite_in_row: int = 0
 
 def total_grad_norm(module, max_norm: float | None) -> torch.Tensor | None:
     """Global norm of the gradients (clipped to ``max_norm`` when set); FSDP shards need its own."""
-    from animegamer.training.strategies import is_fsdp_strategy
-
     trainer = module._trainer
     strategy = trainer.strategy if trainer is not None else None
     if strategy is not None and is_fsdp_strategy(strategy):

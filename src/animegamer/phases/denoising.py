@@ -20,10 +20,15 @@ from animegamer.models.decoder import BASE_FOLDER
 from animegamer.models.reconstruction import ReconstructionModel, build_reconstruction
 from animegamer.phases.common import (clip_gradients, compute_dtype, init_exports, keep_trained, make_optimizer,
                                       micro_step, set_trainable, trainable_names)
-from animegamer.phases.specs import ADALN, DECODER, ENCODER, LORA, MOTION_SCOPE, spec_for
 from animegamer.training.throughput import transformer_forward_flops
 from animegamer.utils.randomness import SampleRandom, sample_positions
 from animegamer.utils.state import submodule_state
+
+# Parameter groups of the reconstruction model (encoder + decoder) that a phase trains (its spec's
+# ``trains``), resolved to parameter names by :func:`trained_parameters`; a phase that trains the
+# decoder's LoRA also adds it. DECODER is every parameter of the decoder's transformer (pre-training a
+# base, no LoRA).
+ENCODER, MOTION_SCOPE, ADALN, LORA, DECODER = "encoder", "motion_scope", "adaln", "lora", "decoder"
 
 # Validation timesteps: fixed, so the validation loss is comparable from step to step.
 VAL_TIMESTEPS = (100, 300, 500, 700, 900)
@@ -112,7 +117,7 @@ class DenoisingPhase(L.LightningModule):
 
     def __init__(self, cfg: RunConfig, trains: tuple[str, ...]) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.trains = cfg, tuple(trains)
         self.model = build_reconstruction(cfg, init_exports(cfg.phase), with_lora=LORA in trains)
         self.trainable = set_trainable(self.model, trained_parameters(self.model, trains))
         self._alphas_cumprod = AlphasCumprod(alphas_cumprod(cfg.model.diffusion))
@@ -202,6 +207,6 @@ def export_denoising(module: DenoisingPhase, folder: str | Path, meta: dict, sta
     decoder_state = None if state is None else submodule_state(state, "decoder.")
     if decoder.has_lora:
         decoder.save_adapter(Path(folder) / "lora", decoder_state)
-    if DECODER in spec_for(module.cfg).trains:
+    if DECODER in module.trains:
         decoder.save_base(Path(folder) / BASE_FOLDER, decoder_state)
     return Path(folder)

@@ -12,16 +12,28 @@ from pathlib import Path
 
 import torch
 
-from animegamer.config.schema import PhaseAConfig, RunConfig
+from animegamer.config.schema import RunConfig
+from animegamer.contracts.exports import A_BASE, A_JOINT, A_WARMUP
 from animegamer.models.reconstruction import ClipBatch, ReconstructionModel
-from animegamer.phases.denoising import Denoiser, DenoisingPhase, export_denoising, trained_parameters
-from animegamer.phases.specs import spec_for, spec_named
+from animegamer.phases.denoising import (ADALN, DECODER, ENCODER, LORA, MOTION_SCOPE, Denoiser, DenoisingPhase,
+                                         export_denoising, trained_parameters)
 from animegamer.utils.randomness import SampleRandom
+
+# stage -> the parameter groups it trains (its spec's ``trains``).
+STAGE_GROUPS = {
+    # The whole decoder and the encoder, the stand-in of CogVideoX's text-to-video pre-training (the
+    # encoder plays the text encoder and is discarded).
+    A_BASE: (ENCODER, DECODER),
+    # Encoder branches and the motion-scope embedder; the decoder stays as loaded (LoRA merged).
+    A_WARMUP: (ENCODER, MOTION_SCOPE),
+    # + the decoder's LoRA and every block's AdaLN modulation linear.
+    A_JOINT: (ENCODER, MOTION_SCOPE, ADALN, LORA),
+}
 
 
 def stage_trainable(model: ReconstructionModel, stage: str) -> list[str]:
     """Exactly the parameter names a stage trains (asserted by name in the tests)."""
-    return trained_parameters(model, spec_named(stage).trains)
+    return trained_parameters(model, STAGE_GROUPS[stage])
 
 
 def cfg_dropout(text: torch.Tensor, image: torch.Tensor, p_text: float, p_image: float,
@@ -37,10 +49,10 @@ class PhaseA(DenoisingPhase):
     """The decoder conditioned on the encoder's representation of the clip's motion text and frame."""
 
     def __init__(self, cfg: RunConfig, frozen=None) -> None:
-        spec = spec_for(cfg)
-        if spec.config is not PhaseAConfig:
+        groups = STAGE_GROUPS.get(cfg.phase.name)
+        if groups is None:
             raise ValueError(f"phase.name={cfg.phase.name!r} is not a phase (a) stage")
-        super().__init__(cfg, spec.trains)
+        super().__init__(cfg, groups)
         # Frozen encoders (VAE, T5, CLIP) stay out of the module tree: never saved, never optimised.
         self._frozen = [frozen]
 

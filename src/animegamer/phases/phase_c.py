@@ -11,17 +11,19 @@ from pathlib import Path
 import torch
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.exports import PHASE_C
 from animegamer.models.reconstruction import ReconstructionModel
-from animegamer.phases.denoising import Denoiser, DenoisingPhase, export_denoising, trained_parameters
-from animegamer.phases.specs import PHASE_C, PHASES
+from animegamer.phases.denoising import (ADALN, LORA, MOTION_SCOPE, Denoiser, DenoisingPhase, export_denoising,
+                                         trained_parameters)
 from animegamer.utils.randomness import SampleRandom
 
-ADAPTATION = PHASES[PHASE_C]
+# The parameter groups phase (c) trains (its spec's ``trains``): the decoder's motion scope, AdaLN and LoRA.
+ADAPTATION_GROUPS = (MOTION_SCOPE, ADALN, LORA)
 
 
 def adaptation_trainable(model: ReconstructionModel) -> list[str]:
     """Motion scope + AdaLN + LoRA of the decoder (its spec's); the encoder stays as phase (a) left it."""
-    return trained_parameters(model, ADAPTATION.trains)
+    return trained_parameters(model, ADAPTATION_GROUPS)
 
 
 def rep_dropout(rep: torch.Tensor, uncond: torch.Tensor, p: float, draw: SampleRandom) -> torch.Tensor:
@@ -36,7 +38,7 @@ class PhaseC(DenoisingPhase):
     export_extra = ("encoder.",)
 
     def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg, ADAPTATION.trains)
+        super().__init__(cfg, ADAPTATION_GROUPS)
 
     def condition(self, batch: dict, draw: SampleRandom, dropout: bool) -> tuple[torch.Tensor, Denoiser]:
         rep = batch["pred_rep"].to(self.compute_dtype)

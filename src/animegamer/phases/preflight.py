@@ -46,7 +46,8 @@ def check_phase_schema(cfg, spec) -> list[str]:
 
 
 def check_trainer(cfg) -> list[str]:
-    """Devices and accumulation, the profiler, and the strategy against what the phase exports."""
+    """Devices and accumulation, the profiler, and the strategy against what the phase exports (an unknown
+    phase name is the phase checks' to report)."""
     t = cfg.trainer
     problems: list[str] = []
     if t.devices < 1 and t.devices != -1:
@@ -56,7 +57,8 @@ def check_trainer(cfg) -> list[str]:
     if t.accumulate_grad_batches < 1:
         problems.append(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} must be >= 1")
     problems += check_profiler(cfg)
-    problems += check_strategy(cfg)
+    spec = PHASES.get(cfg.phase.name)
+    problems += check_strategy(cfg, spec is not None and spec.exports.lora_adapter)
     return problems
 
 

@@ -1,11 +1,11 @@
 """Each training phase in one place: its config, its module and data, what it trains and exports, the
 shards it reads, its FSDP wrap unit and its own checks.
 
-Whatever depends on which phase runs (the runner, the validation pass, the run record, the
-strategies, the export checks) asks :func:`spec_for` or :data:`PHASES`; no other module compares a
-phase name. Importing this module imports no LightningModule, network or dataset: those are imported
-when a phase is built or checked, so the validation pass and the game can read a phase's contracts
-(what its export holds) without loading training code.
+Whatever depends on which phase runs (the train command, the pre-flight, the recipes) asks
+:func:`spec_for` or :data:`PHASES`, and hands the generic trainer (``animegamer.training``) what it
+needs of the spec as arguments (the FSDP wrapping unit, the folder of the samples). Each phase's module
+owns what it trains (its parameter groups); this table composes the phases, above their modules. What
+an export holds, which the game and the evaluation read, is in ``animegamer.contracts.exports``.
 """
 from __future__ import annotations
 
@@ -15,17 +15,28 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
+import torch
+
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
 from animegamer.config.validate import choice
 from animegamer.contracts.exports import A_BASE, A_JOINT, A_WARMUP, EXPORTS, PHASE_B, PHASE_C, ExportContract
 from animegamer.contracts.shards import IMAGE, LATENTS, PRED_REP, REPS, TEXT
+from animegamer.data import phase_a as data_a
+from animegamer.data import phase_b as data_b
+from animegamer.data.phase_c import adaptation_dataset
+from animegamer.mllm.collate import check_window_weights
+from animegamer.models.checks import check_tokenizer
+from animegamer.models.encoder import representation_tokens
+from animegamer.models.frozen_encoders import build_frozen_encoders
+from animegamer.models.mllm import check_mllm
+from animegamer.phases import phase_a, phase_b, phase_c
+from animegamer.phases.common import cast_frozen
+from animegamer.training.callbacks import ValidationVideos
+from animegamer.training.shard_data import ShardData, clip_lookup
+from animegamer.training.strategies import BF16_MIXED, FSDP, is_deepspeed
 
 log = logging.getLogger(__name__)
 
-# Parameter groups of the reconstruction model (encoder + decoder) that a phase trains, resolved to
-# parameter names by phases/denoising.py; a phase that trains the decoder's LoRA also adds it. DECODER is
-# every parameter of the decoder's transformer (pre-training a base, no LoRA).
-ENCODER, MOTION_SCOPE, ADALN, LORA, DECODER = "encoder", "motion_scope", "adaln", "lora", "decoder"
 # The game-state MLLM's own trainable set (LoRA, and per model.mllm its norms and embeddings, the projections).
 MLLM = "mllm"
 
@@ -69,16 +80,12 @@ def _latents(cfg: RunConfig) -> tuple:
 
 
 def _representation(cfg: RunConfig) -> tuple[int, int]:
-    from animegamer.models.encoder import representation_tokens
-
     return representation_tokens(cfg.model.encoder), cfg.model.encoder.width
 
 
 def _feature_shapes(cfg: RunConfig) -> dict[str, tuple]:
     """Precomputed features (clips are decoded whole, their size is the pipeline's business)."""
-    from animegamer.data.phase_a import FEATURES
-
-    if cfg.phase.input != FEATURES:
+    if cfg.phase.input != data_a.FEATURES:
         return {}
     enc = cfg.model.encoder
     return {LATENTS: _latents(cfg), TEXT: (enc.text_tokens, enc.text_dim), IMAGE: (enc.image_tokens, enc.image_dim)}
@@ -94,9 +101,7 @@ def _adaptation_shapes(cfg: RunConfig) -> dict[str, tuple]:
 
 def _reconstruction_encoders(cfg: RunConfig) -> tuple[str, ...]:
     """All with raw clips; the VAE for validation videos."""
-    from animegamer.data.phase_a import CLIPS
-
-    if cfg.phase.input == CLIPS:
+    if cfg.phase.input == data_a.CLIPS:
         return ("t5", "clip", "vae")
     return ("vae",) if cfg.phase.val_clips > 0 else ()
 
@@ -120,12 +125,6 @@ def _mllm_blocks() -> set[type]:
 
 # --------------------------------------------------------------------------- builders
 def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    from animegamer.data import phase_a as data_a
-    from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.phases.phase_a import PhaseA, export_phase_a
-    from animegamer.training.callbacks import ValidationVideos
-    from animegamer.training.runner import ShardData, clip_lookup
-
     frozen = build_frozen_encoders(cfg.model.encoders) if cfg.phase.input == data_a.CLIPS else None
     data = ShardData(data_a.phase_a_dataset(cfg, "train"), data_a.phase_a_dataset(cfg, "val"),
                      partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
@@ -135,22 +134,15 @@ def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontex
         callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
                                           cfg.phase.val_clips, cfg.phase.val_sampling_steps))
     with init():
-        module = PhaseA(cfg, frozen)
-    return BuiltPhase(module, data, export_phase_a, callbacks)
+        module = phase_a.PhaseA(cfg, frozen)
+    return BuiltPhase(module, data, phase_a.export_phase_a, callbacks)
 
 
 def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    import torch
-
-    from animegamer.data import phase_b as data_b
-    from animegamer.phases.common import cast_frozen
-    from animegamer.phases.phase_b import PhaseB, export_phase_b
-    from animegamer.training.runner import ShardData
-
     # Indexed before the MLLM is built (minutes at 7B): an empty training split fails in seconds.
     train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
     with init():
-        module = PhaseB(cfg)
+        module = phase_b.PhaseB(cfg)
         if frozen_bf16_applies(cfg):  # autocast (bf16-mixed) computes with the bf16 base and float32 trainables
             count = cast_frozen(module.model, torch.bfloat16)
             log.info("phase.frozen_bf16: %d frozen tensors held in bfloat16", count)
@@ -160,20 +152,15 @@ def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -
         data_b.FullSessions(val_sessions, tokenizer, ids),
         lambda dataset, *position: data_b.train_loader(cfg, dataset, ids.pad, *position),
         lambda dataset: data_b.val_loader(cfg, dataset, ids.pad))
-    return BuiltPhase(module, data, export_phase_b, [])
+    return BuiltPhase(module, data, phase_b.export_phase_b, [])
 
 
 def _build_adaptation(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    from animegamer.data import phase_a as data_a
-    from animegamer.data.phase_c import adaptation_dataset
-    from animegamer.phases.phase_c import PhaseC, export_phase_c
-    from animegamer.training.runner import ShardData
-
     data = ShardData(adaptation_dataset(cfg, "train"), adaptation_dataset(cfg, "val"),
                      partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
     with init():
-        module = PhaseC(cfg)
-    return BuiltPhase(module, data, export_phase_c, [])
+        module = phase_c.PhaseC(cfg)
+    return BuiltPhase(module, data, phase_c.export_phase_c, [])
 
 
 # --------------------------------------------------------------------------- each phase's own checks
@@ -182,14 +169,13 @@ def _probability(key: str, value: float) -> list[str]:
 
 
 def check_reconstruction_phase(cfg: RunConfig) -> list[str]:
-    from animegamer.data.phase_a import CLIPS, INPUTS
-
     phase = cfg.phase
-    problems = choice("phase.input", phase.input, INPUTS)
+    problems = choice("phase.input", phase.input, data_a.INPUTS)
     problems += _probability("phase.text_dropout", phase.text_dropout)
     problems += _probability("phase.image_dropout", phase.image_dropout)
-    if phase.random_frame and phase.input != CLIPS:
-        problems.append(f"phase.random_frame needs phase.input={CLIPS}: precomputed features hold the first frame only")
+    if phase.random_frame and phase.input != data_a.CLIPS:
+        problems.append(f"phase.random_frame needs phase.input={data_a.CLIPS}: precomputed features hold the first "
+                        f"frame only")
     return problems
 
 
@@ -202,10 +188,6 @@ def check_base_phase(cfg: RunConfig) -> list[str]:
 
 
 def check_game_state_phase(cfg: RunConfig) -> list[str]:
-    from animegamer.models.checks import check_tokenizer  # networks: imported when a phase is checked
-    from animegamer.mllm.collate import check_window_weights
-    from animegamer.models.mllm import check_mllm
-
     phase = cfg.phase
     problems = []
     if phase.pack_tokens < 0:
@@ -227,8 +209,6 @@ def check_frozen_bf16(cfg: RunConfig) -> list[str]:
 
 def frozen_bf16_problems(cfg: RunConfig) -> list[str]:
     """Why holding the frozen base in bf16 does not apply to this run (empty when it does)."""
-    from animegamer.training.strategies import BF16_MIXED, FSDP, is_deepspeed
-
     t = cfg.trainer
     if t.strategy == FSDP:
         return ["phase.frozen_bf16=true: FSDP shards units of one dtype; use trainer.fsdp_compute=bf16 instead"]
@@ -256,22 +236,18 @@ _RECONSTRUCTION = dict(config=PhaseAConfig, samples=None, sample_shapes=_feature
                        wrap_blocks=_decoder_blocks, checks=(check_reconstruction_phase,))
 
 PHASES: dict[str, PhaseSpec] = {spec.name: spec for spec in (
-    # The whole decoder and the encoder on phase (a)'s samples, the stand-in of CogVideoX's text-to-video
-    # pre-training (the encoder plays the text encoder and is discarded); the export also holds the
-    # transformer as a diffusers folder that later stages load as model.decoder.path.
-    PhaseSpec(A_BASE, trains=(ENCODER, DECODER), exports=EXPORTS[A_BASE],
+    # Phase (a)'s stages on its samples (each trains its phase_a.STAGE_GROUPS). The base's export also
+    # holds the transformer as a diffusers folder that later stages load as model.decoder.path.
+    PhaseSpec(A_BASE, trains=phase_a.STAGE_GROUPS[A_BASE], exports=EXPORTS[A_BASE],
               **{**_RECONSTRUCTION, "checks": (check_reconstruction_phase, check_base_phase)}),
-    # Encoder branches and the motion-scope embedder; the decoder stays as loaded (LoRA merged).
-    PhaseSpec(A_WARMUP, trains=(ENCODER, MOTION_SCOPE), exports=EXPORTS[A_WARMUP], **_RECONSTRUCTION),
-    # + the decoder's LoRA and every block's AdaLN modulation linear.
-    PhaseSpec(A_JOINT, trains=(ENCODER, MOTION_SCOPE, ADALN, LORA),
-              exports=EXPORTS[A_JOINT], **_RECONSTRUCTION),
+    PhaseSpec(A_WARMUP, trains=phase_a.STAGE_GROUPS[A_WARMUP], exports=EXPORTS[A_WARMUP], **_RECONSTRUCTION),
+    PhaseSpec(A_JOINT, trains=phase_a.STAGE_GROUPS[A_JOINT], exports=EXPORTS[A_JOINT], **_RECONSTRUCTION),
     PhaseSpec(PHASE_B, config=PhaseBConfig, trains=(MLLM,),
               exports=EXPORTS[PHASE_B],
               samples="sessions", sample_shapes=_session_shapes, weights=("mllm",), frozen_encoders=_no_encoders,
               build=_build_game_state, wrap_blocks=_mllm_blocks, checks=(check_game_state_phase,)),
     # The decoder (encoder bypassed) on the MLLM's predicted representations; the export carries the encoder.
-    PhaseSpec(PHASE_C, config=PhaseCConfig, trains=(MOTION_SCOPE, ADALN, LORA),
+    PhaseSpec(PHASE_C, config=PhaseCConfig, trains=phase_c.ADAPTATION_GROUPS,
               exports=EXPORTS[PHASE_C],
               samples="adaptation", sample_shapes=_adaptation_shapes, weights=("decoder",),
               frozen_encoders=_no_encoders, build=_build_adaptation, wrap_blocks=_decoder_blocks,

@@ -1,1 +1,1 @@
-"""The training runner shared by every phase: trainer, loggers, callbacks, checkpoints, export."""
+"""The generic trainer every phase runs under, importing no phase: strategies, callbacks, checkpoints, run records."""

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from animegamer.checkpoints.export import FINISHED
 from animegamer.contracts.files import EXPORT_DIR
 from animegamer.media.video import encode_mp4  # PyAV and OpenCV load only when a video is encoded
+from animegamer.models.frozen_encoders import build_frozen_encoders  # diffusers loads only when one is built
 from animegamer.training.run_record import write_record
 from animegamer.training.strategies import full_weights, is_fsdp_strategy
 from animegamer.training.throughput import pausing
@@ -167,8 +168,6 @@ class ValidationVideos(L.Callback):
 
     def _vae_model(self, module):
         if self._vae is None:
-            from animegamer.models.frozen_encoders import build_frozen_encoders  # diffusers: only when logging
-
             self._vae = build_frozen_encoders(self.cfg.model.encoders, device=module.device, which=("vae",)).vae
         return self._vae
 

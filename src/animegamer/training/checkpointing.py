@@ -34,6 +34,7 @@ from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
                                                       set_aside, write_file_record, write_folder_record,
                                                       write_pending_record)
+from animegamer.training.strategies import is_deepspeed_strategy
 from animegamer.training.throughput import pausing
 from animegamer.utils.logging import is_global_zero
 
@@ -214,8 +215,6 @@ def guarded_save(trainer, path: Path) -> Iterator[None]:
     writes a pending record first (``checkpoint_integrity``), so a folder cut short after ``latest``
     never counts as intact; and a disk that fills during the save stops with :class:`DiskFullError`,
     the incomplete folder removed by global rank 0 (every earlier checkpoint is kept)."""
-    from animegamer.training.strategies import is_deepspeed_strategy
-
     if not is_deepspeed_strategy(trainer.strategy):
         yield
         return

@@ -42,7 +42,6 @@ from animegamer.contracts.files import EXPORT_DIR, MANIFEST, RECORD_FILE
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.media.fingerprint import shards_digest
-from animegamer.phases.specs import spec_named
 from animegamer.utils.io import read_json, sha256_bytes, write_json_atomic
 from animegamer.utils.logging import is_global_zero
 
@@ -162,20 +161,18 @@ def read_record(folder: Path) -> tuple[dict, Path] | None:
     return None
 
 
-def make_record(config: dict, changes: list[dict], data: dict[str, str | None] | None = None) -> dict:
-    """``data``: the digests of :func:`data_digests`, when already computed."""
-    return {"config": config, "data": data_digests(config) if data is None else data, "changes": changes}
+def make_record(config: dict, changes: list[dict], data: dict[str, str | None]) -> dict:
+    """``data``: the digests of :func:`data_digests`."""
+    return {"config": config, "data": data, "changes": changes}
 
 
 def write_record(folder: Path, record: dict) -> None:
     write_json_atomic(Path(folder) / RECORD_FILE, record)
 
 
-def data_folders(config: dict) -> list[str]:
-    """The ``data.*`` keys of the shard folders a phase reads: its samples' and the clips' (the held-out
-    split reads their shots.json); ``config`` resolved."""
-    phase = config["phase"]
-    samples = spec_named(phase["name"]).sample_key(phase)
+def data_folders(samples: str) -> list[str]:
+    """The ``data.*`` keys of the shard folders a phase reads: its samples' (``samples``, the phase spec's
+    ``sample_key``) and the clips' (the held-out split reads their shots.json)."""
     return list(dict.fromkeys((samples, HELD_OUT_SOURCE)))
 
 
@@ -196,10 +193,11 @@ def manifest_digest(source: ShardSource) -> str | None:
     return shards_digest(manifest) if shards and all("sha256" in s for s in shards) else sha256_bytes(raw)
 
 
-def data_digests(config: dict) -> dict[str, str | None]:
-    """``data.<key>`` -> digest of that folder's manifest, for every folder the phase reads."""
+def data_digests(config: dict, samples: str) -> dict[str, str | None]:
+    """``data.<key>`` -> digest of that folder's manifest, for every folder the phase reads (its samples in
+    ``data.<samples>``)."""
     return {f"data.{key}": manifest_digest(data_source(config["data"], config["data"][key]))
-            for key in data_folders(config)}
+            for key in data_folders(samples)}
 
 
 DATA_REASON = "its shards changed since the checkpoints were made (the pipeline ran again into data.root?)"
@@ -227,10 +225,11 @@ class Decision:
     pending: dict | None = None
 
 
-def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, allow_changes: bool,
+def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, allow_changes: bool, samples: str,
                      writer: bool | None = None) -> Decision:
     """Compare ``config`` (resolved, plain containers) and the data it reads with the folder's record.
 
+    ``samples``: the ``data.*`` key of the folder of the phase's samples (its spec's ``sample_key``).
     ``resume_step``: the step of the checkpoint the run resumes from (None: a fresh run, whose record
     ``writer`` (default: global rank 0) writes now). Raises :class:`RunFolderChanged` when a change that
     alters the training is not allowed by ``allow_changes``. A resume returns the changes and the
@@ -240,16 +239,16 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
     config = {k: v for k, v in config.items() if k != OVERRIDE}  # how to resume, not what the run is
     if resume_step is None:
         if writer:
-            write_record(folder, make_record(config, []))
+            write_record(folder, make_record(config, [], data_digests(config, samples)))
             log.info("new run in %s (its config: %s)", folder, folder / RECORD_FILE)
         return Decision([])
     found = read_record(folder)
     if found is None:
         log.warning("%s holds checkpoints but no %s (made before run records): recording the current config "
                     "without checking it against the checkpoints'", folder, RECORD_FILE)
-        return Decision([], make_record(config, []))
+        return Decision([], make_record(config, [], data_digests(config, samples)))
     record, source = found
-    now = data_digests(config)
+    now = data_digests(config, samples)
     changes = diff(record["config"], config)
     refusals = refused(changes, record["config"], config)
     if "data" in record:

@@ -18,8 +18,8 @@ from typing import Callable, ContextManager
 from animegamer.config.schema import RunConfig
 from animegamer.config.validate import choice
 from animegamer.errors import UserError
-from animegamer.phases.specs import PHASES, spec_for
-from animegamer.training.faults import count_step
+from animegamer.training import fsdp_gather
+from animegamer.training.nonfinite import count_step
 
 log = logging.getLogger(__name__)
 # Lightning, torch.distributed and the network libraries are imported inside the functions that make
@@ -55,13 +55,9 @@ KNOWN_PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true
 DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", BF16_MIXED)  # Lightning's DeepSpeed plugin
 
 
-def block_types(cfg: RunConfig) -> set[type]:
-    """The transformer block classes of the phase's trained network: FSDP's wrapping unit (its spec's)."""
-    return spec_for(cfg).wrap_blocks()
-
-
-def make_strategy(cfg: RunConfig):
-    """The Lightning strategy (object or name) of ``cfg.trainer.strategy``."""
+def make_strategy(cfg: RunConfig, block_types: Callable[[], set[type]]):
+    """The Lightning strategy (object or name) of ``cfg.trainer.strategy``. ``block_types``: the transformer
+    block classes of the trained network, FSDP's wrapping unit (called under FSDP only: it imports them)."""
     name = cfg.trainer.strategy
     if name not in STRATEGIES:
         raise ValueError(f"trainer.strategy={name!r}: expected one of {', '.join(STRATEGIES)}")
@@ -80,7 +76,7 @@ def make_strategy(cfg: RunConfig):
         # Full state dict: the phases' on_save_checkpoint then keeps only what trains.
         # forward_prefetch: the next block's all-gather is issued before this block's forward runs,
         # so the gathers overlap compute in the forward as backward_prefetch does in the backward.
-        return trained_state_fsdp()(auto_wrap_policy=block_types(cfg), sharding_strategy=cfg.trainer.fsdp_sharding,
+        return trained_state_fsdp()(auto_wrap_policy=block_types(), sharding_strategy=cfg.trainer.fsdp_sharding,
                             state_dict_type="full", use_orig_params=True, limit_all_gathers=True,
                             forward_prefetch=True, mixed_precision=fsdp_mixed_precision(cfg))
     require_deepspeed(name)
@@ -116,7 +112,7 @@ def rule_keeping_deepspeed():
     strategy gives the engine ``gradient_clipping = phase.grad_clip`` itself, turns on bf16's
     ``check_grad_overflow`` (ZeRO-1/2 in bf16 apply NaN/inf gradients without it; float32 and ZeRO-3
     skip on a non-finite norm regardless), and after each optimizer step counts the steps the engine
-    skipped as non-finite (:func:`~animegamer.training.faults.count_step`), so ``max_nonfinite_in_row``
+    skipped as non-finite (:func:`~animegamer.training.nonfinite.count_step`), so ``max_nonfinite_in_row``
     stops the run as under the other strategies. Every rank sees the same decision: the engine
     all-reduces the overflow flag and the norm. Under fp16 (``16-mixed``, ``16-true``) the dynamic loss
     scaler's skips are its way of finding the scale, not faults: they are left to DeepSpeed, which
@@ -171,19 +167,17 @@ def trained_state_fsdp():
     frozen keys, as before."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from animegamer.training.fsdp_gather import gathered_state, saved_by
-
     class TrainedStateFSDPStrategy(FSDPStrategy):
         def lightning_module_state_dict(self) -> dict:
             if self._state_dict_type != "full":
                 return super().lightning_module_state_dict()
-            return gathered_state(self.model, self.global_rank, saved_by(self.lightning_module))
+            return fsdp_gather.gathered_state(self.model, self.global_rank, fsdp_gather.saved_by(self.lightning_module))
 
     return TrainedStateFSDPStrategy
 
 
 def module_init(cfg: RunConfig, trainer) -> Callable[[], ContextManager]:
-    """The context the phase's networks are built in (``runner.build_phase``'s ``init``).
+    """The context the phase's networks are built in (``phases.run.build_phase``'s ``init``).
 
     Lightning builds on the GPU under every strategy but FSDP, which builds on the CPU so that a model
     larger than one GPU can still be sharded; building a random or loaded 7B float32 model on the CPU
@@ -287,9 +281,10 @@ DEEPSPEED_PICKLED = (
 )
 
 
-def check_strategy(cfg: RunConfig) -> list[str]:
+def check_strategy(cfg: RunConfig, writes_lora_adapter: bool) -> list[str]:
     """``trainer.strategy``, its precision and FSDP settings, and the strategy against what the phase's
-    export needs; before anything is built."""
+    export needs (``writes_lora_adapter``: the phase's export holds a peft LoRA adapter folder); before
+    anything is built."""
     t = cfg.trainer
     problems = choice("trainer.precision", str(t.precision), KNOWN_PRECISIONS)
     strategy = str(t.strategy)
@@ -322,8 +317,7 @@ def check_strategy(cfg: RunConfig) -> list[str]:
     # ZeRO-3 partitions every parameter; exports gather them (full_weights), but the peft adapter
     # folders of phases that write one are not verified against ZeRO-3's partitioned LoRA tensors.
     partitioned = is_deepspeed(strategy) and DEEPSPEED_STRATEGIES[strategy][0] == PARTITIONED_STAGE
-    spec = PHASES.get(cfg.phase.name)  # an unknown name is the phase checks' to report
-    if partitioned and spec is not None and spec.exports.lora_adapter:
+    if partitioned and writes_lora_adapter:
         problems.append(f"trainer.strategy={strategy!r} partitions the LoRA weights, and phase {cfg.phase.name!r} "
                         f"writes a peft LoRA adapter folder from them: use deepspeed_stage_2 (or "
                         f"deepspeed_stage_2_offload), fsdp or ddp")

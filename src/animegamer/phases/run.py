@@ -1,10 +1,15 @@
-"""``train.py``'s body: typed config in, a fitted phase out (checkpoints, export, logs)."""
+"""``animegamer train``'s body: typed config in, a fitted phase out (checkpoints, export, logs).
+
+The generic trainer (``animegamer.training``) knows no phase: this module gives it what the configured
+phase's spec says (its FSDP wrapping unit, the folder of its samples, its builder).
+"""
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -16,9 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.files import EXPORT_DIR
-from animegamer.data.storage import data_source
-from animegamer.data.indexed import IndexedShardDataset
+from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import BuiltPhase, spec_for
+from animegamer.training import strategies
 from animegamer.training.bad_data import BadDataBudget
 from animegamer.training.callbacks import ExportCallback, RecordOnSave, ResumeSettings, StepProgressBar
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointIO, KeepLastCheckpoint,
@@ -30,8 +35,7 @@ from animegamer.training.process_group import host_rendezvous, process_group_lif
 from animegamer.training.profiling import make_profiler, summarise_traces
 from animegamer.training.run_record import check_run_folder
 from animegamer.training.safe_io import ensure_weights_only
-from animegamer.training.strategies import (checkpoint_safe_globals, is_deepspeed, lightning_precision, make_strategy,
-                                            module_init)
+from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, module_init
 from animegamer.training.sweep import job_output_dir
 from animegamer.training.sync_sites import SyncSites
 from animegamer.training.throughput import Throughput
@@ -42,36 +46,14 @@ from animegamer.utils.threads import use_threads
 log = logging.getLogger(__name__)
 
 
-class ShardData(L.LightningDataModule):
-    """Train/val loaders of any phase; the train loader starts where the (possibly resumed) run
-    stands, so its sample order continues exactly. An empty validation split disables validation."""
-
-    def __init__(self, train_set, val_set, train_loader: Callable, val_loader: Callable) -> None:
-        super().__init__()
-        self.train_set, self.val_set = train_set, val_set
-        self._train_loader, self._val_loader = train_loader, val_loader
-
-    def train_dataloader(self):
-        trainer = self.trainer
-        return self._train_loader(self.train_set, trainer.global_step, trainer.global_rank, trainer.world_size)
-
-    def val_dataloader(self):
-        if not len(self.val_set):
-            # Whole shots are held out (data/split.py) and a session only when all its shots are, so a
-            # short film can leave a phase nothing to validate on: say so instead of Lightning's
-            # "Total length of `list` across ranks is zero".
-            log.warning("validation skipped: the held-out split is empty (data.val_fraction holds out whole shots; "
-                        "a phase (b) session is held out only when every one of its clips is)")
-            return []
-        return self._val_loader(self.val_set)
+def block_types(cfg: RunConfig) -> set[type]:
+    """The transformer block classes of the phase's trained network: FSDP's wrapping unit (its spec's)."""
+    return spec_for(cfg).wrap_blocks()
 
 
-def clip_lookup(cfg: RunConfig, keys: list[str]):
-    """key -> ground-truth frames (T, H, W, 3) from the clip shards, for validation videos."""
-    wanted = set(keys)
-    dataset = IndexedShardDataset(data_source(cfg.data, cfg.data.clips), lambda s: s["mp4"], lambda k: k in wanted)
-    positions = {key: i for i, key in enumerate(dataset.keys())}
-    return lambda key: dataset[positions[key]]
+def make_strategy(cfg: RunConfig):
+    """The Lightning strategy (object or name) of ``cfg.trainer.strategy`` for the configured phase."""
+    return strategies.make_strategy(cfg, partial(block_types, cfg))
 
 
 def build_phase(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
@@ -99,7 +81,7 @@ _EXPECTED_WARNINGS = (
     # CSV logger's earlier rows are kept as logs/metrics.attempt-N.csv: loggers.keep_earlier_attempt).
     r"Checkpoint directory .* exists and is not empty",
     r"Experiment logs directory .* exists and is not empty",
-    # An empty held-out split: ShardData.val_dataloader has said so in words that name the cause.
+    # An empty held-out split: training.shard_data.ShardData.val_dataloader has said so in words that name the cause.
     r"Total length of `list` across ranks is zero",
     # PhaseB moves its batches itself (bookkeeping stays on the host); its hook is the one meant.
     r"You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a `LightningDataModule`",
@@ -139,7 +121,9 @@ def run_folder_callbacks(cfg: RunConfig, resolved: dict, resume: Path | None) ->
     what resuming needs. Every rank gets the same callbacks whenever it starts: the record is only
     rewritten once the resumed run saves a checkpoint, and the optimizer settings follow the override."""
     out = Path(cfg.output_dir)
-    decision = check_run_folder(out, resolved, checkpoint_step(resume) if resume else None, cfg.resume_with_changes)
+    samples = spec_for(cfg).sample_key(cfg.phase)
+    decision = check_run_folder(out, resolved, checkpoint_step(resume) if resume else None, cfg.resume_with_changes,
+                                samples)
     callbacks: list[L.Callback] = [] if decision.pending is None else [RecordOnSave(out, decision.pending)]
     if resume is not None and cfg.resume_with_changes:
         callbacks.append(ResumeSettings())
@@ -206,8 +190,6 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 
 def run(cfg: DictConfig) -> dict:
     """Validate a composed config (every problem at once) and train; what ``train.py`` calls."""
-    from animegamer.phases.preflight import validate_train_run
-
     setup_logging(cfg.log_level)
     cfg.output_dir = job_output_dir(cfg.output_dir)  # a --multirun job trains into its own sub-folder
     validate_train_run(cfg, machine=True)
