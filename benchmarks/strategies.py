@@ -1,7 +1,7 @@
 """Paper-scale runs of ``train.py`` under the distributed presets, with a kill and a resume.
 
 For each phase and strategy, on random weights of the true sizes and synthetic shards of the true
-shapes (``animegamer.data.synthetic``):
+shapes (``tests/synthetic.py``, the training tests' shards):
 
 - 1 GPU, global batch G: train to M/2 steps, stop, then run again to M (save, resume, continue);
   with ``--parallel`` the 1-GPU runs of the strategies share out the host's GPUs, one run per GPU;
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")]  # tests/: synthetic.py
 
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C  # noqa: E402  (after the path set-up)
 
@@ -51,7 +51,7 @@ def model_cfg(tiny: bool):
 
 
 def make_data(phase: str, root: Path, samples: int, tiny: bool) -> Path:
-    from animegamer.data import synthetic
+    import synthetic
     from animegamer.models.encoder import representation_tokens
 
     cfg = model_cfg(tiny)

@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.data.synthetic import feature_shards
+from synthetic import feature_shards
 
 NUM_CLIPS = 12
 

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
-from animegamer.data.synthetic import session_shards
+from synthetic import session_shards
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, byte_tokenizer
 
 

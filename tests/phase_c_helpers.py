@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from animegamer.data.synthetic import adaptation_shards
+from synthetic import adaptation_shards
 
 
 def write_synthetic_adaptation(root: Path, clips: int = 10, seed: int = 0) -> Path:

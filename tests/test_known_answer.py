@@ -15,7 +15,7 @@ import pytest
 
 from data_pipeline.captioners.fields import Caption as CaptionFields
 from data_pipeline.captioners.fields import build_instruction
-from data_pipeline.known_answer import (
+from benchmarks.known_answer.data import (
     CAPTION_WORDS,
     LEVEL_WORDS,
     MEASUREMENTS_FILE,

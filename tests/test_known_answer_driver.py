@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from animegamer.contracts.shards import PRED_REP, REP
-from animegamer.known_answer import representation_prediction
-from animegamer.known_answer_report import (
+from benchmarks.known_answer.driver import representation_prediction
+from benchmarks.known_answer.report import (
     RECONSTRUCTION,
     TRAINED,
     comparisons,
@@ -101,7 +101,7 @@ def test_stage_overrides_reach_their_stage_alone(tmp_path: Path) -> None:
     from dataclasses import replace
 
     from animegamer.errors import UserError
-    from animegamer.known_answer import SIZES, Layout, parse_stage_overrides, recipe_of
+    from benchmarks.known_answer.driver import SIZES, Layout, parse_stage_overrides, recipe_of
 
     pairs = parse_stage_overrides(["base:phase.batch_size=64", "eval:model.diffusion.sampling_steps=50"])
     assert pairs == [("base", "phase.batch_size=64"), ("eval", "model.diffusion.sampling_steps=50")]
@@ -120,7 +120,7 @@ def test_stage_overrides_reach_their_stage_alone(tmp_path: Path) -> None:
 def test_a_step_cache_the_evaluation_would_refuse_stops_before_anything_trains(tmp_path: Path) -> None:
     """The cached game plays last, after every stage: a bad threshold must fail at the start, not then."""
     from animegamer.errors import UserError
-    from animegamer.known_answer import run_benchmark
+    from benchmarks.known_answer.driver import run_benchmark
 
     with pytest.raises(UserError, match="cache_threshold=-1.0 must be >= 0"):
         run_benchmark(tmp_path / "out", "ci", step_cache=[0.1, -1.0])
@@ -151,7 +151,7 @@ def test_the_step_cache_compares_typical_turns_and_reads_older_evaluations() -> 
     """The cached and uncached games run in other processes: their median turns are compared, so the
     first turn's warm-up does not count as a speed-up; when one evaluation was written before medians
     were kept (a reused one), both are compared by their means, and the record says which."""
-    from animegamer.known_answer import MEAN, MEDIAN, typical_turns
+    from benchmarks.known_answer.driver import MEAN, MEDIAN, typical_turns
 
     median = {"mllm": 0.05, "sample": 0.15, "vae_decode": 0.01, "total": 0.21}
     mean = {"mllm": 0.12, "sample": 0.16, "vae_decode": 0.02, "total": 0.30}
@@ -166,13 +166,13 @@ def test_every_benchmark_evaluation_sweeps_the_motion_scope_unless_told_not_to(t
     override still turns it off. The ci size (its pixels noise) does not sweep."""
     from dataclasses import replace
 
-    import animegamer.evaluation.reuse as reuse
-    from animegamer.known_answer import MOTION_SWEEP, SIZES, Layout, evaluate_renderer, parse_stage_overrides, recipe_of
+    import benchmarks.known_answer.driver as driver
+    from benchmarks.known_answer.driver import MOTION_SWEEP, SIZES, Layout, evaluate_renderer, parse_stage_overrides, recipe_of
 
     layout = Layout(tmp_path, 0)
     assert MOTION_SWEEP in recipe_of(layout, SIZES["gpu"]).evaluation
     assert MOTION_SWEEP not in recipe_of(layout, SIZES["ci"]).evaluation
-    monkeypatch.setattr(reuse, "evaluate_or_reuse", lambda cfg: cfg)  # the composed config, nothing played
+    monkeypatch.setattr(driver, "evaluate_or_reuse", lambda cfg: cfg)  # the composed config, nothing played
     cfg = evaluate_renderer(layout, SIZES["gpu"], "ablation_x", "mllm", "renderer", reconstruction="renderer")
     assert cfg.evaluation.motion_sweep is True and cfg.evaluation.reconstruction_export == "renderer"
     off = replace(SIZES["gpu"], stage_extra=tuple(parse_stage_overrides(["eval:evaluation.motion_sweep=false"])))
@@ -182,7 +182,7 @@ def test_every_benchmark_evaluation_sweeps_the_motion_scope_unless_told_not_to(t
 
 def test_the_table_names_the_caption_words_and_carries_the_sweep(tmp_path: Path) -> None:
     from animegamer.evaluation.motion_sweep import HEADLINE, PIXEL_FLOW
-    from data_pipeline.known_answer import CAPTION_WORDS_MEANING, SHARED_WORDS, TRUTH_WORDS_KEY
+    from benchmarks.known_answer.data import CAPTION_WORDS_MEANING, SHARED_WORDS, TRUTH_WORDS_KEY
 
     rho, rising = HEADLINE[PIXEL_FLOW]
     evaluation = {**EVALUATION, "reconstruction": {**EVALUATION["reconstruction"], rho: _metric(0.9),

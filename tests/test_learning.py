@@ -1,4 +1,4 @@
-"""The CPU learning test: the known-answer benchmark at CI size (``python -m animegamer.known_answer OUT
+"""The CPU learning test: the known-answer benchmark at CI size (``python -m benchmarks.known_answer OUT
 --size ci``: two toy films, the tiny preset, every stage of the recipe: pipeline, the decoder base, phases
 a1, a2, b, c and the evaluation on held-out shots) must learn above its baselines.
 
@@ -63,7 +63,7 @@ REP_MSE_RATIO_MAX = 1.4
 
 @pytest.fixture(scope="module")
 def benchmark(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from animegamer.known_answer import run_benchmark
+    from benchmarks.known_answer.driver import run_benchmark
 
     # The step cache at threshold 0 computes every step: its game must be the uncached one, clip for clip.
     return run_benchmark(tmp_path_factory.mktemp("known_answer"), "ci", seed=SEED, ablations=(), a2_renderer=False,
@@ -76,7 +76,7 @@ def _row(result: dict, name: str) -> dict:
 
 
 def test_states_are_learned_above_the_untrained_game(benchmark: dict) -> None:
-    from animegamer.known_answer import TRAINED
+    from benchmarks.known_answer.driver import TRAINED
     from animegamer.metrics.baselines import UNTRAINED
 
     trained, untrained = _row(benchmark, TRAINED), _row(benchmark, UNTRAINED)
@@ -86,7 +86,7 @@ def test_states_are_learned_above_the_untrained_game(benchmark: dict) -> None:
 
 
 def test_states_are_learned_above_the_majority_class(benchmark: dict) -> None:
-    from animegamer.known_answer import TRAINED
+    from benchmarks.known_answer.driver import TRAINED
     from animegamer.metrics.baselines import MAJORITY
 
     trained, majority = _row(benchmark, TRAINED), _row(benchmark, MAJORITY)
@@ -115,7 +115,7 @@ def test_the_benchmark_writes_its_table_curves_and_gallery(benchmark: dict) -> N
 def test_the_decoder_base_reconstructs_beside_the_a2_decoder(benchmark: dict) -> None:
     """The decoder base's own reconstruction is a row of the same kind as the a2 one (same clips, same
     metrics), so the table says whether the base renders what the later stages are to control."""
-    from animegamer.known_answer import BASE_RENDERER, RECONSTRUCTION
+    from benchmarks.known_answer.driver import BASE_RENDERER, RECONSTRUCTION
 
     label = f"{BASE_RENDERER}: {RECONSTRUCTION}"
     base = _row(benchmark, label)
@@ -126,7 +126,7 @@ def test_the_decoder_base_reconstructs_beside_the_a2_decoder(benchmark: dict) ->
 def test_the_step_cache_row_compares_its_clips_with_the_uncached_game(benchmark: dict) -> None:
     """At threshold 0 the cached game renders exactly the uncached one: every turn's clip equal (PSNR at
     its cap), the same metrics, and a time per turn of each."""
-    from animegamer.known_answer import STEP_CACHE, TRAINED
+    from benchmarks.known_answer.driver import STEP_CACHE, TRAINED
     from animegamer.metrics.psnr import PSNR_CAP_DB
 
     [record] = benchmark["step_cache"]

@@ -1,6 +1,6 @@
 """The motion sweep (``animegamer.evaluation.motion_sweep``): its statistics, its part of the evaluation's
 metrics.json and report.md, and the mechanism it checks: a small decoder trained on synthetic moving latents
-(``animegamer.motion_probe``), told each clip's speed by its motion scope alone, renders the speed the motion
+(``benchmarks.known_answer.motion_probe``), told each clip's speed by its motion scope alone, renders the speed the motion
 scope asks for, and renders none of it when that input is zeroed."""
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def probe_sweeps() -> dict:
     from animegamer.config.compose import compose_config
     from animegamer.diffusion.sampler import sample
     from animegamer.metrics.latent_motion import clip_speed
-    from animegamer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
+    from benchmarks.known_answer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
 
     model = OmegaConf.to_object(compose_config("train", ["model=small"])).model
     diffusion = replace(model.diffusion, sampling_steps=SAMPLING_STEPS, guidance_scale=1.0)

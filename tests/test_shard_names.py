@@ -130,13 +130,13 @@ def _toy_vae_identity(root):
 
 
 def _known_answer_clips(root):
-    from data_pipeline.known_answer import _clip_metas
+    from benchmarks.known_answer.data import _clip_metas
 
     return _clip_metas(root / "clips")
 
 
 def _known_answer_scores(root):
-    from animegamer.known_answer import representation_prediction
+    from benchmarks.known_answer.driver import representation_prediction
 
     return representation_prediction(root)
 

@@ -211,7 +211,7 @@ def test_odd_frame_size_is_rejected(tmp_path: Path) -> None:
 
 
 def test_a_fixed_pan_direction_changes_the_pans_and_nothing_else(tmp_path: Path) -> None:
-    """The known-answer films pan one way (data_pipeline/known_answer.PAN_DIRECTION): the same shots,
+    """The known-answer films pan one way (benchmarks/known_answer/data.PAN_DIRECTION): the same shots,
     scenes, cast and positions as the drawn film, every moving shot panning +1, recorded in the truth."""
     from dataclasses import replace
 

@@ -23,8 +23,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from omegaconf import OmegaConf
 
+from animegamer.config.compose import compose_config
 from animegamer.config.schema import VAEConfig
+from animegamer.contracts.files import CLIPS_DIR
+from animegamer.data.shards import folder_shards, iter_samples
+from animegamer.data.split import HeldOut
+from animegamer.data.trained_data import clip_content_sha256
+from animegamer.errors import exit_on_user_error
+from animegamer.models.frozen_vae import FrozenVAE
 from animegamer.models.vae_training import (
     LossWeights,
     latent_moments,
@@ -33,12 +41,13 @@ from animegamer.models.vae_training import (
     reconstruction_loss,
     trainable_vae,
 )
+from animegamer.utils.io import atomic_dir, read_json_if_exists, write_json_atomic
+from animegamer.utils.logging import setup_logging
 from animegamer.utils.randomness import step_generator, step_seed
 
 logger = logging.getLogger(__name__)
 
 TRAINING_RECORD = "training.json"
-CLIPS_DIR = "clips"
 LOG_EVERY_N_STEPS = 25
 SCALE_CLIPS = 256  # training clips whose latents set the scaling factor: plenty for one std
 FRAME_AXIS_W = 3  # (B, T, H, W, 3): width axis, flipped for augmentation
@@ -111,9 +120,6 @@ class Clips:
 
 def load_clips(pipeline_output: str | Path, val_fraction: float) -> tuple[Clips, Clips]:
     """(training clips, held-out clips) of ``pipeline_output/clips``, split by whole shots."""
-    from animegamer.data.shards import folder_shards, iter_samples
-    from animegamer.data.split import HeldOut
-
     split = HeldOut(pipeline_output, CLIPS_DIR, val_fraction)
     parts: dict[bool, tuple[list[torch.Tensor], list[str]]] = {False: ([], []), True: ([], [])}
     for sample in iter_samples(folder_shards(Path(pipeline_output) / CLIPS_DIR)):
@@ -260,8 +266,6 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
 
 def save_vae(model: torch.nn.Module, out: str | Path, record: dict[str, Any]) -> Path:
     """Write the diffusers folder (atomically) with the measured scaling factor and ``training.json``."""
-    from animegamer.utils.io import atomic_dir, write_json_atomic
-
     model.register_to_config(scaling_factor=record["scaling_factor"])
     out = Path(out)
     with atomic_dir(out) as tmp:
@@ -272,8 +276,6 @@ def save_vae(model: torch.nn.Module, out: str | Path, record: dict[str, Any]) ->
 
 def check_saved(out: str | Path, held_out: Clips, batch_size: int, device: str) -> float:
     """Held-out PSNR through the frozen-encoder loader (``model.encoders.vae.path=out``)."""
-    from animegamer.models.frozen_vae import FrozenVAE
-
     vae = FrozenVAE(VAEConfig(path=str(out))).to(device)
     scores = []
     for batch in _batches(held_out.video, batch_size):
@@ -284,10 +286,6 @@ def check_saved(out: str | Path, held_out: Clips, batch_size: int, device: str) 
 
 def vae_config(model: str, overrides: Sequence[str]) -> tuple[VAEConfig, int]:
     """The preset's ``model.encoders.vae`` (with overrides) and its random-build seed."""
-    from omegaconf import OmegaConf
-
-    from animegamer.config.compose import compose_config
-
     cfg = compose_config("train", [f"model={model}", *overrides])
     vae = OmegaConf.to_object(cfg.model.encoders.vae)
     if vae.path:
@@ -300,8 +298,6 @@ def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
                    run_cfg: ToyVAETraining, about: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train on ``data``'s training clips, write ``out``, score it again through the frozen loader;
     returns the record written to ``out/training.json`` (``about`` is added to it as is)."""
-    from animegamer.utils.io import write_json_atomic
-
     run_cfg.validate()
     train, held_out = load_clips(data, run_cfg.val_fraction)
     trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=encoder_seed)
@@ -321,8 +317,6 @@ def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: 
     clips' folder is left out (the record keeps it for information), and so are the paths the manifest
     records: a folder carried to another machine, data moved, or the same films cut again in another
     folder must still be reused."""
-    from animegamer.data.trained_data import clip_content_sha256
-
     return {"clip_content_sha256": clip_content_sha256(data, CLIPS_DIR),
             "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg)}
 
@@ -331,8 +325,6 @@ def ensure_trained(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
                    run_cfg: ToyVAETraining, about: dict[str, Any] | None = None) -> dict[str, Any]:
     """``out``'s record when it was trained from the same clips, sizes and settings (a recipe run again
     reuses its VAE); otherwise train it (again)."""
-    from animegamer.utils.io import read_json_if_exists
-
     record = read_json_if_exists(Path(out) / TRAINING_RECORD)
     wanted = _identity(data, vae_cfg, encoder_seed, run_cfg)
     if record is not None and all(record.get(key) == value for key, value in wanted.items()):
@@ -367,9 +359,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from animegamer.errors import exit_on_user_error
-    from animegamer.utils.logging import setup_logging
-
     args = _parse_args(argv)
     setup_logging("INFO")
     settings = ToyVAETraining(**{name: getattr(args, name) for name in asdict(ToyVAETraining())})

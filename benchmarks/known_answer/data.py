@@ -1,6 +1,6 @@
 """The known-answer data set: several toy films through the real pipeline, with what is true about them.
 
-    python -m data_pipeline.known_answer OUT [--size ci|gpu] [--words level|shared] [--clips-only] [--vae FOLDER]
+    python -m benchmarks.known_answer.data OUT [--size ci|gpu] [--words level|shared] [--clips-only] [--vae FOLDER]
         [override ...]
 
 Each film is :func:`data_pipeline.toyfilm.make_toy_film` with its own seed and variant (film ``i``:
@@ -8,7 +8,7 @@ seed ``FIRST_SEED + i``, variant ``i``), so the films differ in cast (every grou
 characters in turn), scene order and palette, shot lengths, the order of the speed levels, texture and
 positions. They are written to ``OUT/films/`` and run through the pipeline (shot detection, clips,
 measured motion levels, captions imported from the generators' JSONL, precompute, sessions) into
-``OUT/pipeline/`` with the experiment ``known_answer_<size>``; the usual held-out split
+``OUT/pipeline/`` with the experiment ``known_answer_<size>`` (:mod:`benchmarks.known_answer.experiments`); the usual held-out split
 (``data.val_fraction`` of the experiment, whole shots) applies to everything trained on it.
 
 ``--clips-only`` stops after the clip shards (what ``python -m animegamer.toy_vae`` trains the frozen
@@ -33,12 +33,24 @@ import logging
 import re
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
+from animegamer.config.compose import compose_config
 from animegamer.contracts.files import CLIPS_DIR
 from animegamer.contracts.steps import CLIP_STEPS
+from animegamer.data.shards import folder_shards, iter_samples
+from animegamer.data.split import HeldOut
+from animegamer.data.split_counts import split_counts
+from animegamer.errors import exit_on_user_error
+from animegamer.media.captions import STATUS_OK
+from animegamer.utils.logging import setup_logging
+from benchmarks.known_answer.experiments import EVALUATE, PIPELINE, search_path
+from data_pipeline.__main__ import run
 from data_pipeline.toyfilm import (
     CHARACTER_JOINER,
     LEVEL_VOCABULARY,
@@ -57,6 +69,7 @@ FILMS_DIR = "films"
 PIPELINE_DIR = "pipeline"
 MEASUREMENTS_FILE = "known_answer.json"
 FEATURE_STEPS = ("precompute", "sessions")
+EVAL_SUFFIX = "_eval"  # a data set's evaluation experiment: known_answer_<size>_eval
 
 # The instruction template's fields, read back from the pipeline's clip json (not from the captions),
 # so the learnability check sees exactly the text the game model is given.
@@ -126,8 +139,6 @@ def shared_words(seed: int, variant: int, shots: int) -> list[tuple[str, str]]:
     ``variant``: every pair of ``LEVEL_VOCABULARY`` equally often (as every level is), in an order drawn
     from the seed and variant alone, never from the shots' levels, so that over films every pair meets
     every speed and the words say nothing about it."""
-    import numpy as np
-
     pairs = [LEVEL_VOCABULARY[i % NUM_LEVELS] for i in range(shots)]
     order = np.random.default_rng([seed, variant, _SHARED_WORDS_STREAM]).permutation(shots)
     return [pairs[int(i)] for i in order]
@@ -162,7 +173,6 @@ def make_films(folder: Path, size: DataSize, workers: int = 1, words: str = LEVE
     motion by ``words`` (:func:`with_words`); a film whose truth file says it was drawn with the same
     arguments is reused."""
     check_words(words)  # before any film is drawn
-    from concurrent.futures import ProcessPoolExecutor
 
     films: dict[str, ToyFilm] = {}
     missing = []
@@ -189,9 +199,7 @@ def make_films(folder: Path, size: DataSize, workers: int = 1, words: str = LEVE
 def pipeline_config(out: Path, size: DataSize, steps: Sequence[str], vae: str | None,
                     workers: int | None, overrides: Sequence[str]):
     """The composed pipeline config: the size's experiment, the films as inputs and caption source."""
-    from animegamer.config.compose import compose_config
-
-    cfg = compose_config("pipeline", [f"experiment={size.experiment}", *overrides])
+    cfg = compose_config(PIPELINE, [search_path(PIPELINE), f"experiment={size.experiment}", *overrides])
     films = str((out / FILMS_DIR).resolve())
     cfg.pipeline.inputs = [films]
     cfg.pipeline.caption.path = films
@@ -204,10 +212,15 @@ def pipeline_config(out: Path, size: DataSize, steps: Sequence[str], vae: str | 
     return cfg
 
 
+def held_out_fraction(size: DataSize) -> float:
+    """The share of the data set the stages and evaluations hold out (``data.val_fraction`` of the size's
+    evaluation experiment; the pipeline's root has no ``data.*``)."""
+    cfg = compose_config(EVALUATE, [search_path(EVALUATE), f"experiment={size.experiment}{EVAL_SUFFIX}"])
+    return float(cfg.data.val_fraction)
+
+
 def run_steps(out: Path, size: DataSize, steps: Sequence[str], vae: str | None = None,
               workers: int | None = None, overrides: Sequence[str] = ()) -> dict:
-    from data_pipeline.__main__ import run
-
     return run(pipeline_config(out, size, steps, vae, workers, overrides))
 
 
@@ -221,8 +234,6 @@ def _truth_shot(film: ToyFilm, seconds: float):
 
 
 def _clip_metas(clips: Path) -> list[dict]:
-    from animegamer.data.shards import folder_shards, iter_samples
-
     return [s["json"] for s in iter_samples(folder_shards(clips), video=False)]
 
 
@@ -245,10 +256,6 @@ def _instruction_parts(instruction: str) -> dict[str, str]:
 
 def measure(out: Path, films: Sequence[ToyFilm], val_fraction: float) -> dict[str, Any]:
     """Everything ``known_answer.json`` reports about the pipeline output under ``out``."""
-    from animegamer.data.split import HeldOut
-    from animegamer.data.split_counts import split_counts
-    from animegamer.media.captions import STATUS_OK
-
     root = out / PIPELINE_DIR
     metas = _clip_metas(root / CLIPS_DIR)
     by_id = {film.film_id: film for film in films}
@@ -347,7 +354,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
         run_steps(out, data_size, FEATURE_STEPS, vae=vae, workers=workers, overrides=overrides)
         seconds["features_and_sessions"] = time.perf_counter() - mark
     cfg = pipeline_config(out, data_size, (), vae, workers, overrides)
-    result = measure(out, toy_films, float(cfg.data.val_fraction))
+    result = measure(out, toy_films, held_out_fraction(data_size))
     result["size"] = size
     result[TRUTH_WORDS_KEY] = words
     result["clip_size"] = [int(cfg.pipeline.clips.frames), int(cfg.pipeline.clips.height),
@@ -362,7 +369,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m data_pipeline.known_answer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.data", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="folder for films/, pipeline/ and known_answer.json")
     parser.add_argument("--size", choices=sorted(SIZES), default="ci")
     parser.add_argument("--words", choices=CAPTION_WORDS, default=LEVEL_WORDS, help="how captions name the motion: "
@@ -376,9 +383,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from animegamer.errors import exit_on_user_error
-    from animegamer.utils.logging import setup_logging
-
     args = _parse_args(argv)
     setup_logging("INFO")
     exit_on_user_error(build)(args.out, args.size, args.clips_only, args.vae, args.workers, args.overrides, args.films,

@@ -1,16 +1,22 @@
 """What the known-answer benchmark writes besides its JSON: the rows of its table (each evaluation's game,
 baselines and reconstruction), the trained game against every other row with the sampling noise of each
 margin, the table itself, the training curves of its stages and the gallery of generated clips under
-their ground truth (:mod:`animegamer.known_answer` runs the benchmark)."""
+their ground truth (:mod:`benchmarks.known_answer.driver` runs the benchmark)."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
+from animegamer.evaluation.drawing import figure
+from animegamer.media.video import decode_mp4
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.recipe import step_losses
-from data_pipeline.known_answer import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
+from animegamer.training.faults import LOSS_HISTORY
+from benchmarks.known_answer.data import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 
 TRAINED = "trained game"
 RECONSTRUCTION = "a2 reconstruction (own representation)"
@@ -141,20 +147,14 @@ def write_table(path: Path, rows: list[dict], about: dict) -> None:
 # --------------------------------------------------------------------------- curves and gallery
 def loss_histories(runs: Path) -> dict[str, list[tuple[int, float]]]:
     """Each stage's per-step training loss (micro-batches of a step averaged), from its run folder."""
-    from animegamer.training.faults import LOSS_HISTORY
-
     return {stage: step_losses(runs / stage) for stage in STAGES if (runs / stage / LOSS_HISTORY).exists()}
 
 
 def plot_curves(histories: dict[str, list[tuple[int, float]]], path: Path) -> bool:
     """One panel per stage (their losses differ in kind and scale): per-step loss and its moving average."""
-    import numpy as np
-
-    from animegamer.evaluation.report import _figure
-
     if not histories:
         return False
-    fig = _figure(3.2 * len(histories), 3.0)
+    fig = figure(3.2 * len(histories), 3.0)
     for index, (stage, points) in enumerate(histories.items()):
         ax = fig.add_subplot(1, len(histories), index + 1)
         steps, losses = (np.asarray(v, dtype=float) for v in zip(*points))
@@ -174,11 +174,6 @@ def plot_curves(histories: dict[str, list[tuple[int, float]]], path: Path) -> bo
 
 def write_gallery(eval_out: Path, path: Path) -> bool:
     """The first turns' generated clips (even rows) under their ground truth (odd rows), a few frames each."""
-    import numpy as np
-    from PIL import Image
-
-    from animegamer.media.video import decode_mp4
-
     metrics = json.loads((eval_out / "metrics.json").read_text())
     turns = [t for g in metrics.get("games", []) for t in g.get("turns", []) if t.get("truth_video")][:GALLERY_TURNS]
     strips = []

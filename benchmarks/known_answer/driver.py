@@ -1,8 +1,8 @@
 """The known-answer learning benchmark: does training give a game that works?
 
-    python -m animegamer.known_answer OUT [--size ci|gpu] [--seed N] [--words level|shared] [override ...]
+    python -m benchmarks.known_answer OUT [--size ci|gpu] [--seed N] [--words level|shared] [override ...]
 
-Toy films whose states and motion levels are known (:mod:`data_pipeline.known_answer`) go through the
+Toy films whose states and motion levels are known (:mod:`benchmarks.known_answer.data`) go through the
 whole recipe (:func:`animegamer.recipe.run_recipe`: pipeline clips -> the frozen VAE trained on them ->
 precompute and sessions -> the decoder base pre-trained on them -> phase (a1, a2) ->
 representations -> phase (b) -> adaptation -> phase (c) -> evaluation on held-out shots), then the
@@ -23,7 +23,7 @@ baselines are scored in the same evaluation code:
   decoder; ``step_cache`` in the result, one record per threshold).
 
 ``--words shared`` gives the films' captions the same action words at every speed level
-(:func:`data_pipeline.known_answer.with_words`): the text then says nothing of the speed, and only the motion
+(:func:`benchmarks.known_answer.data.with_words`): the text then says nothing of the speed, and only the motion
 scope can carry it. Each choice of words needs its own ``OUT`` (the films' captions are rewritten).
 
 ``OUT/known_answer.json`` holds every row's metrics and, per metric, the trained game against each
@@ -39,14 +39,38 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from animegamer.contracts.files import METRICS_FILE
+import numpy as np
+
+from animegamer.contracts.files import ADAPTATION_DIR, METRICS_FILE, REPRESENTATIONS_DIR
+from animegamer.contracts.shards import PRED_REP, REP
+from animegamer.data.shards import folder_shards, iter_samples
+from animegamer.diffusion.step_cache import check_sampling_cache
+from animegamer.errors import UserError, exit_on_user_error
+from animegamer.evaluation.reuse import evaluate_or_reuse
+from animegamer.media.video import decode_mp4
+from animegamer.metrics.psnr import psnr
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage, trained_seconds
-from animegamer.known_answer_report import (
+from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
+from animegamer.utils.logging import setup_logging
+from benchmarks.known_answer.data import (
+    CAPTION_WORDS,
+    CAPTION_WORDS_MEANING,
+    FILMS_DIR,
+    LEVEL_WORDS,
+    PIPELINE_DIR,
+    TRUTH_WORDS_KEY,
+    check_words,
+    make_films,
+    measure,
+)
+from benchmarks.known_answer.data import SIZES as DATA_SIZES
+from benchmarks.known_answer.experiments import EVALUATE, PIPELINE, TRAIN, search_path
+from benchmarks.known_answer.report import (
     RECONSTRUCTION,
     TRAINED,
     comparisons,
@@ -56,8 +80,6 @@ from animegamer.known_answer_report import (
     write_gallery,
     write_table,
 )
-from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
-from data_pipeline.known_answer import CAPTION_WORDS, CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +126,7 @@ STAGE_NAMES = ("base", "a", "b", "c", "eval")
 
 @dataclass(frozen=True)
 class BenchmarkSize:
-    """One size of the benchmark: the data set (``data_pipeline.known_answer.SIZES``), the stage
+    """One size of the benchmark: the data set (:data:`benchmarks.known_answer.data.SIZES`), the stage
     experiments ``known_answer_<name>_{base,a,b,c,eval}``, the VAE stage's settings and whether the
     decoder base is pre-trained."""
 
@@ -151,14 +173,10 @@ class Layout:
 
     @property
     def films(self) -> Path:
-        from data_pipeline.known_answer import FILMS_DIR
-
         return self.out / FILMS_DIR
 
     @property
     def pipeline(self) -> Path:
-        from data_pipeline.known_answer import PIPELINE_DIR
-
         return self.out / PIPELINE_DIR
 
     @property
@@ -178,8 +196,13 @@ def data_overrides(layout: Layout) -> list[str]:
 
 
 def stage_overrides(layout: Layout, size: BenchmarkSize, experiment: str) -> list[str]:
-    return [f"experiment=known_answer_{size.name}_{experiment}", f"seed={layout.seed}",
+    return [search_path(TRAIN), f"experiment=known_answer_{size.name}_{experiment}", f"seed={layout.seed}",
             f"output_dir='{layout.runs.resolve()}/${{phase.name}}'", *size.for_stage(experiment)]
+
+
+def eval_experiment(size: str) -> list[str]:
+    """The size's evaluation experiment, with the search path that finds it."""
+    return [search_path(EVALUATE), f"experiment=known_answer_{size}_eval"]
 
 
 def vae_overrides(layout: Layout, size: BenchmarkSize) -> list[str]:
@@ -189,10 +212,10 @@ def vae_overrides(layout: Layout, size: BenchmarkSize) -> list[str]:
 
 def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) -> Recipe:
     return Recipe(
-        pipeline=[f"experiment=known_answer_{size.name}"],
+        pipeline=[search_path(PIPELINE), f"experiment=known_answer_{size.name}"],
         phase_a=stage_overrides(layout, size, "a"), phase_b=stage_overrides(layout, size, "b"),
         phase_c=stage_overrides(layout, size, "c"),
-        evaluation=[f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", "evaluation.untrained_game=true",
+        evaluation=[*eval_experiment(size.name), f"seed={layout.seed}", "evaluation.untrained_game=true",
                     *size.sweep(), *size.for_stage("eval")],
         extra=[*data_overrides(layout), *size.overrides, *extra], vae=size.vae,
         vae_out=str(layout.vae) if size.vae else "",
@@ -208,10 +231,8 @@ def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str,
                       overrides: Sequence[str] = (), reconstruction: str = "", extra: Sequence[str] = ()) -> dict:
     """The benchmark's games played by the trained MLLM with another renderer, into ``runs/eval_<name>``
     (read back when it already ran with the same config and exports: a resumed benchmark replays none)."""
-    from animegamer.evaluation.reuse import evaluate_or_reuse
-
     return evaluate_or_reuse(evaluation_config([
-        f"experiment=known_answer_{size.name}_eval", f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
+        *eval_experiment(size.name), f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
         *vae_overrides(layout, size), *overrides, f"evaluation.mllm_export='{mllm}'",
         f"evaluation.renderer_export='{renderer}'", f"evaluation.reconstruction_export='{reconstruction}'",
         *size.sweep(), *extra, *size.for_stage("eval"),
@@ -221,7 +242,7 @@ def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str,
 def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str]) -> str:
     """The ablation's phase (a) stages into ``runs/ablation_<name>/``; returns its a2 export."""
     ablation = ABLATIONS[name]
-    common = [f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}", *data_overrides(layout),
+    common = [search_path(TRAIN), f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}", *data_overrides(layout),
               *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra, *size.for_stage("a"),
               f"output_dir='{layout.runs.resolve() / ('ablation_' + name)}/${{phase.name}}'"]
     start = train_stage([*common, "phase=a_warmup"])["export"] if ablation.warmup else ""
@@ -236,11 +257,6 @@ def game_clips(eval_out: Path, games: list[dict]) -> dict[str, Path]:
 def clips_deviation(ours: dict[str, Path], reference: dict[str, Path]) -> dict[str, Any]:
     """PSNR of each turn's clip against the same turn's clip of another evaluation of the same game:
     the same MLLM and seed, so the clips differ only by how they were sampled."""
-    import numpy as np
-
-    from animegamer.media.video import decode_mp4
-    from animegamer.metrics.psnr import psnr
-
     shared = sorted(set(ours) & set(reference))
     pairs = [(decode_mp4(ours[k].read_bytes()), decode_mp4(reference[k].read_bytes())) for k in shared]
     values = [psnr(a, b) for a, b in pairs]
@@ -255,9 +271,6 @@ def step_cache_overrides(threshold: float) -> tuple[str, str]:
 
 def check_step_cache(eval_overrides: Sequence[str], thresholds: Sequence[float]) -> None:
     """Refuse a step cache the evaluation could not run before any stage trains (it plays last)."""
-    from animegamer.diffusion.step_cache import check_sampling_cache
-    from animegamer.errors import UserError
-
     for threshold in thresholds:
         cfg = evaluation_config([*eval_overrides, *step_cache_overrides(threshold)])
         problems = check_sampling_cache(cfg.model.diffusion, cfg.model.decoder)
@@ -303,12 +316,6 @@ def representation_prediction(pipeline_root: Path) -> dict[str, float]:
     shards', phase (c)'s training data: each clip in the session where it has the most history, and
     that session may be a training one, a held-out one or one that mixes both (the first GPU run: 259 of
     456 from training sessions), so this mixes fitted and unseen windows."""
-    import numpy as np
-
-    from animegamer.contracts.files import ADAPTATION_DIR, REPRESENTATIONS_DIR
-    from animegamer.contracts.shards import PRED_REP, REP
-    from animegamer.data.shards import folder_shards, iter_samples
-
     true = {s["__key__"]: s[REP].astype(np.float64)
             for s in iter_samples(folder_shards(pipeline_root / REPRESENTATIONS_DIR), video=False)}
     pairs = [(s[PRED_REP].astype(np.float64), true[s["__key__"]])
@@ -326,10 +333,6 @@ def resolve_size(size: str, vae: dict[str, Any] | None, films: int | None, ablat
                  stage: Sequence[str]) -> tuple[BenchmarkSize, Any, tuple[str, ...]]:
     """The size's settings with the caller's changes, its data size, and the ablations to run; checked
     before anything is drawn or trained."""
-    from dataclasses import replace
-
-    from data_pipeline.known_answer import SIZES as DATA_SIZES
-
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
     bench = replace(SIZES[size], stage_extra=(*SIZES[size].stage_extra, *parse_stage_overrides(stage)))
@@ -416,9 +419,7 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
     ``step_cache``: also play the trained game with the step cache at each of these thresholds
     (:func:`score_step_cache`); ``words``: how the films' captions name the motion
-    (:data:`data_pipeline.known_answer.CAPTION_WORDS`)."""
-    from data_pipeline.known_answer import check_words, make_films, measure
-
+    (:data:`benchmarks.known_answer.data.CAPTION_WORDS`)."""
     check_words(words)
     bench, data_size, names = resolve_size(size, vae, films, ablations, stage)
     layout = Layout(Path(out), seed)
@@ -430,7 +431,7 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
         seconds[name] = time.perf_counter() - mark
         mark = time.perf_counter()
 
-    eval_overrides = [f"experiment=known_answer_{size}_eval", *data_overrides(layout), *extra]
+    eval_overrides = [*eval_experiment(size), *data_overrides(layout), *extra]
     eval_cfg = evaluation_config(eval_overrides)
     check_step_cache(eval_overrides, step_cache)
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers), words)  # the pipeline's workers
@@ -456,8 +457,6 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
 
 def parse_stage_overrides(specs: Sequence[str]) -> list[tuple[str, str]]:
     """``STAGE:OVERRIDE`` strings as (stage, override) pairs; every malformed one is named at once."""
-    from animegamer.errors import UserError
-
     pairs, problems = [], []
     for spec in specs:
         name, sep, override = spec.partition(":")
@@ -480,7 +479,7 @@ def write_result(out: Path, result: dict, started: float) -> None:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m animegamer.known_answer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="folder for the films, pipeline, VAE, runs and results")
     parser.add_argument("--size", choices=sorted(SIZES), default="ci")
     parser.add_argument("--seed", type=int, default=0, help="training and evaluation seed (data and VAE are shared)")
@@ -506,9 +505,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from animegamer.errors import exit_on_user_error
-    from animegamer.utils.logging import setup_logging
-
     args = _parse_args(argv)
     setup_logging("INFO")
     vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
