@@ -4,7 +4,7 @@ translating texture at the speed its conditioning names? Synthetic latents on th
     PYTHONPATH=src:. python scripts/decoder_motion_probe.py [--condition vector|caption|motion-scope]
         [--snr-shift 3] [--steps 1500] [--guidance 1] [--sampling-steps 20]
 
-Each sample is a smooth random texture (:mod:`animegamer.motion_probe`: 4 x 8 x 16 latents, 5 latent frames)
+Each sample is a smooth random texture (:mod:`benchmarks.known_answer.motion_probe`: 4 x 8 x 16 latents, 5 latent frames)
 moving left at one of the known-answer levels' speeds in latent px per latent frame. What tells the decoder
 the speed: a fixed random vector per level as its representation (``vector``); as in the benchmark, a caption
 naming the speed ("Momo dashes rapidly in the forest", with a random name and place) read by the `small`
@@ -34,7 +34,7 @@ from animegamer.metrics.latent_motion import clip_speed
 from animegamer.evaluation.motion_sweep import LATENT_SHIFT, LEVELS, sweep
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.frozen_encoders import build_frozen_encoders
-from animegamer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
+from benchmarks.known_answer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
 
 WORDS = ("stands quietly", "strolls slowly", "walks steadily", "runs quickly", "dashes rapidly")  # per level
 NAMES = ("Qiqi", "Pazu", "Momo", "Lulu", "Tobi", "Rin")

@@ -6,8 +6,9 @@
 # machine with network by `bash scripts/device_wheels.sh known_answer`). Copies the results to $OUT:
 # known_answer.json, known_answer.md, curves.png, gallery.png, the VAE's training.json, the evaluation's
 # metrics.json and report.md, and the log (known_answer.json is written once the benchmark finishes). Stage
-# lengths: configs/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps) and the VAE's max_seconds
-# (animegamer/known_answer.py, SIZES["gpu"]); docs/plans/known_answer.md has the expected time of each.
+# lengths: benchmarks/known_answer/configs/train/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps)
+# and the VAE's max_seconds (benchmarks/known_answer/driver.py, SIZES["gpu"]); docs/plans/known_answer.md has the
+# expected time of each.
 set -u
 WORK=/tmp/known_answer
 BUDGET_S=${BUDGET_S:-500}  # seconds of benchmark per run; the install (up to ~50 s) and the copies come on top
@@ -20,7 +21,7 @@ export CUDA_VISIBLE_DEVICES=0
 # script again on the same host (its /tmp kept) and it resumes every stage where it stopped (the VAE, finished
 # stages and finished evaluations are reused). ABLATIONS="" (or one name) saves ~2 min per ablation left out.
 ABLATIONS=${ABLATIONS-no_motion_scope no_warmup}
-timeout "$BUDGET_S" python3 -m animegamer.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \
+timeout "$BUDGET_S" python3 -m benchmarks.known_answer "$WORK" --size gpu pipeline.workers=16 "$@" \
   --ablations $ABLATIONS > /tmp/known_answer.log 2>&1
 echo "benchmark rc=$? (124: stopped at BUDGET_S=$BUDGET_S with a checkpoint; run again on this host to resume)"
 tail -c 15000000 /tmp/known_answer.log > "$OUT/known_answer.log"  # the log's last 15 MB

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Variants of the known-answer benchmark at gpu size side by side on one GPU of a host without network, in
 # one time-limited run (the `small` models leave most of the GPU idle: a step is mostly Python overhead):
-#   bash scripts/known_answer_gpu_sweep.sh "NAME [ARGS of python -m animegamer.known_answer]" ...
+#   bash scripts/known_answer_gpu_sweep.sh "NAME [ARGS of python -m benchmarks.known_answer]" ...
 # e.g. "b64 --stage base:phase.batch_size=64" "deep --stage base:phase.batch_size=64 model.decoder.num_layers=12".
 # The first variant starts at once and trains the VAE; each other one starts when that VAE is written,
 # with a copy of it and of the films: its own cut of the same films has the same clip content, so the
@@ -35,7 +35,7 @@ for spec in "$@"; do
   if [ "$(left)" -le 0 ]; then echo "$name: not started, no time left"; continue; fi  # timeout 0 would never stop
   echo "$name starts at $(( $(date +%s) - STARTED )) s: $args"
   # shellcheck disable=SC2086  # the variant's arguments are words
-  timeout "$(left)" python3 -m animegamer.known_answer "$work" --size gpu pipeline.workers="$WORKERS" $args \
+  timeout "$(left)" python3 -m benchmarks.known_answer "$work" --size gpu pipeline.workers="$WORKERS" $args \
     > "$ROOT/$name.log" 2>&1 &
   names+=("$name")
 done
