@@ -45,16 +45,19 @@ def test_a_verb_gets_its_arguments_as_its_console_script_does(monkeypatch, capsy
     assert described["num_query_tokens"] == 3 and described["turn_starts"] == [1]
 
 
-@pytest.mark.parametrize("verb, first", [("train", "Train one phase: animegamer train"),
-                                         ("eval", "Evaluate a trained game: animegamer eval"),
-                                         ("pipeline", "The clip-and-caption pipeline: animegamer pipeline")])
-def test_a_config_verbs_help_lists_its_groups_and_no_schema(verb, first, monkeypatch, capsys):
+@pytest.mark.parametrize("verb, first, own, others", [
+    ("train", "Train one phase: animegamer train", "quickstart_a", ("quickstart", "quickstart_eval")),
+    ("eval", "Evaluate a trained game: animegamer eval", "quickstart_eval", ("quickstart", "quickstart_a")),
+    ("pipeline", "The clip-and-caption pipeline: animegamer pipeline", "quickstart", ("quickstart_a", "quickstart_eval"))])
+def test_a_config_verbs_help_lists_its_groups_and_experiments_and_no_schema(verb, first, own, others, monkeypatch,
+                                                                            capsys):
     monkeypatch.setattr(sys, "argv", ["animegamer"])
     assert main([verb, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(first), out[:200]
     groups = dict(line.split(": ", 1) for line in out.split("==\n\n", 1)[1].split("\n\n", 1)[0].splitlines())
-    assert "experiment" in groups and "quickstart" in groups["experiment"].split(", ")
+    experiments = groups["experiment"].split(", ")
+    assert own in experiments and not set(others) & set(experiments)
     assert "_schema" not in out
     assert len(out.splitlines()) < 40
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf, open_dict
 
 from data_pipeline.config_checks import validate_pipeline_run
 from animegamer.config.compose import OverrideError, compose_config, config_dir
-from animegamer.config.schema import LoggerConfig, RunConfig
+from animegamer.config.schema import COMMANDS, LoggerConfig, RunConfig
 from animegamer.config.validate import ConfigError
 
 
@@ -17,11 +17,12 @@ def _typed(cfg) -> RunConfig:
     return OmegaConf.to_object(cfg)
 
 
-@pytest.mark.parametrize("root", ["pipeline", "train"])
-@pytest.mark.parametrize("experiment", sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml")))
-def test_every_experiment_composes_into_the_typed_schema(experiment, root):
+@pytest.mark.parametrize("root, experiment", [
+    (root, p.stem) for root, command in COMMANDS.items()
+    for p in sorted((config_dir() / command.folder / "experiment").glob("*.yaml"))])
+def test_every_experiment_composes_into_its_commands_schema(root, experiment):
     cfg = compose_config(root, [f"experiment={experiment}"])
-    assert isinstance(_typed(cfg), RunConfig)
+    assert type(_typed(cfg)) is COMMANDS[root].schema
 
 
 def pipeline_problems(cfg) -> list[str]:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from animegamer import recipe
-from animegamer.evaluation import reuse as evaluation_reuse
 from animegamer.data.split_counts import SplitCounts
 
 TURNS = 3
@@ -33,7 +32,7 @@ def story(monkeypatch):
         return {"page": str(out / "index.html"), "played": TURNS, "planned": TURNS}
 
     monkeypatch.setattr(recipe, "play_story", play)
-    monkeypatch.setattr(evaluation_reuse, "evaluation_fingerprint", lambda composed: state["fingerprint"])
+    monkeypatch.setattr(recipe, "evaluation_fingerprint", lambda composed: state["fingerprint"])
     return state
 
 

@@ -4,7 +4,7 @@ then scored with the reconstruction metrics into one comparison table.
     python -m animegamer.ablations [--out outputs/paper/table3] [--only addition no_warmup ...] \\
         [--steps A1 A2] [hydra overrides for every stage]
 
-The variants are the baseline (``paper_a_joint``) and every ``configs/experiment/ablation_a_*.yaml``.
+The variants are the baseline (``paper_a_joint``) and every ``configs/train/experiment/ablation_a_*.yaml``.
 For each, phase (a1) (the warm-up) then phase (a2) train into ``<out>/<variant>/a_warmup`` and
 ``<out>/<variant>/a_joint``:
 
@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
-from animegamer.config.compose import compose_config, config_dir
+from animegamer.config.compose import compose_config, group_options, overrides_for
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import METRICS_FILE, TRAINED_FILE
 from animegamer.errors import exit_on_user_error
@@ -46,7 +46,7 @@ from animegamer.metrics.baselines import SHUFFLED
 from animegamer.metrics.common import as_metric, available, format_metric
 from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import A_JOINT, A_WARMUP
-from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_config, train_stage
+from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_of, train_stage
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 from animegamer.utils.logging import setup_logging
 
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 BASELINE = "baseline"
 BASELINE_EXPERIMENT = "paper_a_joint"
+TRAIN, EVALUATE, EXPERIMENT = "train", "evaluate", "experiment"  # the roots the variants compose; their group
 ABLATION_PREFIX = "ablation_a_"
 DEFAULT_OUT = Path("outputs/paper/table3")
 TABLE_NAME = "table3"
@@ -69,8 +70,8 @@ SCORED_WITH = "scored_with"  # metrics.json's record of what the scores depend o
 
 
 def variant_names() -> list[str]:
-    """The baseline first, then every phase (a) ablation experiment of ``configs/experiment``."""
-    found = sorted(p.stem.removeprefix(ABLATION_PREFIX) for p in (config_dir() / "experiment").glob(f"{ABLATION_PREFIX}*.yaml"))
+    """The baseline first, then every phase (a) ablation experiment of the train command."""
+    found = sorted(n.removeprefix(ABLATION_PREFIX) for n in group_options(EXPERIMENT, TRAIN) if n.startswith(ABLATION_PREFIX))
     return [BASELINE, *found]
 
 
@@ -89,8 +90,9 @@ class Variant:
         return experiment_of(self.name)
 
     def stage(self, phase: str, extra: list[str], steps: int = 0, init_from: str = "") -> list[str]:
-        """train.py overrides of one stage of this variant, into its own folder."""
-        return [f"experiment={self.experiment}", f"phase={phase}", f"phase.init_from='{init_from}'", *extra,
+        """Train overrides of one stage of this variant, into its own folder (of ``extra``, those of the train root)."""
+        return [f"experiment={self.experiment}", f"phase={phase}", f"phase.init_from='{init_from}'",
+                *overrides_for(TRAIN, extra),
                 *([f"phase.max_steps={steps}"] if steps else []), f"output_dir={self.folder / phase}"]
 
     def export(self, phase: str) -> str:
@@ -107,12 +109,13 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
     unknown = sorted(set(names) - set(variant_names()))
     if unknown:
         raise ConfigError([f"unknown Table 3 variant(s) {unknown}: choose from {variant_names()}"])
-    warmup = lambda name: _trained(compose_config("train", [f"experiment={experiment_of(name)}", "phase=a_warmup",
-                                                            "phase.init_from=''", *extra, "output_dir=."]))
+    trained = overrides_for(TRAIN, extra)
+    warmup = lambda name: _trained(compose_config(TRAIN, [f"experiment={experiment_of(name)}", "phase=a_warmup",
+                                                          "phase.init_from=''", *trained, "output_dir=."]))
     baseline = warmup(BASELINE)
     variants = []
     for name in names:
-        joint = compose_config("train", [f"experiment={experiment_of(name)}", *extra])
+        joint = compose_config(TRAIN, [f"experiment={experiment_of(name)}", *trained])
         if not joint.phase.init_from:
             kind = NONE
         elif name != BASELINE and warmup(name) == baseline:
@@ -131,14 +134,14 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
         stages = [(A_JOINT, steps[1])] + ([(A_WARMUP, steps[0])] if v.warmup == OWN else [])
         for phase, n in stages:
             try:
-                validate_train_run(compose_config("train", v.stage(phase, extra, n)))
+                validate_train_run(compose_config(TRAIN, v.stage(phase, extra, n)))
             except ConfigError as error:
                 problems += [f"{v.name} {phase}: {p}" for p in error.problems]
     if problems:
         raise ConfigError(problems)
     for v in variants:
-        check_recipe(compose_config("train", v.stage(A_JOINT, extra, steps[1])),
-                     evaluation=evaluation_config([f"experiment={v.experiment}", *extra]))
+        joint = compose_config(TRAIN, v.stage(A_JOINT, extra, steps[1]))
+        check_recipe(joint, evaluation=evaluation_of(joint, overrides_for(EVALUATE, extra)))
 
 
 def scored_with(composed) -> dict:
@@ -164,8 +167,9 @@ def score(v: Variant, extra: list[str]) -> dict:
     export = v.export(A_JOINT)
     digest = sha256_file(Path(export) / TRAINED_FILE)
     out = v.folder / RECONSTRUCTION_FOLDER
-    composed = evaluation_config([f"experiment={v.experiment}", *extra, f"evaluation.reconstruction_export={export}",
-                                  f"evaluation.out={v.folder}"])
+    composed = evaluation_of(compose_config(TRAIN, v.stage(A_JOINT, extra)),
+                             [*overrides_for(EVALUATE, extra), f"evaluation.reconstruction_export={export}",
+                              f"evaluation.out={v.folder}"])
     settings = scored_with(composed)
     done = out / METRICS_FILE
     saved = saved_scores(done, digest, settings)

@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from animegamer.checkpoints.trained_data import trained_clip_size, trained_preset
-from animegamer.errors import MissingInputError
-from animegamer.errors import exit_on_user_error
+from animegamer.checkpoints.export import EXPORT_FILE
+from animegamer.checkpoints.trained_data import lineage, trained_clip_size, trained_preset
+from animegamer.config.compose import compose_config, overrides_for
+from animegamer.config.disk_checks import read_json_object
+from animegamer.errors import MissingInputError, UserError, exit_on_user_error
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
-from animegamer.recipe import OUT_NEW_FOLDER, Recipe, played_nothing, run_recipe
+from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe
+from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
@@ -50,8 +53,6 @@ FAILED = "failed"  # the summary's entry saying why the fine-tuned game is unusa
 def preset_for(model: str | None, start: Path) -> str:
     """The preset to fine-tune: the one ``--from``'s exports were trained with (their weights fit no other),
     which ``--model`` may name but not contradict; paper when they record none."""
-    from animegamer.errors import UserError
-
     trained = trained_preset(start / A_JOINT / "export")
     if model and trained and model != trained:
         raise UserError(f"--model {model}, but {start / A_JOINT / 'export'} was trained with model={trained}: "
@@ -83,11 +84,6 @@ def duration(seconds: float) -> str:
 def trained_steps(export: Path, phase: str) -> tuple[int, str, float | None] | None:
     """(steps, export, seconds per step) of the longest run of ``phase`` among ``export`` and the exports it
     was started from (a fine-tune's export is started from the full run); None where none records its steps."""
-    from animegamer.checkpoints.export import EXPORT_FILE
-    from animegamer.config.disk_checks import read_json_object
-    from animegamer.checkpoints.trained_data import lineage
-    from animegamer.training.callbacks import TRAIN_SECONDS
-
     runs = []
     for folder, config in lineage(export):
         record = read_json_object(Path(folder) / EXPORT_FILE) or {}
@@ -101,8 +97,6 @@ def schedules(start: Path, model: str, official_mllm: str = "", steps: tuple[int
     """Each fine-tuned phase's steps: ``steps`` when given, else its share (:data:`STEP_SHARES`) of the steps
     its ``--from`` export trained, or of the preset's configured ``phase.max_steps`` where ``--from`` has
     no export for it (phase (b) from the official MLLM); at least one."""
-    from animegamer.config.compose import compose_config
-
     planned = []
     for index, phase in enumerate(FINETUNED):
         share = STEP_SHARES[phase]
@@ -135,12 +129,12 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
     phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
     if official_mllm:
         phase_b.append(f"model.mllm.official_checkpoint={official_mllm}")
-    return Recipe(
-        pipeline=[*common, f"pipeline.inputs=['{film}']", f"pipeline.caption.path='{captions}'"],
+    return Recipe(  # each command takes the common settings it reads
+        pipeline=[*overrides_for("pipeline", common), f"pipeline.inputs=['{film}']", f"pipeline.caption.path='{captions}'"],
         phase_a=[*common, f"phase.max_steps={steps[0]}"],
         phase_b=phase_b,
         phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
-        evaluation=[*common, "evaluation.games=2"],
+        evaluation=[*overrides_for("evaluate", common), "evaluation.games=2"],
         start_a=str(start_a),
         start_b=start_b,
         extra=list(extra),
@@ -170,9 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
     options = [o for o in overrides if o.startswith("-")]  # the rest are Hydra overrides (key=value)
     if options:
         parser.error(f"unrecognized arguments: {' '.join(options)}")
-    from animegamer.config.compose import compose_config
-
-    compose_config("pipeline", overrides)  # every stage takes them: an unknown key or value refused before any work
+    for root in ROOTS:  # each stage takes those its command reads: an unknown key or value refused before any work
+        compose_config(root, overrides_for(root, overrides))
     setup_logging("INFO")
     model = preset_for(args.model, args.start)
     plan = schedules(args.start, model, args.official_mllm, args.steps)

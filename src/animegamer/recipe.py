@@ -23,26 +23,39 @@ gives noise. Phase (a1) still starts from a fresh encoder; the base stage's is d
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
+from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import compose_config, overrides_for
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.steps import CLIP_STEPS
 from animegamer.data.split_checks import (captions_problems, counts_of, held_out_problems, options_of,
                                          session_problems, split_suggestion, training_problems, validation_gap)
 from animegamer.data.split_counts import SplitCounts
+from animegamer.evaluation.preflight import check_evaluation
+from animegamer.evaluation.reuse import evaluate_or_reuse, evaluation_fingerprint
+from animegamer.evaluation.runner import story_instructions
+from animegamer.game.models import load_game_models, read_level_flow
+from animegamer.game.scheduler import play_game
+from animegamer.game.writer import GAME_FILE, INDEX_FILE
 from animegamer.media.fingerprint import fingerprint
+from animegamer.models.decoder import BASE_FOLDER
+from animegamer.phases.preflight import check_training
+from animegamer.phases import run as train_command
 from animegamer.pipeline_port import load_pipeline
+from animegamer.toy_vae import ToyVAETraining, ensure_trained
+from animegamer.training.callbacks import TRAIN_SECONDS
+from animegamer.training.faults import LOSS_HISTORY
+from animegamer.training.run_record import RunFolderChanged, only_data_changed
 from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
 from animegamer.utils.io import first_free, write_json_atomic
-
-if TYPE_CHECKING:
-    from animegamer.toy_vae import ToyVAETraining
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +63,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class Recipe:
     pipeline: list[str]  # overrides of the pipeline root (e.g. an experiment and the inputs)
-    phase_a: list[str]  # overrides of train.py for both phase (a) stages
+    phase_a: list[str]  # overrides of the train root for both phase (a) stages
     phase_b: list[str]
     phase_c: list[str]
-    evaluation: list[str] = field(default_factory=list)  # overrides of evaluate.py; empty = no evaluation
+    evaluation: list[str] = field(default_factory=list)  # overrides of the evaluate root; empty = no evaluation
     start_a: str = ""  # an earlier phase (a) export: skip the warm-up, start a_joint from it
     start_b: str = ""  # an earlier phase (b) export to start from
-    extra: list[str] = field(default_factory=list)  # overrides for every stage
+    # Overrides for every stage: each stage takes those its command reads (config.compose.overrides_for).
+    extra: list[str] = field(default_factory=list)
     vae: ToyVAETraining | None = None  # train the frozen VAE after the clips (None: the config's VAE)
     vae_out: str = ""  # its folder (diffusers format); with vae set, required
     # Overrides of train.py for the decoder base stage (phase a_base); None: the config's decoder.
@@ -71,7 +85,8 @@ STORY_RECORD = "story_record.json"
 # A recipe's stages each train into ``output_dir`` (``${phase.name}`` below it); a plain folder would put every
 # stage into one, where the next stage is refused.
 RECIPE_NEW_FOLDER = "'output_dir=NEW_FOLDER/${phase.name}'"
-OUT_NEW_FOLDER = "--out NEW_FOLDER"  # the same, for a command whose --out option holds every stage's folder
+OUT_NEW_FOLDER = "--out NEW_FOLDER"
+ROOTS = ("train", "pipeline", "evaluate")  # the roots a recipe's stages compose, in the order of check_stages  # the same, for a command whose --out option holds every stage's folder
 # The pipeline steps that read a stage's export: the recipe runs them after that stage, never in its first call.
 LATER_STEPS = ("representations", "session_shards", "adaptation")
 # What the base stage adds to its overrides: the base is a plain video diffusion transformer.
@@ -85,7 +100,9 @@ FINISHED_EARLIER = "the stage finished in an earlier launch (that launch's log h
 NO_TURN_PLAYED = ("evaluation: no turn of {planned} was played: every state generation was malformed (the log names "
                   "each); train phase (b) longer, or decode the states within the layout with "
                   "model.mllm.constrained_states=true (finetune --constrained-states)")
-SUPERSEDED = ".superseded-"  # a stage's earlier run, set aside when it must start afresh: <folder>.superseded-N
+SUPERSEDED = ".superseded-"
+# The evaluate root's nodes that the train root has too, with the same meaning (config/schema.py).
+SHARED_WITH_TRAINING = ("model", "pipeline", "data", "seed")  # a stage's earlier run, set aside when it must start afresh: <folder>.superseded-N
 
 
 def run_pipeline_step(overrides: list[str]) -> dict:
@@ -101,19 +118,16 @@ def train_stage(overrides: list[str], new_folder: str = "") -> dict:
     run is kept beside it (:func:`supersede`), never deleted. A changed setting that alters the training
     still stops the stage, as it stops ``train.py``, with the two ways on; ``new_folder`` is how the
     command that runs the stage trains into another folder (empty: ``train.py``'s ``output_dir``)."""
-    from animegamer.training.run_record import RunFolderChanged, only_data_changed
-    from animegamer.training.runner import run
-
     composed = compose_config("train", overrides)
     try:
-        return run(composed)
+        return train_command.run(composed)
     except RunFolderChanged as changed:
         if not only_data_changed(changed):
             raise (changed.advising(new_folder) if new_folder else changed) from None
         kept = supersede(Path(composed.output_dir), composed.lock_wait_seconds)
         log.warning("%s: the shards it trained on changed since its checkpoints (%s); the stage starts afresh, its "
                     "earlier run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
-        return run(composed)
+        return train_command.run(composed)
 
 
 def supersede(folder: Path, wait_seconds: float) -> Path:
@@ -132,6 +146,16 @@ def evaluation_config(overrides: list[str]):
     return compose_config("evaluate", overrides)
 
 
+def evaluation_of(trained, overrides: list[str]):
+    """The evaluation config of a model trained with the train config ``trained``: the settings both commands
+    read (the networks, the data and the pipeline settings it was made with, the seed) as ``trained`` has
+    them, the evaluation's own from ``overrides`` (the evaluate root's)."""
+    evaluated = evaluation_config(overrides)
+    for key in SHARED_WITH_TRAINING:
+        evaluated[key] = trained[key]
+    return evaluated
+
+
 def start_clip_size_problems(phase_a, start: str) -> list[str]:
     """Training from an earlier export continues at the clip size it was trained at."""
     trained, configured = trained_clip_size(start), clip_size_of(phase_a.pipeline.clips)
@@ -148,10 +172,7 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     where anything is refused, its films and caption import. What a stage reads from the pipeline's
     output or from an earlier stage's export is made later: the pipeline's own pre-flight,
     :func:`check_recipe` and each stage's validation check it in its turn."""
-    from animegamer.evaluation.preflight import check_evaluation
-    from animegamer.phases.preflight import check_training
-
-    extra = recipe.extra
+    extra, pipeline_extra, evaluation_extra = (overrides_for(root, recipe.extra) for root in ROOTS)
     # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
     # starts), left out where an earlier stage trains it.
     made_later = "phase.init_from=''"
@@ -171,9 +192,9 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     problems = start_clip_size_problems(joint, recipe.start_a) if recipe.start_a else []
     problems += [f"phase {', '.join(names)}: {problem}" for problem, names in found.items()]
     if recipe.evaluation:
-        evaluated = evaluation_config([*recipe.evaluation, *extra])
+        evaluated = evaluation_config([*recipe.evaluation, *evaluation_extra])
         problems += [f"evaluation: {problem}" for problem in check_evaluation(evaluated, made=False)]
-    load_pipeline().check(compose_config("pipeline", [*recipe.pipeline, first_steps, *extra]), problems)
+    load_pipeline().check(compose_config("pipeline", [*recipe.pipeline, first_steps, *pipeline_extra]), problems)
 
 
 def say_if_nothing_played(metrics: dict) -> bool:
@@ -199,13 +220,6 @@ def played_nothing(summary: dict) -> list[str]:
 def play_story(composed, out: Path) -> dict:
     """A demonstration game: the trained game plays the instructions of consecutive clips of the film;
     returns its page (with why it stopped when it did before its last turn), its turns played and planned."""
-    from omegaconf import OmegaConf
-
-    from animegamer.evaluation.runner import story_instructions
-    from animegamer.game.models import load_game_models, read_level_flow
-    from animegamer.game.scheduler import play_game
-    from animegamer.game.writer import INDEX_FILE
-
     cfg = OmegaConf.to_object(composed)
     e = cfg.evaluation
     models = load_game_models(cfg, e.mllm_export, e.renderer_export,
@@ -222,8 +236,6 @@ def play_story(composed, out: Path) -> dict:
 
 def story_turns(out: Path) -> list[dict]:
     """The turns game.json in ``out`` records (none without a readable one)."""
-    from animegamer.game.writer import GAME_FILE
-
     turns = (read_json_object(out / GAME_FILE) or {}).get("turns")
     return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
 
@@ -231,8 +243,6 @@ def story_turns(out: Path) -> list[dict]:
 def reused_story(out: Path, fp: str) -> dict | None:
     """The demonstration game in ``out`` when it was played to its end with fingerprint ``fp`` and every
     file of it is in place (None: play it; an unreadable record too)."""
-    from animegamer.game.writer import INDEX_FILE
-
     record = read_json_object(out / STORY_RECORD) or {}
     story = record.get("story") if record.get("fingerprint") == fp else None
     if not isinstance(story, dict) or not (out / INDEX_FILE).is_file():
@@ -247,8 +257,6 @@ def story_or_reuse(composed, out: Path) -> dict:
     """:func:`play_story`'s result: read back when the game was played with the same config, exports and
     clips as the evaluation's (its fingerprint, :mod:`animegamer.evaluation.reuse`), else played and
     recorded. A change of code is not seen: delete the folder to play it again."""
-    from animegamer.evaluation.reuse import evaluation_fingerprint
-
     fp = fingerprint(evaluation_fingerprint(composed), STORY_TURNS)
     story = reused_story(out, fp)
     if story is not None:
@@ -262,14 +270,11 @@ def story_or_reuse(composed, out: Path) -> dict:
 
 def train_vae_stage(recipe: Recipe) -> dict:
     """The pipeline's clip steps, then the preset's VAE trained on their training clips (or reused)."""
-    from omegaconf import OmegaConf
-
-    from animegamer.toy_vae import ensure_trained
-
     if not recipe.vae_out:
         raise ValueError("Recipe.vae is set but Recipe.vae_out is empty: name the folder the VAE is written to")
-    run_pipeline_step([*recipe.pipeline, f"pipeline.steps=[{','.join(CLIP_STEPS)}]", *recipe.extra])
-    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *recipe.extra])
+    run_pipeline_step([*recipe.pipeline, f"pipeline.steps=[{','.join(CLIP_STEPS)}]",
+                       *overrides_for("pipeline", recipe.extra)])
+    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *overrides_for("train", recipe.extra)])
     vae_cfg = OmegaConf.to_object(cfg.model.encoders.vae)
     if vae_cfg.path:
         raise ValueError(f"Recipe.vae is set but model.encoders.vae.path is too ({vae_cfg.path!r}): the VAE "
@@ -281,10 +286,6 @@ def train_vae_stage(recipe: Recipe) -> dict:
 
 def step_losses(run_folder: str | Path) -> list[tuple[int, float]]:
     """A run's per-step training loss (its micro-batches averaged), from its loss history."""
-    import json
-
-    from animegamer.training.faults import LOSS_HISTORY
-
     by_step: dict[int, list[float]] = {}
     for step, _, loss in json.loads((Path(run_folder) / LOSS_HISTORY).read_text()):
         by_step.setdefault(int(step), []).append(float(loss))
@@ -294,19 +295,14 @@ def step_losses(run_folder: str | Path) -> list[tuple[int, float]]:
 def trained_seconds(export: str | Path) -> float | None:
     """How long the run of ``export`` trained, over all its launches (None: an export from before that
     was recorded)."""
-    from animegamer.checkpoints.export import EXPORT_FILE
-    from animegamer.training.callbacks import TRAIN_SECONDS
-
     return (read_json_object(Path(export) / EXPORT_FILE) or {}).get(TRAIN_SECONDS)
 
 
 def train_base_stage(overrides: list[str], extra: list[str], new_folder: str = "") -> dict:
     """The decoder base (phase a_base), trained or, when its run finished already, reused; returns its
     run (``export``) and the diffusers folder later stages load (``folder``), its final training loss
-    and the seconds it took here."""
-    from animegamer.models.decoder import BASE_FOLDER
-
-    stage = [*overrides, *extra, *BASE_OVERRIDES]
+    and the seconds it took here; ``extra``: overrides for every stage (those of the train root are taken)."""
+    stage = [*overrides, *overrides_for("train", extra), *BASE_OVERRIDES]
     path = compose_config("train", stage).model.decoder.path
     if path:
         raise ValueError(f"Recipe.decoder_base is set but model.decoder.path is too ({path!r}): the base stage "
@@ -379,7 +375,8 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
 
 def run_recipe(recipe: Recipe) -> dict:
 
-    first_steps = f"pipeline.steps=[{','.join(first_pipeline_steps([*recipe.pipeline, *recipe.extra]))}]"
+    first = first_pipeline_steps([*recipe.pipeline, *overrides_for("pipeline", recipe.extra)])
+    first_steps = f"pipeline.steps=[{','.join(first)}]"
     check_stages(recipe, first_steps)
     vae_record = None
     if recipe.vae is not None:
@@ -387,13 +384,13 @@ def run_recipe(recipe: Recipe) -> dict:
         recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
     extra = list(recipe.extra)  # read at each call below: the base stage appends the decoder's path
     new_folder = recipe.new_folder or RECIPE_NEW_FOLDER
-    pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *extra])
-    train = lambda stage, *o: train_stage([*stage, *o, *extra], new_folder)
+    pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *overrides_for("pipeline", extra)])
+    train = lambda stage, *o: train_stage([*stage, *o, *overrides_for("train", extra)], new_folder)
     start_a = recipe.start_a
     clips = pipe(first_steps)
-    phase_a = compose_config("train", [*recipe.phase_a, "phase=a_joint", *extra])
-    phase_b = compose_config("train", [*recipe.phase_b, *extra])
-    evaluated = evaluation_config([*recipe.evaluation, *extra]) if recipe.evaluation else None
+    phase_a = compose_config("train", [*recipe.phase_a, "phase=a_joint", *overrides_for("train", extra)])
+    phase_b = compose_config("train", [*recipe.phase_b, *overrides_for("train", extra)])
+    evaluated = evaluation_config([*recipe.evaluation, *overrides_for("evaluate", extra)]) if recipe.evaluation else None
     counts = check_recipe(phase_a, phase_b, evaluated)
     base = None
     if recipe.decoder_base is not None:
@@ -409,13 +406,11 @@ def run_recipe(recipe: Recipe) -> dict:
     adapted = train(recipe.phase_c, f"phase.init_from={joint['export']}")
     report, story = None, None
     if recipe.evaluation:
-        from animegamer.evaluation.reuse import evaluate_or_reuse
-
         root = Path(adapted["export"]).parent.parent
         evaluation = evaluation_config([
             *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
             f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
-            *extra, f"evaluation.out={root / 'eval'}"])
+            *overrides_for("evaluate", extra), f"evaluation.out={root / 'eval'}"])
         report = evaluate_or_reuse(evaluation)
         say_if_nothing_played(report["metrics"])
         story = story_or_reuse(evaluation, root / "game")

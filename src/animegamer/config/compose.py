@@ -2,7 +2,11 @@
 
 :func:`compose_config` refuses what the typed schema (``config/schema.py``) does not know, whether an
 override sets it (``phase.max_step=10``) or adds it (``+phase.max_step=10``: Hydra adds any key given
-with ``+``), with one message naming the key and the closest known one. :func:`run_command` is the
+with ``+``), with one message naming the key and the closest known one. Each command has its own root
+schema (:data:`animegamer.config.schema.COMMANDS`): a key another command reads (``trainer.devices`` given to
+the pipeline) is refused naming that command. Each root searches its command's own folder
+(``configs/<folder>/``, e.g. ``configs/train/experiment/``) beside the shared groups, and any folder a caller
+or a ``hydra.searchpath=[...]`` override adds after it. :func:`run_command` is the
 body of ``train.py``, ``evaluate.py`` and ``python -m data_pipeline``: it composes the command line's
 config here, so a refusal is one message and exit code 2, before anything is written.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.resources
 import os
 import sys
@@ -19,12 +24,14 @@ from typing import Callable, Iterator, Sequence, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.object_type import ObjectType
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from animegamer.config.schema import register_configs
+from animegamer.config.schema import COMMANDS, register_configs
 from animegamer.errors import UserError, exit_on_user_error
 
 CONFIG_DIR_ENV = "ANIMEGAMER_CONFIG_DIR"
@@ -34,6 +41,9 @@ ADDED = ("++", "+")  # prefixes of an override that adds its key (Hydra accepts 
 DELETED = "~"
 CONFIG_SUFFIX = ".yaml"
 HELP_GROUPS = "$APP_CONFIG_GROUPS"  # the place of the group listing in a hydra/help template
+SEARCH_PATH = "hydra.searchpath"  # Hydra's list of further config folders, each a URL (file://, pkg://)
+FILE_URL = "file://"
+HYDRA_GROUP = f"{HYDRA_NODE}/"  # hydra/help, hydra/launcher, ...: Hydra's own groups, no choice of the command's
 T = TypeVar("T")
 # Groups renamed: the old name -> the new one. ``data`` chose the film source, while ``data.*`` keys are the
 # training data's settings; the group is ``source`` so the two no longer share a name.
@@ -53,28 +63,101 @@ def config_dir() -> Path:
 
 @contextmanager
 def _initialized() -> Iterator[None]:
+    """Hydra initialized on :func:`config_dir` (already, inside another composition: describing its refusal)."""
     register_configs()
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         yield
 
 
-def compose_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
+def compose_config(name: str, overrides: Sequence[str] = (), search_path: Sequence[str | Path] = ()) -> DictConfig:
     """The root config ``name`` (``<config_dir()>/<name>.yaml``) with ``overrides``; :class:`OverrideError` names
-    an unknown key (added with ``+`` too), group option or wrong value, and the closest known one."""
-    overrides = list(overrides)
-    renamed = [renamed_group(o) for o in overrides if _key_of(o).lstrip("/") in RENAMED_GROUPS and "=" in o]
-    if renamed:
-        raise OverrideError("\n".join(renamed))
+    an unknown key (added with ``+`` too), group option or wrong value, and the closest known one, or the
+    command that reads a key this one does not. ``search_path``: further config folders (paths or Hydra
+    URLs) searched after the command's own, e.g. a benchmark's ``configs/train``."""
+    overrides, given = _without_search_path(overrides)
+    renamed = [renamed_group(o) for o in overrides if _is_renamed(o)]
+    elsewhere = [m for m in (read_elsewhere(name, o) for o in overrides if not _is_renamed(o)) if m]
+    if renamed or elsewhere:
+        raise OverrideError("\n".join([*renamed, *elsewhere]))
     with _initialized():
         try:
-            cfg = compose(config_name=name, overrides=overrides)
+            cfg = compose(config_name=name, overrides=[*overrides, search_path_override(name, [*search_path, *given])])
         except HydraException as error:
-            raise OverrideError(describe_refusal(error, overrides)) from error
+            raise OverrideError(describe_refusal(error, overrides, name)) from error
     unknown = list(unknown_keys(cfg))
     if unknown:
-        raise OverrideError("\n".join(no_such_key(_override_of(key, overrides), key, schema)
+        raise OverrideError("\n".join(no_such_key(_override_of(key, overrides), key, schema, name)
                                       for key, schema in unknown))
     return cfg
+
+
+def _is_renamed(override: str) -> bool:
+    return _key_of(override).lstrip("/") in RENAMED_GROUPS and "=" in override
+
+
+def search_path(name: str, extra: Sequence[str | Path] = ()) -> list[str]:
+    """The folders the root ``name`` searches beside :func:`config_dir`, as Hydra URLs: its command's own
+    folder, then ``extra`` (a path, or a URL kept as it is)."""
+    own = [config_dir() / COMMANDS[name].folder] if name in COMMANDS else []
+    return [str(p) if "://" in str(p) else f"{FILE_URL}{Path(p).resolve()}" for p in [*own, *extra]]
+
+
+def search_path_override(name: str, extra: Sequence[str | Path] = ()) -> str:
+    """The ``hydra.searchpath=[...]`` override of :func:`search_path`, each folder quoted."""
+    quoted = ("'" + p.replace("'", "\\'") + "'" for p in search_path(name, extra))  # Hydra's quoted strings
+    return f"{SEARCH_PATH}=[{','.join(quoted)}]"
+
+
+def _without_search_path(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` less any ``hydra.searchpath=[...]`` (with ``+``/``++`` too), and the folders those name: they
+    are searched after the command's own folder rather than instead of it."""
+    rest, given = [], []
+    for override in overrides:
+        if _key_of(override) != SEARCH_PATH or override.startswith(DELETED):
+            rest.append(override)
+            continue
+        try:
+            value = OverridesParser.create().parse_override(override).value()
+        except HydraException as error:
+            raise OverrideError(f"{override}: {_first_line(error)}") from error
+        given += [str(v) for v in (value if isinstance(value, list) else [value])]
+    return rest, given
+
+
+def read_elsewhere(name: str, override: str) -> str | None:
+    """``override``'s refusal when its top-level key (or group) is not the root ``name``'s but another command
+    reads it (``trainer.devices=2`` given to the pipeline); None otherwise."""
+    top = _top_key(override)
+    if name not in COMMANDS or top in _field_names(COMMANDS[name].schema):
+        return None
+    readers = [f"animegamer {c.verb}" for root, c in COMMANDS.items() if root != name and top in _field_names(c.schema)]
+    if not readers:
+        return None
+    command = COMMANDS[name]
+    return (f"{override}: animegamer {command.verb} does not read {top} (its keys: "
+            f"{', '.join(_field_names(command.schema))}); {' and '.join(readers)} "
+            f"{'reads' if len(readers) == 1 else 'read'} it: give it there")
+
+
+def overrides_for(name: str, overrides: Sequence[str]) -> list[str]:
+    """What of ``overrides``, given for every command a recipe runs, the root ``name`` reads: each whose
+    top-level key or group is one of the root's. One that no command knows goes to every root, where it
+    is refused naming the closest key."""
+    known = {root: {*_field_names(c.schema), *config_groups(root)} for root, c in COMMANDS.items()}
+    return [o for o in overrides if _top_key(o) in known.get(name, ())
+            or not any(_top_key(o) in names for names in known.values())]
+
+
+def _top_key(override: str) -> str:
+    """``phase`` of ``phase.lr=1``, ``+phase.lr=1``, ``phase=c`` or ``/phase@x=c``."""
+    return _key_of(override).lstrip("/").split("@", 1)[0].split("/", 1)[0].split(".", 1)[0]
+
+
+def _field_names(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
 
 
 # --------------------------------------------------------------------------- what is refused, in words
@@ -93,32 +176,32 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, type
             yield from unknown_keys(value, f"{full_key}.")
 
 
-def no_such_key(override: str, full_key: str, schema: type) -> str:
-    """``override``'s refusal: the node of ``full_key`` (typed ``schema``) has no such key; the closest one, or
-    the node's keys when none is close."""
+def no_such_key(override: str, full_key: str, schema: type, name: str = "") -> str:
+    """``override``'s refusal: the node of ``full_key`` (typed ``schema``) of the root ``name`` has no such key;
+    the closest one, or the node's keys when none is close."""
     parent, _, key = full_key.rpartition(".")
-    known = [f.name for f in dataclasses.fields(schema)]
-    if not parent:  # at the root a group's name is a key too (experiment=NAME)
-        known += [g for g in config_groups() if g not in known]
+    known = _field_names(schema)
+    if not parent and name:  # at the root a group's name is a key too (experiment=NAME)
+        known += [g for g in config_groups(name) if g not in known]
     where = parent or "the config"
     match = difflib.get_close_matches(key, known, n=1)
     hint = f"did you mean {_join(parent, match[0])}?" if match else f"its keys: {', '.join(known)}"
     return f"{override}: {where} ({schema.__name__}) has no key '{key}'; {hint}"
 
 
-def describe_refusal(error: HydraException, overrides: Sequence[str]) -> str:
+def describe_refusal(error: HydraException, overrides: Sequence[str], name: str = "") -> str:
     """One message for Hydra's refusal of an override: the key, group or value, and what it may be."""
     cause = error.__cause__
     if isinstance(error, OverrideParseException):
         return f"{error.override}: {error}"
     if isinstance(error, MissingConfigException) and error.missing_cfg_file and "/" in error.missing_cfg_file:
         group, _, option = error.missing_cfg_file.rpartition("/")
-        return no_such_option(group, option, error.options or [])
+        return no_such_option(group, option, error.options or [], name)
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
         full_key, schema = str(cause.full_key), cause.object_type
         override = _override_of(full_key, overrides)
         if dataclasses.is_dataclass(schema) and cause.key not in {f.name for f in dataclasses.fields(schema)}:
-            return no_such_key(override, full_key, schema)
+            return no_such_key(override, full_key, schema, name)
         said = _first_line(cause)
         if isinstance(cause, ValidationError) and dataclasses.is_dataclass(schema):
             kinds = {f.name: f.type for f in dataclasses.fields(schema)}
@@ -136,9 +219,14 @@ def renamed_group(override: str) -> str:
     return f"{override}: the group {old} is now named {new}: {new}={option} (options: {', '.join(group_options(new))})"
 
 
-def no_such_option(group: str, option: str, options: Sequence[str]) -> str:
-    """``group=option`` refused: the closest option and every option (the schemas registered in the group
-    for the config files to build on are left out: they are no choice)."""
+def no_such_option(group: str, option: str, options: Sequence[str], name: str = "") -> str:
+    """``group=option`` refused: the command whose own option it is (an experiment of another command), else
+    the closest option and every option (the schemas registered in the group for the config files to build
+    on are left out: they are no choice)."""
+    owners = [f"animegamer {c.verb}" for root, c in COMMANDS.items()
+              if root != name and name in COMMANDS and option in group_options(group, root)]
+    if owners:
+        return f"{group}={option}: {option} is not an option of animegamer {COMMANDS[name].verb} but of {' and '.join(owners)}: give it there"
     store = ConfigStore.instance()
     stored = {Path(name).stem for name in store.list(group)} if store.get_type(group) is ObjectType.GROUP else set()
     choices = [o for o in options if o not in stored]
@@ -147,9 +235,17 @@ def no_such_option(group: str, option: str, options: Sequence[str]) -> str:
     return f"{group}={option}: the group {group} has no option '{option}'; {hint}options: {', '.join(choices)}"
 
 
-def config_groups() -> list[str]:
-    """The config groups of :func:`config_dir` (``trainer``, ``experiment``, ...), Hydra's own left out."""
-    return sorted(p.name for p in config_dir().iterdir() if p.is_dir() and p.name != HYDRA_NODE)
+def config_groups(name: str) -> list[str]:
+    """The config groups the root ``name`` chooses from (``trainer``, ``experiment``, ...), Hydra's own left out."""
+    return list(_config_groups(name, str(config_dir())))
+
+
+@functools.lru_cache(maxsize=None)
+def _config_groups(name: str, folder: str) -> tuple[str, ...]:
+    """:func:`config_groups` of the config folder ``folder`` (composed once per folder)."""
+    with _initialized():
+        cfg = compose(config_name=name, overrides=[search_path_override(name)], return_hydra_config=True)
+    return tuple(sorted(g for g in cfg.hydra.runtime.choices if not g.startswith(HYDRA_GROUP)))
 
 
 def _join(parent: str, key: str) -> str:
@@ -182,17 +278,20 @@ def _override_of(full_key: str, overrides: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------------- the commands
-def group_options(group: str) -> list[str]:
-    """The options of ``group`` that are config files (the schemas the files build on are no choice)."""
-    return sorted(p.stem for p in (config_dir() / group).glob(f"*{CONFIG_SUFFIX}"))
+def group_options(group: str, name: str = "") -> list[str]:
+    """The options of ``group`` that are config files of :func:`config_dir` or of the root ``name``'s own folder
+    (the schemas the files build on are no choice)."""
+    folders = [config_dir(), *([config_dir() / COMMANDS[name].folder] if name in COMMANDS else [])]
+    return sorted({p.stem for folder in folders for p in (folder / group).glob(f"*{CONFIG_SUFFIX}")})
 
 
 def command_help(config_name: str) -> str:
     """``--help`` of the command over the root config ``config_name``: its ``hydra/help`` template (how to call
     it, then its config groups with their options), every group listed with the files it offers."""
     with _initialized():
-        cfg = compose(config_name=config_name, return_hydra_config=True)
-    groups = "\n".join(f"{g}: {', '.join(group_options(g))}" for g in config_groups() if group_options(g))
+        cfg = compose(config_name=config_name, overrides=[search_path_override(config_name)], return_hydra_config=True)
+    listed = [(g, group_options(g, config_name)) for g in config_groups(config_name)]
+    groups = "\n".join(f"{g}: {', '.join(options)}" for g, options in listed if options)
     return cfg.hydra.help.template.replace(HELP_GROUPS, groups) + "\n"
 
 
@@ -210,8 +309,6 @@ def _sets_hydra(overrides: Sequence[str]) -> bool:
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     """Each job's overrides of a ``--multirun`` command line, as Hydra's basic sweeper splits them."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the sweeper the configs use
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     with _initialized():
         try:
@@ -244,13 +341,15 @@ def _run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: 
     if args.help:  # the groups a user chooses from, not the schemas registered for the files to build on
         sys.stdout.write(command_help(config_name))
         return None
-    overrides = list(args.overrides)
+    overrides, given = _without_search_path(args.overrides)
     hydra_settings = _sets_hydra(overrides)
     if args.multirun:  # each job checked (another sweeper's syntax, set in hydra/sweeper=, is Hydra's to read)
         jobs = [] if hydra_settings else sweep_jobs(overrides)
     else:
         jobs = [overrides]
-    composed = [compose_config(config_name, job) for job in jobs]
-    if _hydra_flag(args) or hydra_settings:
+    composed = [compose_config(config_name, job, given) for job in jobs]
+    if _hydra_flag(args) or hydra_settings:  # Hydra composes again: with the command's search path too
+        options = [a for a in argv if a not in set(args.overrides)]
+        sys.argv = [sys.argv[0], *options, *overrides, search_path_override(config_name, given)]
         return hydra_main()
     return task(composed[0])

@@ -568,17 +568,43 @@ class EvalConfig:
 
 
 @dataclass
-class RunConfig:
-    """Root of every entry point (``configs/pipeline.yaml``, ``configs/train.yaml``): one tree."""
+class CommandConfig:
+    """What every command reads: the networks' sizes, the seed and the log level."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    seed: int = 0
+    log_level: str = "INFO"
+
+
+@dataclass
+class PipelineRunConfig(CommandConfig):
+    """Root of ``animegamer pipeline`` (``configs/pipeline.yaml``): the films' processing, with the frozen
+    encoders its feature steps run and the sizes of the exports its later steps read."""
 
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass
+class EvalRunConfig(CommandConfig):
+    """Root of ``animegamer eval`` (``configs/evaluate.yaml``): the game evaluated, the held-out data it plays
+    (``data.*``, and the pipeline settings it was made with: its clip size and motion levels), the metrics."""
+
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    data: TrainDataConfig = field(default_factory=TrainDataConfig)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+
+
+@dataclass
+class RunConfig(CommandConfig):
+    """Root of ``animegamer train`` (``configs/train.yaml``): one phase's run. ``pipeline.*`` are the settings
+    of the shards it trains on (their clip size, their folder), recorded with the run."""
+
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
     data: TrainDataConfig = field(default_factory=TrainDataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    evaluation: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/train"
     # Resume a run folder whose recorded config differs in settings that change the training
     # (training/run_record.py); the change is recorded in <output_dir>/run_config.json.
@@ -586,8 +612,23 @@ class RunConfig:
     # A start into a run folder another run holds waits this long for it to end, then stops naming it
     # (utils/folder_lock.py); e.g. 120 for a requeued SLURM job whose previous attempt may still be exiting.
     lock_wait_seconds: float = 0.0
-    seed: int = 0
-    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command over a root config: its verb (``animegamer <verb>``), the folder of its own config groups
+    (``configs/<folder>/experiment/``, on its search path) and its root schema."""
+
+    verb: str
+    folder: str
+    schema: type
+
+
+# configs/<root>.yaml -> its command; each root's defaults list starts with <root>_schema (SCHEMA_SUFFIX).
+COMMANDS = {"pipeline": Command("pipeline", "pipeline", PipelineRunConfig),
+            "train": Command("train", "train", RunConfig),
+            "evaluate": Command("eval", "eval", EvalRunConfig)}
+SCHEMA_SUFFIX = "_schema"
 
 
 # configs/phase/<name>.yaml -> the schema it defaults to (its ``defaults`` list names it).
@@ -597,7 +638,8 @@ PHASE_SCHEMAS = {"phase_a_schema": PhaseAConfig, "phase_b_schema": PhaseBConfig,
 def register_configs() -> None:
     """Register every schema; idempotent so tests and entry points may both call it."""
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    for root, command in COMMANDS.items():
+        cs.store(name=f"{root}{SCHEMA_SUFFIX}", node=command.schema)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     for name, node in PHASE_SCHEMAS.items():
         cs.store(group="phase", name=name, node=node)
