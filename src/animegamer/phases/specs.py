@@ -3,9 +3,10 @@ shards it reads, its FSDP wrap unit and its own checks.
 
 Whatever depends on which phase runs (the train command, the pre-flight, the recipes) asks
 :func:`spec_for` or :data:`PHASES`, and hands the generic trainer (``animegamer.training``) what it
-needs of the spec as arguments (the FSDP wrapping unit, the folder of the samples). Each phase's module
-owns what it trains (its parameter groups); this table composes the phases, above their modules. What
-an export holds, which the game and the evaluation read, is in ``animegamer.contracts.exports``.
+needs of the spec as arguments (the FSDP wrapping unit, the folder of the samples, whether the export
+writes a LoRA adapter). Each phase's module owns what it trains (its parameter groups); this table
+composes the phases, above their modules. What an export holds, which the game and the evaluation read,
+is in ``animegamer.contracts.exports``.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class PhaseSpec:
 
     name: str
     config: type[PhaseConfig]  # its config dataclass (configs/phase/<name>.yaml defaults to it)
-    trains: tuple[str, ...]  # parameter groups it trains
+    trains: tuple[str, ...]  # parameter groups it trains (its module's; phases/denoising.py resolves the decoder's)
     exports: ExportContract
     # data.<key> of the folder of its samples; None: phase (a)'s ``input`` names it (features | clips).
     samples: Optional[str]

@@ -22,7 +22,7 @@ from animegamer.training import fsdp_gather
 from animegamer.training.nonfinite import count_step
 
 log = logging.getLogger(__name__)
-# Lightning, torch.distributed and the network libraries are imported inside the functions that make
+# Lightning's strategies, DeepSpeed and the network libraries are imported inside the functions that make
 # or inspect a strategy: the validation pass imports this module for its choices and checks.
 
 DDP_STRATEGIES = ("auto", "ddp", "ddp_spawn")
