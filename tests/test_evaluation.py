@@ -146,7 +146,7 @@ def test_untrained_game_differs_from_a_trained_mllm_and_equals_an_export_of_its_
 
 def test_the_untrained_game_starts_where_the_export_says_phase_b_started(tmp_path):
     from animegamer.checkpoints.export import recorded_start as phase_b_start
-    from animegamer.evaluation.runner import untrained_game_problems
+    from animegamer.evaluation.preflight import untrained_game_problems
 
     def export(name: str, config: dict) -> Path:
         folder = tmp_path / name

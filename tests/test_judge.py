@@ -19,8 +19,8 @@ from PIL import Image
 from animegamer.config.schema import JudgeConfig
 from animegamer.utils.http import ERROR_DETAIL_CHARS
 from animegamer.evaluation.judge import (DIMENSIONS, JUDGE_PROMPT_VERSION, NO_ENDPOINT, JudgedGame, JudgedTurn,
-                                      judge_games, judge_report_games, parse_scores, prompt_sha256, request_parts,
-                                      table2_lines)
+                                      judge_games, judge_report_games, parse_scores, prompt_sha256, request_parts)
+from animegamer.evaluation.judge_record import table2_lines
 
 KEY_ENV = "TEST_JUDGE_KEY"
 SECRET = "sk-judge-secret-123"
@@ -447,7 +447,7 @@ def test_a_truncated_clip_leaves_its_game_unscored_and_the_rejudge_finishes(tmp_
 
 
 def test_a_pipe_in_the_judges_answer_cannot_forge_a_table_cell():
-    from animegamer.evaluation.report import markdown_cell
+    from animegamer.evaluation.drawing import markdown_cell
 
     forged = "| 9.00 ± 0.00 | not recorded |\n| Overall"
     with FakeChatServer([(200, forged)]) as server:

@@ -21,19 +21,26 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import re
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError, positive
-from animegamer.contracts.states import MOTION_LEVEL
+from animegamer.contracts.states import CHARACTER_STATES, MOTION_LEVEL
 from animegamer.errors import UserError, exit_on_user_error
-from animegamer.metrics.common import available, format_metric, unavailable
+from animegamer.evaluation.judge_record import DIMENSIONS, SCORE_RANGE, SETTINGS, game_reason
+from animegamer.evaluation.report import VIDEO_KEYS, read_evaluation, write_report
+from animegamer.game.state import INITIAL_STATE, update_states
+from animegamer.media.video import decode_mp4, pick_frames
+from animegamer.metrics.common import available, unavailable
 from animegamer.pages import TEMPLATE_FOLDER, TEMPLATE_PACKAGE
 from animegamer.utils.http import (ERROR_DETAIL_CHARS, IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient,
                                    answer_with_retries, api_key_from_env, client_setting_problems, redact)
@@ -41,25 +48,11 @@ from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("animegamer.evaluation.judge")  # the same name under ``python -m``
 
-DIMENSIONS = ("overall", "instruction_following", "contextual_consistency", "character_consistency",
-              "style_consistency", "state_update")
-DIMENSION_LABELS = {
-    "overall": "Overall",
-    "instruction_following": "Instruction following",
-    "contextual_consistency": "Contextual consistency",
-    "character_consistency": "Character consistency",
-    "style_consistency": "Style consistency",
-    "state_update": "State update",
-}
-SCORE_RANGE = (1, 10)
 JUDGE_PROMPT_VERSION = "1"  # raise with every change of the prompt's text
 PROMPT_TEMPLATE = "judge_prompt.txt.j2"
 PROMPT_SHA_CHARS = 12
-PAPER_JUDGE_MODEL = "GPT-4V"
 NO_ENDPOINT = "no judge endpoint: set evaluation.judge.url and evaluation.judge.model_name"
-SCORE_DECIMALS = 2
 LABEL = "judge"  # how the retry loop's log lines name this client
-SETTINGS = "evaluation.judge"  # the config node, as messages name it
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
@@ -84,9 +77,6 @@ def _signed(delta: int) -> str:
 
 def state_changes(turns: Sequence[Mapping[str, int]]) -> list[str]:
     """Per turn: "SC +1 (50 -> 55), ET 0 (50 -> 50), ST -1 (50 -> 45)", by the game's own state rule."""
-    from animegamer.contracts.states import CHARACTER_STATES
-    from animegamer.game.state import INITIAL_STATE, update_states
-
     states = {key: INITIAL_STATE for key in CHARACTER_STATES}
     texts = []
     for predicted in turns:
@@ -99,8 +89,6 @@ def state_changes(turns: Sequence[Mapping[str, int]]) -> list[str]:
 
 def _frame_images(frames: np.ndarray, count: int, max_side: int) -> list:
     from PIL import Image
-
-    from animegamer.media.video import pick_frames
 
     images = []
     for frame in pick_frames(frames, count):
@@ -150,8 +138,6 @@ def request_parts(game: JudgedGame, frames_per_turn: int, image_max_side: int,
 def parse_scores(text: str) -> dict[str, int]:
     """Exactly one JSON object (optionally in a ```json fence) with the six dimensions as integers in
     1..10; anything else raises ``ValueError`` with a message fit to be shown back to the judge."""
-    import json
-
     body = text.strip()
     fenced = _FENCE.match(body)
     if fenced:
@@ -208,17 +194,12 @@ def game_summary(game_id: str, samples: Sequence[dict], problem: str = "") -> di
             "reason": reason}
 
 
-def _game_reason(game: Mapping) -> str:
-    """Why a game is unscored (records written before games carried their ``reason``: the last error)."""
-    return game.get("reason") or (game["samples"][-1]["error"] if game.get("samples") else "not judged")
-
-
 def summarize(cfg, per_game: Sequence[dict], budget_exhausted: bool = False) -> dict:
     """Table 2's judge column: per dimension the mean over scored games of each game's mean, and the
     spread as the mean over games of each game's sample standard deviation (the judge's own noise)."""
     scored = [g for g in per_game if g["mean"] is not None]
     if not scored:
-        reason = "no game scored" + (f": {_game_reason(per_game[-1])}" if per_game else "")
+        reason = "no game scored" + (f": {game_reason(per_game[-1])}" if per_game else "")
         return {**unavailable_record(cfg, reason, len(per_game)), "per_game": list(per_game),
                 "budget_exhausted": budget_exhausted}
     scores, spread = {}, {}
@@ -280,8 +261,6 @@ def _first_line(error: BaseException) -> str:
 
 def _clip_frames(turn: Mapping, number: int) -> tuple[Optional[np.ndarray], str]:
     """A played turn's clip decoded, or None and why it cannot be judged."""
-    from animegamer.media.video import decode_mp4
-
     if not turn.get("video"):
         return None, f"turn {number} has no clip recorded"
     path = Path(turn["video"])
@@ -322,50 +301,10 @@ def judge_report_games(cfg, games: Sequence[Mapping], backoff_s: float = RETRY_B
     return judge_games(cfg, games_from_report(games), backoff_s)
 
 
-# --------------------------------------------------------------------------- report
-def judge_cell(record: Mapping, key: str) -> str:
-    """"6.50 ± 0.71" (mean ± judge spread), "6.50" with one sample, or "n/a (reason)"."""
-    text = format_metric(record["scores"][key], SCORE_DECIMALS)
-    spread = record["spread"].get(key)
-    if spread is None or not record["scores"][key]["available"]:
-        return text
-    return f"{text} ± {spread:.{SCORE_DECIMALS}f}"
-
-
-def table2_lines(record: Mapping) -> list[str]:
-    """report.md's "Table 2: MLLM judge" section for one evaluation (table cells escaped: a reason quotes
-    the judge's answer, which may hold a ``|``)."""
-    from animegamer.evaluation.report import markdown_row  # report.py draws this section: imported when it does
-
-    model = f"`{record['model']}`" if record.get("model") else "none"
-    lines = ["## Table 2: MLLM judge", "",
-             f"Judge: {model}; prompt version {record['prompt_version']} (sha256 {record['prompt_sha256']}); "
-             f"{record['games_scored']} of {record['games']} games scored, {record['samples_per_game']} samples per "
-             f"game, {record['frames_per_turn']} frames per turn.", "",
-             f"| Dimension | Ours (mean ± sd) | Paper ({PAPER_JUDGE_MODEL}) |", "|---|---|---|"]
-    lines += [markdown_row(DIMENSION_LABELS[key], judge_cell(record, key), "not recorded") for key in DIMENSIONS]
-    failed = [g for g in record.get("per_game", []) if g["mean"] is None]
-    lines += ["", f"Scores from {SCORE_RANGE[0]} to {SCORE_RANGE[1]}, higher is better. A game's score is the mean "
-              "of its valid samples; ours is the mean over the scored games, ± the mean over games of the samples' "
-              "standard deviation (the judge's own spread). The paper's judge prompt is not public: ours is "
-              "`src/animegamer/templates/judge_prompt.txt.j2`, so ours and the paper's scores come from different "
-              "prompts (and judges, unless ours is GPT-4V). The repository does not record the paper's Table 2 "
-              "numbers."]
-    if record.get("budget_exhausted"):
-        lines += ["", f"The judge's request budget ({SETTINGS}.budget_s = {record['budget_s']:g} s) ran out: the "
-                  "games judged after that are not scored."]
-    if failed:
-        lines += ["", "Games without a valid judgement (not scored, not a zero): "
-                  + "; ".join(f"{g['id']}: {_game_reason(g)}" for g in failed) + "."]
-    return lines
-
-
 # --------------------------------------------------------------------------- judging a finished evaluation
 def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) -> dict:
     """Judge the games of an ``evaluate.py`` folder again (another judge, more samples) without playing
     them: ``metrics.json``'s judge record and ``report.md`` are rewritten from the clips in the folder."""
-    from animegamer.evaluation.report import VIDEO_KEYS, read_evaluation, write_report
-
     folder = Path(folder)
     record = read_evaluation(folder, "pass a folder written by evaluate.py (evaluation.out)", ("metrics", "games"))
     metrics, games = record["metrics"], record["games"]
@@ -401,10 +340,6 @@ def check_judge(judge) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m animegamer.evaluation.judge EVAL_FOLDER evaluation.judge.url=... [overrides]``."""
-    import sys
-
-    from animegamer.config.compose import compose_config
-
     def run() -> int:
         args = list(sys.argv[1:] if argv is None else argv)
         if not args or "=" in args[0]:

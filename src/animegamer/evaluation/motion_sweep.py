@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
+from animegamer.evaluation.drawing import figure, markdown_row
 from animegamer.metrics.common import available, unavailable
 
 LEVELS = tuple(range(1, NUM_MOTION_LEVELS + 1))
@@ -115,34 +116,6 @@ def headline(result: Mapping[str, Any]) -> dict[str, dict]:
     return found
 
 
-def evaluation_sweep(cfg, clips: int, render: Callable[[int, float], Any],
-                     pixels: Callable[[Any], np.ndarray]) -> dict:
-    """The sweep of an evaluation's reconstruction: ``render(clip, flow)`` gives latents (1, T', C, H, W) of
-    held-out clip ``clip`` sampled at motion scope ``flow`` (its representation and noise fixed),
-    ``pixels`` decodes them to uint8 frames (T, H, W, 3). Returns the headline metrics and the detail
-    (:data:`SWEEP_KEY`), with the level flows of ``cfg``'s clip manifest."""
-    import json
-
-    from animegamer.checkpoints.trained_data import clip_manifest
-    from animegamer.game.models import read_level_flow
-    from animegamer.metrics.latent_motion import clip_speed
-    from animegamer.metrics.motion import make_estimator, measure_levels
-
-    manifest = clip_manifest(cfg.data.root, cfg.data.clips)
-    bins = json.loads(manifest.read_text())["motion_bins"]
-    estimator = make_estimator(cfg.pipeline.motion)  # built once (RAFT loads weights)
-
-    def pixel_flows(latents: list) -> list[float]:
-        return measure_levels([pixels(x) for x in latents], bins, cfg.pipeline.motion, estimator)[0]
-
-    def latent_shifts(latents: list) -> list[float]:
-        return [clip_speed(x[0].float().cpu()) for x in latents]
-
-    result = sweep(render, clips, read_level_flow(manifest),
-                   {PIXEL_FLOW: pixel_flows, LATENT_SHIFT: latent_shifts})
-    return {**headline(result), SWEEP_KEY: result}
-
-
 # --------------------------------------------------------------------------- report
 def find(metrics: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The sweep of a report's metrics: its own (a reconstruction report) or its reconstruction's."""
@@ -151,12 +124,10 @@ def find(metrics: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def plot(result: Mapping[str, Any], path: Path) -> bool:
     """Requested against measured speed, one panel per measure: each clip's line and the mean per level."""
-    from animegamer.evaluation.report import _figure
-
     measures = [(name, m) for name, m in result["measures"].items() if m.get("values")]
     if not measures:
         return False
-    fig = _figure(4.5 * len(measures), 4.0)
+    fig = figure(4.5 * len(measures), 4.0)
     requested = np.asarray(result["requested"], dtype=np.float64)
     for index, (name, measure) in enumerate(measures):
         ax = fig.add_subplot(1, len(measures), index + 1)
@@ -180,8 +151,6 @@ def plot(result: Mapping[str, Any], path: Path) -> bool:
 
 def markdown(result: Mapping[str, Any], plot_name: str | None) -> list[str]:
     """report.md's section: the sweep's table (and its plot, when drawn)."""
-    from animegamer.evaluation.report import markdown_row
-
     flows = " / ".join(f"{v:.2f}" for v in result["requested"])
     lines = ["## Motion sweep", "",
              f"{result['clips']} held-out clips, each decoded from its own representation and the same noise at every "

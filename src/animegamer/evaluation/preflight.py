@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from animegamer.checkpoints.export import export_folder_problems
+from animegamer.checkpoints.export import export_folder_problems, recorded_start
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.validate import ConfigError, check_encoders
-from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.files import EXPORT_FILE, MANIFEST, TRAINED_FILE
 from animegamer.data.split_checks import captions_problems, counts_of, held_out_problems
 from animegamer.data.trained_data import clip_size_problems, split_problems
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
 from animegamer.diffusion.step_cache import check_sampling_cache
+from animegamer.evaluation.benchmark import benchmark_file_problems
 from animegamer.evaluation.judge import check_judge
-from animegamer.evaluation.runner import benchmark_file_problems, untrained_game_problems
 from animegamer.game.scheduler import check_batch_games
 from animegamer.models.checks import check_attention, check_tokenizer
 from animegamer.models.decoder import check_decoder_compile
@@ -82,3 +82,14 @@ def evaluation_problems(cfg, trained: bool = True) -> list[str]:
     exports are already trained (False: checked before the recipe trains them, with the same split)."""
     c = counts_of(cfg)
     return captions_problems(c) + held_out_problems(c, "evaluation", trained)
+
+
+def untrained_game_problems(cfg) -> list[str]:
+    """``evaluation.untrained_game`` needs the phase (b) start its MLLM export records to exist."""
+    e = cfg.evaluation
+    if not e.untrained_game or not e.mllm_export:
+        return []
+    _, init = recorded_start(e.mllm_export)
+    return [f"evaluation.untrained_game: {e.mllm_export}/{EXPORT_FILE} records phase.init_from={path!r}, "
+            "not an export folder (the untrained game starts where phase (b) started)"
+            for path in init if not (Path(path) / TRAINED_FILE).is_file()]

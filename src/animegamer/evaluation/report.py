@@ -27,7 +27,10 @@ import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
 from animegamer.contracts.files import METRICS_FILE
+from animegamer.errors import InvalidInputError, MissingInputError
 from animegamer.evaluation import motion_sweep
+from animegamer.evaluation.drawing import figure, markdown_row
+from animegamer.evaluation.judge_record import table2_lines
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
@@ -133,17 +136,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- plots
-def _figure(width: float = 6.0, height: float = 4.0):
-    """A pyplot-free Agg figure: no global backend switch, no figure registry to leak."""
-    # matplotlib takes over a second to import: loaded only when a report draws its plots.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def _per_turn_means(games: Sequence[Mapping]) -> dict[str, list[tuple[int, float]]]:
     """key -> [(turn number, mean over games of the available per-turn values)]."""
     series: dict[str, dict[int, list[float]]] = {k: {} for k in CONSISTENCY_KEYS}
@@ -160,7 +152,7 @@ def plot_consistency(games: Sequence[Mapping], path: Path) -> bool:
     series = _per_turn_means(games)
     if not series:
         return False
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     for key, points in series.items():
         turns, values = zip(*points)
@@ -197,7 +189,7 @@ def _confusion(metrics: Mapping, games: Sequence[Mapping]) -> np.ndarray | None:
 
 
 def plot_motion_confusion(matrix: np.ndarray, path: Path) -> None:
-    fig = _figure(5.0, 4.5)
+    fig = figure(5.0, 4.5)
     ax = fig.add_subplot()
     image = ax.imshow(matrix, cmap="Blues")
     levels = np.arange(1, matrix.shape[0] + 1)
@@ -218,7 +210,7 @@ def plot_state_accuracy(per_state: Mapping[str, Mapping], path: Path, paper_acc:
     items = [(k, v["acc"]) for k, v in per_state.items() if v.get("acc") is not None]
     if not items:
         return False
-    fig = _figure(5.0, 4.0)
+    fig = figure(5.0, 4.0)
     ax = fig.add_subplot()
     keys, accs = zip(*items)
     bars = ax.bar(keys, accs, color="tab:blue")
@@ -235,19 +227,6 @@ def plot_state_accuracy(per_state: Mapping[str, Mapping], path: Path, paper_acc:
 
 
 # --------------------------------------------------------------------------- markdown
-def markdown_cell(text: Any) -> str:
-    """``text`` as one Markdown table cell: a ``|`` (or a line break) in a reason or an answer would
-    otherwise end the cell (or the row) and shift what the table shows. Backslashes are escaped too, so
-    a ``\\|`` in the text cannot undo the escape."""
-    flat = " ".join(str(text).splitlines())
-    return flat.replace("\\", "\\\\").replace("|", "\\|")
-
-
-def markdown_row(*cells: Any) -> str:
-    """One Markdown table row, every cell escaped (:func:`markdown_cell`)."""
-    return "| " + " | ".join(markdown_cell(cell) for cell in cells) + " |"
-
-
 def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
     """What the numbers were measured on: "2 games, 4 turns" or "2 clips"."""
     if games:
@@ -346,8 +325,6 @@ def _markdown(
     lines += [" ".join(notes), ""]
     lines += _baselines_table(ours, metrics.get("baselines") or {}, ours_name, metrics.get("states"))
     if metrics.get("judge"):
-        from animegamer.evaluation.judge import table2_lines  # late: ``python -m animegamer.evaluation.judge`` runs it
-
         lines += table2_lines(metrics["judge"]) + [""]
     if "consistency_plot" in plots:
         lines += ["## Consistency per turn", "", f"![consistency per turn]({plots['consistency_plot'].name})", ""]
@@ -447,8 +424,6 @@ def read_evaluation(folder: str | Path, hint: str, required: Sequence[str] = ("g
     ``hint`` says, after "missing; ", which folder the reader wanted. A missing file is a
     :class:`MissingInputError`, anything else that is not such a record an :class:`InvalidInputError`,
     both naming the file."""
-    from animegamer.errors import InvalidInputError, MissingInputError
-
     path = Path(folder) / METRICS_FILE
     if not path.is_file():
         raise MissingInputError(f"{path}: missing; {hint}")

@@ -14,15 +14,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
 from animegamer.contracts.files import METRICS_FILE
+from animegamer.evaluation import runner
+from animegamer.evaluation.record import RECORD_FILE, forget_record
 from animegamer.evaluation.report import read_evaluation
+from animegamer.media.fingerprint import fingerprint
 from animegamer.utils.io import read_json_if_exists, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "evaluation_record.json"
 SCORED_EXPORTS = ("mllm_export", "renderer_export", "reconstruction_export")
 
 
@@ -35,27 +39,15 @@ def export_identity(folder: str) -> dict | None:
 
 
 def evaluation_fingerprint(composed) -> str:
-    from omegaconf import OmegaConf
-
-    from animegamer.media.fingerprint import fingerprint
-
     config = OmegaConf.to_container(composed, resolve=True)
     e = composed.evaluation
     exports = {name: export_identity(str(e[name])) for name in SCORED_EXPORTS}
     return fingerprint(config, exports, clip_manifest_sha256(composed.data.root, composed.data.clips))
 
 
-def forget_record(out: Path) -> None:
-    """Invalidate ``out``'s record: every evaluation played into ``out`` (``evaluate.py`` too) calls this
-    first, so a later reuse never returns metrics another config overwrote."""
-    (out / RECORD_FILE).unlink(missing_ok=True)
-
-
 def evaluate_or_reuse(composed) -> dict:
     """``evaluation.run(composed)``'s result: read back when this evaluation already ran to its end with
     the same fingerprint, else played (and its record written after its metrics)."""
-    from animegamer.evaluation.runner import run as run_evaluation
-
     out = Path(composed.evaluation.out)
     fp = evaluation_fingerprint(composed)
     record = read_json_if_exists(out / RECORD_FILE)
@@ -64,6 +56,6 @@ def evaluate_or_reuse(composed) -> dict:
         metrics = read_evaluation(out, "the evaluation this record names", ("metrics",))["metrics"]
         return {"metrics": metrics, "files": record["files"], "out": str(out)}
     forget_record(out)  # a replay cut short must not leave the old record valid
-    report = run_evaluation(composed)
+    report = runner.run(composed)
     write_json_atomic(out / RECORD_FILE, {"fingerprint": fp, "files": report["files"]})
     return report

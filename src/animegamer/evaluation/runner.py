@@ -12,22 +12,46 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
+import torch
+from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export import recorded_start
+from animegamer.checkpoints.trained_data import clip_manifest
 from animegamer.config.schema import PhaseAConfig, RunConfig
 from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.data.indexed import IndexedShardDataset
+from animegamer.data.phase_a import FEATURES, phase_a_dataset
 from animegamer.data.split import consecutive_runs, held_out
-from animegamer.errors import InvalidInputError
-from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
-from animegamer.metrics.common import available, mean_metric, unavailable
-from animegamer.metrics.latent_motion import latent_motion
-from animegamer.evaluation.motion_sweep import evaluation_sweep
-from animegamer.metrics.psnr import clip_psnr
+from animegamer.diffusion.step_cache import caching
+from animegamer.evaluation.benchmark import benchmark_problems, read_benchmark, refuse
+from animegamer.evaluation.judge import judge_report_games
+from animegamer.evaluation.motion_sweep import LATENT_SHIFT, PIXEL_FLOW, SWEEP_KEY, headline, sweep
+from animegamer.evaluation.preflight import validate_eval_run
+from animegamer.evaluation.record import forget_record
+from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION, write_report
+from animegamer.game.models import default_device, load_game_mllm, load_game_models, play_dtype, read_level_flow, \
+    renderer_for_play
+from animegamer.game.scheduler import play_games
 from animegamer.media.captions import STATUS_OK
+from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
+from animegamer.metrics.clip_scores import try_load_clip
+from animegamer.metrics.common import available, mean_metric, unavailable
+from animegamer.metrics.dreamsim import dreamsim_score, try_load_dreamsim
+from animegamer.metrics.latent_motion import clip_speed, latent_motion
+from animegamer.metrics.motion import make_estimator, measure_levels, motion_accuracy
+from animegamer.metrics.psnr import clip_psnr
+from animegamer.metrics.setup import describe_setup
+from animegamer.metrics.states import state_accuracy
+from animegamer.models.frozen_encoders import build_frozen_encoders
+from animegamer.models.reconstruction import ClipBatch, build_reconstruction
+from animegamer.utils.io import write_bytes_atomic
+from animegamer.utils.logging import setup_logging
+from animegamer.utils.randomness import step_generator
 from animegamer.utils.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -43,69 +67,6 @@ VAE_ROUND_TRIP = "vae_round_trip"
 VAE_ROUND_TRIP_LABEL = "VAE round trip (the clip's own latents decoded: every renderer's ceiling)"
 STAGES = ("mllm", "sample", "vae_decode", "total")
 GAMES_FOLDER = "games"  # each benchmark game plays into games/<id> under evaluation.out
-# Characters that would make a name more than one path component (NUL ends a path in the OS).
-PATH_SEPARATORS = ("/", "\\", "\0")
-
-
-def plain_name_problem(name) -> str | None:
-    """Why ``name`` cannot be used as one file or folder name inside a folder (None: it can): it must be a
-    non-empty string without a path separator, and not ``.`` or ``..``, so that joined to the folder it
-    never leaves it."""
-    if not isinstance(name, str) or not name.strip():
-        return f"{name!r} is not a non-empty string"
-    if name in (".", "..") or any(separator in name for separator in PATH_SEPARATORS):
-        return f"{name!r} is not a plain name (no '/', '\\', NUL, '.' or '..'): it would name a path outside its folder"
-    return None
-
-
-def benchmark_problems(benchmark, source: str) -> list[str]:
-    """What keeps ``benchmark`` (read from ``source``: a file, or the clip shards) from being played
-    into its folders: its shape, and each game id and turn key, which become the names of
-    ``games/<id>`` and ``truth/<key>.mp4`` under ``evaluation.out``."""
-    games = benchmark.get("games") if isinstance(benchmark, dict) else None
-    if not isinstance(games, list):
-        return [f"{source}: not a benchmark (a JSON object whose \"games\" is a list of games)"]
-    problems = []
-    for number, game in enumerate(games, start=1):
-        if not isinstance(game, dict) or not isinstance(game.get("turns"), list):
-            problems.append(f"{source}: game {number} is not an object with \"id\" and a \"turns\" list")
-            continue
-        if (why := plain_name_problem(game.get("id"))) is not None:
-            problems.append(f"{source}: game {number} id {why}")
-        for turn_number, turn in enumerate(game["turns"], start=1):
-            key = turn.get("key") if isinstance(turn, dict) else None
-            if key is not None and (why := plain_name_problem(key)) is not None:
-                problems.append(f"{source}: game {number} turn {turn_number} key {why}")
-    return problems
-
-
-def _load_benchmark(path: str | Path) -> tuple[object, list[str]]:
-    """The content of the benchmark file ``path`` and what keeps it from being played."""
-    try:
-        benchmark = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None, [f"evaluation.benchmark={str(path)!r}: {path} does not exist"]
-    except (OSError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8 or JSON
-        return None, [f"evaluation.benchmark={str(path)!r}: not a readable JSON file ({type(error).__name__}: "
-                      f"{str(error)[:200]})"]
-    return benchmark, benchmark_problems(benchmark, str(path))
-
-
-def benchmark_file_problems(path: str | Path) -> list[str]:
-    """Every problem of the benchmark file ``path`` (the evaluation's pre-flight reports them)."""
-    return _load_benchmark(path)[1]
-
-
-def read_benchmark(path: str | Path) -> dict:
-    """The benchmark file ``path``, refused with every problem at once unless it can be played safely."""
-    benchmark, problems = _load_benchmark(path)
-    refuse(problems)
-    return benchmark
-
-
-def refuse(problems: list[str]) -> None:
-    if problems:
-        raise InvalidInputError("\n".join(problems))
 
 
 def held_out_games(cfg: RunConfig) -> dict:
@@ -157,8 +118,6 @@ def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
 def write_truth_clips(cfg: RunConfig, keys: set[str], folder: Path) -> dict[str, Path]:
     """The benchmark's held-out clips, copied from the clip shards as ``folder/<key>.mp4`` (the gallery
     shows each beside the clip generated for it, and stays self-contained)."""
-    from animegamer.utils.io import write_bytes_atomic
-
     clips = IndexedShardDataset(Path(cfg.data.root) / cfg.data.clips, lambda s: s["mp4"], lambda k: k in keys,
                                 video=False, allow_empty=True)
     written = {}
@@ -186,15 +145,10 @@ class Scorers:
     """The metric models, each loaded from local weights or explicitly unavailable."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        from animegamer.metrics.clip_scores import try_load_clip
-        from animegamer.metrics.dreamsim import try_load_dreamsim
-
         self.clip, self.clip_reason = try_load_clip(cfg.evaluation.clip_model)
         self.dreamsim, self.dreamsim_reason = try_load_dreamsim(cfg.evaluation.dreamsim)
 
     def turn(self, frames: np.ndarray, reference: np.ndarray, instruction: str, environment: str) -> dict:
-        from animegamer.metrics.dreamsim import dreamsim_score
-
         if self.clip is None:
             clip_i = clip_t = clip_t_env = unavailable(self.clip_reason)
         else:
@@ -207,8 +161,6 @@ class Scorers:
 
 def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
     """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
-    from animegamer.game.scheduler import play_games
-
     keys = {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t}
     frames_by_key = first_frames(cfg, keys)
     truth_clips = write_truth_clips(cfg, keys, out / TRUTH_FOLDER)
@@ -240,9 +192,6 @@ def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: 
 def aggregate(cfg: RunConfig, turns: list, bins: dict, truth: dict[str, np.ndarray]) -> dict:
     """The benchmark's metrics over the played ``turns``; ``truth``: the ground-truth clips by key (PSNR of
     each turn's clip against its turn's clip, unavailable for a benchmark turn without a key)."""
-    from animegamer.metrics.motion import motion_accuracy
-    from animegamer.metrics.states import state_accuracy
-
     metrics = {name: mean_metric([t["scores"][name] for t in turns], "no completed turn")
                for name in ("clip_i", "clip_t", "clip_t_env", "dreamsim")}
     psnr = [clip_psnr(t["result"].frames, truth.get(t["truth"].get("key"))) for t in turns]
@@ -266,25 +215,15 @@ def aggregate(cfg: RunConfig, turns: list, bins: dict, truth: dict[str, np.ndarr
 def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     """Table 3 (reconstruction): held-out clips decoded from their own representation by a phase (a)
     export, against the true clips; CLIP-I and DreamSim like Table 1."""
-    from dataclasses import replace
-
-    import torch
-
-    from animegamer.data.phase_a import FEATURES, phase_a_dataset
-    from animegamer.metrics.setup import describe_setup
-    from animegamer.game.models import default_device, play_dtype, renderer_for_play
-    from animegamer.models.frozen_encoders import build_frozen_encoders
-    from animegamer.models.reconstruction import ClipBatch, build_reconstruction
-    from animegamer.utils.randomness import step_generator
-
     e = cfg.evaluation
     # held as the game holds its renderer: on the playing device, LoRA merged, model.decoder.fp8 as in play
     device = torch.device(default_device())
     model, _ = renderer_for_play(build_reconstruction(cfg, [e.reconstruction_export], play=True), device,
                                  play_dtype(device))
     param = next(model.parameters())
-    # The held-out clips' feature shards, read as phase (a) reads them (whichever phase cfg names).
-    run = replace(cfg, phase=PhaseAConfig(input=FEATURES))
+    # The held-out clips' feature shards, read as phase (a) reads them.
+    run = RunConfig(model=cfg.model, seed=cfg.seed, pipeline=cfg.pipeline, data=cfg.data,
+                    phase=PhaseAConfig(input=FEATURES))
     vae = build_frozen_encoders(cfg.model.encoders, device=device, dtype=param.dtype, which=("vae",)).vae
     dataset = phase_a_dataset(run, "val")
     count = min(e.reconstruction_clips, len(dataset))
@@ -329,12 +268,30 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
             "baselines": {SHUFFLED: shuffled, VAE_ROUND_TRIP: ceiling}}
 
 
+def evaluation_sweep(cfg, clips: int, render: Callable[[int, float], Any],
+                     pixels: Callable[[Any], np.ndarray]) -> dict:
+    """The sweep of an evaluation's reconstruction: ``render(clip, flow)`` gives latents (1, T', C, H, W) of
+    held-out clip ``clip`` sampled at motion scope ``flow`` (its representation and noise fixed),
+    ``pixels`` decodes them to uint8 frames (T, H, W, 3). Returns the headline metrics and the detail
+    (:data:`~animegamer.evaluation.motion_sweep.SWEEP_KEY`), with the level flows of ``cfg``'s clip manifest."""
+    manifest = clip_manifest(cfg.data.root, cfg.data.clips)
+    bins = json.loads(manifest.read_text())["motion_bins"]
+    estimator = make_estimator(cfg.pipeline.motion)  # built once (RAFT loads weights)
+
+    def pixel_flows(latents: list) -> list[float]:
+        return measure_levels([pixels(x) for x in latents], bins, cfg.pipeline.motion, estimator)[0]
+
+    def latent_shifts(latents: list) -> list[float]:
+        return [clip_speed(x[0].float().cpu()) for x in latents]
+
+    result = sweep(render, clips, read_level_flow(manifest),
+                   {PIXEL_FLOW: pixel_flows, LATENT_SHIFT: latent_shifts})
+    return {**headline(result), SWEEP_KEY: result}
+
+
 def reconstruction_motion(cfg: RunConfig, keys: list[str], frames: list[np.ndarray]) -> dict:
     """ACC-F / MAE-F of the reconstructions (each decoded with its own clip's motion scope) against their
     clips' levels: whether the decoder renders the asked speed, apart from what the game predicts."""
-    from animegamer.checkpoints.trained_data import clip_manifest
-    from animegamer.metrics.motion import motion_accuracy
-
     if not keys:
         return {"acc_f": unavailable("no held-out clip"), "mae_f": unavailable("no held-out clip")}
     levels = {meta["key"]: meta["motion"]["level"] for meta in clip_metas(cfg, set(keys))}
@@ -360,25 +317,10 @@ def shuffled_reconstruction(cfg: RunConfig, count: int, score) -> dict:
     return {"label": label, "derangement": order, **score(order)}
 
 
-def untrained_game_problems(cfg: RunConfig) -> list[str]:
-    """``evaluation.untrained_game`` needs the phase (b) start its MLLM export records to exist."""
-    e = cfg.evaluation
-    if not e.untrained_game or not e.mllm_export:
-        return []
-    _, init = recorded_start(e.mllm_export)
-    return [f"evaluation.untrained_game: {e.mllm_export}/export.json records phase.init_from={path!r}, "
-            "not an export folder (the untrained game starts where phase (b) started)"
-            for path in init if not (Path(path) / "trained.safetensors").is_file()]
-
-
 def untrained_baseline(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers, bins: dict,
                        truth: dict) -> dict:
     """The untrained game: the benchmark played with the MLLM as phase (b) started (its seed and
     init_from, no trained weights) and the trained renderer, scored by the same code as the game."""
-    from dataclasses import replace
-
-    from animegamer.game.models import load_game_mllm
-
     seed, init = recorded_start(cfg.evaluation.mllm_export)
     start = replace(models.cfg, seed=cfg.seed if seed is None else int(seed))
     untrained = replace(models, mllm=load_game_mllm(start, init, models.device, models.dtype),
@@ -393,16 +335,12 @@ def untrained_baseline(cfg: RunConfig, models, benchmark: dict, out: Path, score
 
 def game_setup(cfg: RunConfig, models) -> dict:
     """The model, precision and hardware the benchmark was played with (report.md's "Setup")."""
-    from animegamer.metrics.setup import describe_setup
-
     parts = {"MLLM": models.mllm.model, "renderer (encoder + decoder)": models.renderer, "VAE": models.vae}
     return describe_setup(cfg.model.name, parts, models.device, models.dtype, **sampling_setup(cfg))
 
 
 def sampling_setup(cfg: RunConfig) -> dict:
     """How the evaluation samples: steps, and the step cache when one is on (it changes the clips)."""
-    from animegamer.diffusion.step_cache import caching
-
     d = cfg.model.diffusion
     found = {"sampling_steps": cfg.evaluation.sampling_steps or d.sampling_steps}
     if caching(d):
@@ -413,8 +351,6 @@ def sampling_setup(cfg: RunConfig) -> dict:
 def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: dict | None = None) -> dict:
     """The Table 3 reconstruction metrics of ``evaluation.reconstruction_export``, written to ``out``
     (metrics.json and report.md beside the paper's numbers); ``record`` adds entries to metrics.json."""
-    from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION, write_report
-
     metrics = {**reconstruction_metrics(cfg, scorers), **(record or {})}
     write_report(out, metrics, [], paper=PAPER_TABLE3_RECONSTRUCTION, title="AnimeGamer reconstruction (Table 3)")
     return metrics
@@ -422,12 +358,6 @@ def write_reconstruction(cfg: RunConfig, scorers: Scorers, out: Path, record: di
 
 def evaluate(cfg: RunConfig) -> dict:
     """Play the benchmark with the configured exports and write metrics, report, plots and gallery."""
-    from animegamer.checkpoints.trained_data import clip_manifest
-    from animegamer.game.models import load_game_models, read_level_flow
-    from animegamer.evaluation.reuse import forget_record
-    from animegamer.evaluation.judge import judge_report_games
-    from animegamer.evaluation.report import write_report
-
     use_threads()
     e = cfg.evaluation
     out = Path(e.out)
@@ -467,11 +397,6 @@ def evaluate(cfg: RunConfig) -> dict:
 
 def run(composed) -> dict:
     """Validate (every problem at once) and evaluate; what ``evaluate.py`` calls."""
-    from omegaconf import OmegaConf
-
-    from animegamer.evaluation.preflight import validate_eval_run
-    from animegamer.utils.logging import setup_logging
-
     setup_logging(composed.log_level)
     validate_eval_run(composed)
     return evaluate(OmegaConf.to_object(composed))

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
-import torch
 
 from animegamer.contracts.states import CHARACTER_STATES
+
+if TYPE_CHECKING:  # the state rule is read without torch (the judge and the ranking page use it)
+    import torch
 
 INITIAL_STATE = 50  # official demo
 STATE_STEP = 5  # one unit of predicted delta moves a bar by 5

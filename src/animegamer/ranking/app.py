@@ -14,7 +14,8 @@ from typing import Any, Optional, Sequence
 from urllib.parse import urlencode
 
 from animegamer.errors import InvalidInputError, UserError
-from animegamer.evaluation.judge import DIMENSION_LABELS, DIMENSIONS, state_changes
+from animegamer.evaluation.judge import state_changes
+from animegamer.evaluation.judge_record import DIMENSION_LABELS, DIMENSIONS
 from animegamer.pages import POSTER_SUFFIX, ensure_poster, render_page
 from animegamer.ranking.runs import COLUMN_LABELS, RANK_SCORES, Run, column_order, common_games
 from animegamer.ranking.scores import aggregate, is_complete, ranking_status, report_lines

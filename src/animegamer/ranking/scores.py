@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Mapping, Optional, Sequence
 
-from animegamer.evaluation.judge import DIMENSION_LABELS, DIMENSIONS, judge_cell
+from animegamer.evaluation.judge_record import DIMENSION_LABELS, DIMENSIONS, judge_cell
 from animegamer.ranking.runs import RANK_SCORES, Run
 
 SCORE_DECIMALS = 2
