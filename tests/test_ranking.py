@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from animegamer.evaluation.judge import DIMENSIONS
-from animegamer.ranking import RankingApp, RankingServer, kendall_w, load_runs, main, spearman
+from animegamer.ranking import RankingApp, RankingServer, kendall_w, load_runs, spearman
+from animegamer.ranking.cli import main
 from animegamer.ranking.app import REPORT_FILE, RESULTS_FILE, TOKEN_HEADER
 from animegamer.ranking.server import MAX_BODY_BYTES, REQUEST_TIMEOUT_S
 from animegamer.ranking.store import ANSWERS_FILE

@@ -1,7 +1,7 @@
 """Rendering a batch of planned turns: the decoder samples their latents, the VAE decodes them into frames."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -10,11 +10,16 @@ from animegamer.diffusion.sampler import sample
 from animegamer.diffusion.step_cache import caching
 from animegamer.game.models import GameModels
 
-if TYPE_CHECKING:
-    from animegamer.game.turns import TurnPlan
+
+class PlannedTurn(Protocol):
+    """What rendering reads of a planned turn (:class:`animegamer.game.turns.TurnPlan`, which calls it)."""
+
+    rep: torch.Tensor  # (N, D): the representation the MLLM predicted
+    flow: float  # the motion scope
+    seed: int  # the turn's sampler seed
 
 
-def render_latents(models: GameModels, diffusion, latent_shape: Sequence[int], plans: Sequence[TurnPlan],
+def render_latents(models: GameModels, diffusion, latent_shape: Sequence[int], plans: Sequence[PlannedTurn],
                    uncond: torch.Tensor) -> torch.Tensor:
     """Decoder latents (B, T, C, H, W) of the planned turns, sampled in one batch (CFG doubles it).
 

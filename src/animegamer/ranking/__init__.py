@@ -22,11 +22,10 @@ folder's lock), ``scores`` (scores, agreement, report.md), ``app`` (pages, clips
 one folder), ``server`` (HTTP, and what it refuses), ``cli`` (the command line).
 """
 from animegamer.ranking.app import RankingApp
-from animegamer.ranking.cli import build_parser, main
 from animegamer.ranking.runs import Run, column_order, common_games, load_run, load_runs
 from animegamer.ranking.scores import aggregate, kendall_w, report_lines, spearman
 from animegamer.ranking.server import RankingServer
 from animegamer.ranking.store import AnswerStore
 
-__all__ = ["AnswerStore", "RankingApp", "RankingServer", "Run", "aggregate", "build_parser", "column_order",
-           "common_games", "kendall_w", "load_run", "load_runs", "main", "report_lines", "spearman"]
+__all__ = ["AnswerStore", "RankingApp", "RankingServer", "Run", "aggregate", "column_order", "common_games",
+           "kendall_w", "load_run", "load_runs", "report_lines", "spearman"]
