@@ -9,6 +9,8 @@ An identical clip has an infinite PSNR, which no mean survives: every value is c
 from __future__ import annotations
 
 import numpy as np
+import torch
+from torchmetrics.functional.image import peak_signal_noise_ratio
 
 from animegamer.metrics.common import Metric, available, unavailable
 
@@ -20,9 +22,6 @@ PSNR_CAP_DB = 100.0
 
 def psnr(frames: np.ndarray, truth: np.ndarray) -> float:
     """PSNR in dB (at most ``PSNR_CAP_DB``) of ``frames`` against ``truth``, two uint8 arrays of one shape."""
-    import torch
-    from torchmetrics.functional.image import peak_signal_noise_ratio
-
     frames, truth = np.asarray(frames), np.asarray(truth)
     if frames.shape != truth.shape:
         raise ValueError(f"PSNR needs clips of one shape: generated {frames.shape}, truth {truth.shape}")
