@@ -16,6 +16,7 @@ from animegamer.contracts.files import (ADAPTATION_DIR, CLIPS_DIR, FEATURES_DIR,
                                         SESSION_SHARDS_DIR, SESSIONS_FILE)
 from animegamer.contracts.shards import JSON, LATENTS, REP
 from animegamer.data.indexed import IndexedShardDataset
+from animegamer.media.captions import STATUS_FAILED
 from animegamer.media.motion_bins import compute_bins
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.game_mllm import build_game_mllm
@@ -114,7 +115,7 @@ def written(tmp_path_factory):
 def test_clip_records_hold_the_contracts_fields(written):
     records = _records(written / CLIPS_DIR)
     assert len(records) == CLIPS
-    assert [r[contract.CAPTIONER][contract.STATUS] for r in records].count("failed") == 1
+    assert [r[contract.CAPTIONER][contract.STATUS] for r in records].count(STATUS_FAILED) == 1
     assert records[-1][contract.CAPTION] is None and records[0][contract.CAPTION] is not None
     problems = [p for r in records for p in form_problems(r, contract.CLIP_RECORD, r[contract.KEY])]
     assert problems == []

@@ -10,11 +10,12 @@ from tokenizers.pre_tokenizers import Whitespace
 
 from animegamer.config.schema import MLLMConfig, ModelConfig, RunConfig, TrainDataConfig
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SHOTS_FILE
+from animegamer.contracts.shards import INSTRUCTION, JSON, KEY
 from animegamer.data.split import held_out
 from animegamer.data.words import training_instructions, training_word_tokenizer
 from animegamer.mllm.tokens import BYTE_SPECIALS
 from animegamer.mllm.words import WORDS
-from animegamer.models.game_mllm import game_tokenizer
+from animegamer.models.game_mllm import TOKENIZER_DIR, game_tokenizer
 
 INSTRUCTIONS = ("Character: Momo; Motion: slowly walk; Background: night harbor.",
                 "Character: Pazu; Motion: rapidly dash; Background: noon seaside.",
@@ -24,13 +25,13 @@ VAL_FRACTION = 0.2  # the stable hash holds out the shots of the first and third
 
 
 def _clips(root, instructions):
-    """Clip shards of one film, a shot per clip, every clip captioned but the last."""
+    """Clip shards of one film, a shot per clip, every clip captioned but the last (no instruction)."""
     folder = root / CLIPS_DIR
     folder.mkdir(parents=True)
     keys = [f"film-{i:06d}" for i in range(len(instructions) + 1)]
     with wds.TarWriter(str(folder / "shard-000000.tar"), encoder=False) as tar:
         for key, instruction in zip(keys, [*instructions, None]):
-            tar.write({"__key__": key, "json": json.dumps({"key": key, "instruction": instruction}).encode()})
+            tar.write({"__key__": key, JSON: json.dumps({KEY: key, INSTRUCTION: instruction}).encode()})
     (folder / MANIFEST).write_text(json.dumps({"kind": "clips", "shards": [{"name": "shard-000000.tar", "count": len(keys)}]}))
     (folder / SHOTS_FILE).write_text(json.dumps({key: f"film/shot-{i:05d}" for i, key in enumerate(keys)}))
     return keys
@@ -77,5 +78,5 @@ def test_the_mllm_builds_the_words_tokenizer_only_through_its_callers_source(tmp
     assert ids.pad == words[BYTE_SPECIALS[0]] and min(ids.strengths) >= len(words)
     with pytest.raises(ValueError, match=f"tokenizer={WORDS}: no phase \\(b\\) export is given"):
         game_tokenizer(cfg)
-    with pytest.raises(ValueError, match=f"export {tmp_path} holds no tokenizer/"):
+    with pytest.raises(ValueError, match=f"export {tmp_path} holds no {TOKENIZER_DIR}/"):
         game_tokenizer(cfg, [tmp_path])
