@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote
 
+import jinja2
 import numpy as np
+from PIL import Image
 
 from animegamer.utils.io import write_bytes_atomic
 
@@ -30,8 +32,6 @@ POSTER_QUALITY = 88
 @functools.lru_cache(maxsize=1)
 def environment():
     """The jinja2 environment of the package's templates (HTML escaped, undefined names are errors)."""
-    import jinja2
-
     return jinja2.Environment(loader=jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_FOLDER),
                               autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                               lstrip_blocks=True, keep_trailing_newline=True)
@@ -66,8 +66,6 @@ def poster_path(video: str | Path) -> Path:
 
 def save_poster(frame: np.ndarray, path: str | Path) -> Path:
     """An (H, W, 3) uint8 frame as a JPEG, written atomically."""
-    from PIL import Image
-
     frame = np.asarray(frame)
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
         raise ValueError(f"{path}: a poster needs an (H, W, 3) uint8 frame, got {frame.shape} {frame.dtype}")

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+import jinja2
 import numpy as np
+from PIL import Image
 
 from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError, positive
@@ -88,8 +90,6 @@ def state_changes(turns: Sequence[Mapping[str, int]]) -> list[str]:
 
 
 def _frame_images(frames: np.ndarray, count: int, max_side: int) -> list:
-    from PIL import Image
-
     images = []
     for frame in pick_frames(frames, count):
         image = Image.fromarray(frame)
@@ -102,8 +102,6 @@ def _frame_images(frames: np.ndarray, count: int, max_side: int) -> list:
 @functools.lru_cache(maxsize=1)
 def _prompt_environment():
     """The package's templates rendered as plain text (no HTML escaping of instructions)."""
-    import jinja2
-
     return jinja2.Environment(loader=jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_FOLDER), autoescape=False,
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
