@@ -9,7 +9,7 @@ from animegamer.config.compose import compose_config, config_dir
 from animegamer.config.validate import ConfigError
 from animegamer.phases.run import train
 
-ABLATIONS = sorted(p.stem for p in (config_dir() / "experiment").glob("ablation_a_*.yaml"))
+ABLATIONS = sorted(p.stem for p in (config_dir() / "train" / "experiment").glob("ablation_a_*.yaml"))
 EXPECTED = {"ablation_a_random_frame", "ablation_a_less_params", "ablation_a_addition",
             "ablation_a_cross_attention", "ablation_a_no_warmup", "ablation_a_no_motion_scope"}
 

@@ -26,8 +26,10 @@ def _trained_b_export(composed, folder: Path) -> Path:
     """A phase (b) export whose weights moved away from the start that its config records (seed, no
     init_from), as training moves them."""
     from animegamer.checkpoints.export import save_export
+    from animegamer.config.compose import carried_over
     from animegamer.phases.phase_b import PhaseB
 
+    composed = carried_over("train", composed)  # the training run that would have made it
     model = PhaseB(OmegaConf.to_object(composed)).model
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -24,9 +24,11 @@ BLACK = 16  # mean brightness (0..255) below which a poster reads as a black fra
 def _untrained_exports(composed, root: Path) -> dict[str, Path]:
     """Phase (b) and (c) exports of untrained tiny models, recording the run's config as training would."""
     from animegamer.checkpoints.export import save_export
+    from animegamer.config.compose import carried_over
     from animegamer.phases.phase_b import PhaseB
     from animegamer.phases.phase_c import PhaseC, export_phase_c
 
+    composed = carried_over("train", composed)  # the training run that would have made them
     cfg = OmegaConf.to_object(composed)
     resolved = OmegaConf.to_container(composed, resolve=True)
     torch.manual_seed(0)

@@ -81,7 +81,7 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     in Table 1 and in the Table 3 reconstruction report; DreamSim stays unavailable (no weights)."""
     import json
 
-    from animegamer.config.compose import compose_config
+    from animegamer.config.compose import compose_config, overrides_for
     from animegamer.evaluation.runner import run
     from animegamer.metrics.clip_scores import ClipScorer
 
@@ -90,7 +90,7 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     scorer.model.save_pretrained(tmp_path / "clip")
     scorer.tokenizer.save_pretrained(tmp_path / "clip")
     result = run(compose_config("evaluate", [
-        "experiment=quickstart_eval", *quickstart_overrides(root), f"evaluation.clip_model={tmp_path / 'clip'}",
+        "experiment=quickstart_eval", *overrides_for("evaluate", quickstart_overrides(root)), f"evaluation.clip_model={tmp_path / 'clip'}",
         f"evaluation.mllm_export={summary['phase b export']}", f"evaluation.renderer_export={summary['phase c export']}",
         f"evaluation.reconstruction_export={summary['phase a2 export']}", f"evaluation.out={tmp_path / 'eval'}",
         "evaluation.games=1", "evaluation.turns=2"]))

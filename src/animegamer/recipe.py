@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
-from animegamer.config.compose import compose_config, overrides_for
+from animegamer.config.compose import carried_over, compose_config, overrides_for
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.steps import CLIP_STEPS
@@ -150,10 +150,7 @@ def evaluation_of(trained, overrides: list[str]):
     """The evaluation config of a model trained with the train config ``trained``: the settings both commands
     read (the networks, the data and the pipeline settings it was made with, the seed) as ``trained`` has
     them, the evaluation's own from ``overrides`` (the evaluate root's)."""
-    evaluated = evaluation_config(overrides)
-    for key in SHARED_WITH_TRAINING:
-        evaluated[key] = trained[key]
-    return evaluated
+    return carried_over("evaluate", trained, overrides)
 
 
 def start_clip_size_problems(phase_a, start: str) -> list[str]:

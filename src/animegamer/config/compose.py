@@ -151,6 +151,16 @@ def overrides_for(name: str, overrides: Sequence[str]) -> list[str]:
             or not any(_top_key(o) in names for names in known.values())]
 
 
+def carried_over(name: str, cfg: DictConfig, overrides: Sequence[str] = ()) -> DictConfig:
+    """The root ``name`` composed with ``overrides``, with every top-level node it shares with ``cfg`` (another
+    root's composed config) taken from ``cfg``: e.g. the evaluation of the model a train config describes."""
+    composed = compose_config(name, overrides)
+    shared = set(_field_names(OmegaConf.get_type(composed))) & set(_field_names(OmegaConf.get_type(cfg)))
+    for key in sorted(shared):
+        composed[key] = cfg[key]
+    return composed
+
+
 def _top_key(override: str) -> str:
     """``phase`` of ``phase.lr=1``, ``+phase.lr=1``, ``phase=c`` or ``/phase@x=c``."""
     return _key_of(override).lstrip("/").split("@", 1)[0].split("/", 1)[0].split(".", 1)[0]
