@@ -229,7 +229,7 @@ def test_phase_grad_clip_reaches_the_deepspeed_config(tmp_path):
     for clip in (0.25, 0.0):
         cfg = OmegaConf.to_object(compose_config("train", ["model=tiny", "phase=a_joint", "trainer=deepspeed_zero2",
                                                            f"phase.grad_clip={clip}", f"output_dir={tmp_path}"]))
-        strategy = strategies.make_strategy(cfg)
+        strategy = runner.make_strategy(cfg)
         assert strategy.config["gradient_clipping"] == clip
         assert strategy.config["zero_optimization"]["stage"] == 2 and strategy.exclude_frozen_parameters
 
