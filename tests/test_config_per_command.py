@@ -1,0 +1,109 @@
+"""Each command composes its own root schema: only the keys it reads, its own experiments, and a key or an
+experiment of another command refused naming that command."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from animegamer.cli import main
+from animegamer.config.compose import OverrideError, carried_over, command_help, compose_config, overrides_for
+from animegamer.config.schema import COMMANDS, EvalRunConfig, PipelineRunConfig, RunConfig
+from animegamer.errors import USER_ERROR_EXIT_CODE
+
+
+@pytest.mark.parametrize("root, schema, keys", [
+    ("pipeline", PipelineRunConfig, {"pipeline", "model", "seed", "log_level"}),
+    ("evaluate", EvalRunConfig, {"pipeline", "model", "data", "evaluation", "seed", "log_level"}),
+    ("train", RunConfig, {"pipeline", "model", "phase", "data", "trainer", "logger", "checkpoint", "output_dir",
+                          "resume_with_changes", "lock_wait_seconds", "seed", "log_level"}),
+])
+def test_each_root_holds_only_the_keys_its_command_reads(root, schema, keys):
+    composed = compose_config(root)
+    assert set(composed.keys()) == keys
+    assert type(OmegaConf.to_object(composed)) is schema is COMMANDS[root].schema
+
+
+PIPELINE_KEYS = "model, seed, log_level, pipeline"
+
+
+@pytest.mark.parametrize("root, override, message", [
+    ("pipeline", "trainer.devices=2", f"trainer.devices=2: animegamer pipeline does not read trainer (its keys: "
+                                      f"{PIPELINE_KEYS}); animegamer train reads it: give it there"),
+    ("pipeline", "phase=c", f"phase=c: animegamer pipeline does not read phase (its keys: {PIPELINE_KEYS}); "
+                            f"animegamer train reads it: give it there"),
+    ("pipeline", "+data.root=/d", f"+data.root=/d: animegamer pipeline does not read data (its keys: {PIPELINE_KEYS}); "
+                                  f"animegamer train and animegamer eval read it: give it there"),
+    ("evaluate", "output_dir=x", "output_dir=x: animegamer eval does not read output_dir (its keys: model, seed, "
+                                 "log_level, pipeline, data, evaluation); animegamer train reads it: give it there"),
+])
+def test_a_key_another_command_reads_is_refused_naming_that_command(root, override, message):
+    with pytest.raises(OverrideError) as refused:
+        compose_config(root, [override])
+    assert str(refused.value) == message
+
+
+def test_training_refuses_the_evaluations_keys_naming_the_evaluation():
+    with pytest.raises(OverrideError, match=r"^evaluation\.games=2: animegamer train does not read evaluation .*; "
+                                            r"animegamer eval reads it: give it there$"):
+        compose_config("train", ["evaluation.games=2"])
+
+
+def test_the_command_line_refuses_another_commands_key_with_exit_code_2(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["animegamer"])
+    with pytest.raises(SystemExit) as stopped:
+        main(["pipeline", "trainer.devices=2"])
+    assert stopped.value.code == USER_ERROR_EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.startswith("error: trainer.devices=2: animegamer pipeline does not read trainer") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("root, option, owner", [("train", "quickstart", "animegamer pipeline"),
+                                                  ("pipeline", "quickstart_eval", "animegamer eval"),
+                                                  ("evaluate", "paper_b", "animegamer train")])
+def test_an_experiment_of_another_command_is_refused_naming_it(root, option, owner):
+    with pytest.raises(OverrideError) as refused:
+        compose_config(root, [f"experiment={option}"])
+    verb = COMMANDS[root].verb
+    assert str(refused.value) == (f"experiment={option}: {option} is not an option of animegamer {verb} but of "
+                                  f"{owner}: give it there")
+
+
+@pytest.mark.parametrize("root, own, others", [("pipeline", {"quickstart", "finetune_film"}, {"quickstart_a"}),
+                                                ("evaluate", {"quickstart_eval", "paper_eval"}, {"quickstart"}),
+                                                ("train", {"quickstart_a", "paper_b"}, {"quickstart_eval"})])
+def test_each_commands_help_lists_its_own_experiments_and_groups(root, own, others):
+    listed = dict(line.split(": ", 1) for line in command_help(root).splitlines() if ": " in line and "==" not in line)
+    experiments = set(listed["experiment"].split(", "))
+    assert own <= experiments and not others & experiments
+    assert ("trainer" in listed) is (root == "train") and ("phase" in listed) is (root == "train")
+
+
+def test_a_search_path_adds_a_folder_of_experiments_after_the_commands_own(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nseed: 7\nphase: {max_steps: 3}\n")
+    assert compose_config("train", ["experiment=mine"], search_path=[tmp_path]).seed == 7
+    given = compose_config("train", [f"hydra.searchpath=['file://{tmp_path}']", "experiment=mine"])
+    assert (given.seed, given.phase.max_steps) == (7, 3)
+    # the command's own experiments stay found beside it
+    assert compose_config("train", ["experiment=quickstart_a"], search_path=[tmp_path]).phase.max_steps == 60
+    with pytest.raises(OverrideError, match="no option 'mine'"):
+        compose_config("train", ["experiment=mine"])
+
+
+def test_a_recipes_shared_overrides_go_to_the_commands_that_read_them():
+    shared = ["model=tiny", "trainer=cpu", "phase.max_steps=3", "source=films", "pipeline.workers=2",
+              "evaluation.games=2", "data.val_fraction=0.3", "output_dir=o", "seed=1", "sede=1"]
+    assert overrides_for("pipeline", shared) == ["model=tiny", "source=films", "pipeline.workers=2", "seed=1", "sede=1"]
+    assert overrides_for("evaluate", shared) == ["model=tiny", "source=films", "pipeline.workers=2",
+                                                 "evaluation.games=2", "data.val_fraction=0.3", "seed=1", "sede=1"]
+    assert overrides_for("train", shared) == [o for o in shared if not o.startswith("evaluation.")]
+
+
+def test_the_evaluation_of_a_trained_config_carries_its_networks_and_data():
+    trained = compose_config("train", ["experiment=ablation_a_addition", "data.val_fraction=0.3", "seed=5"])
+    evaluated = carried_over("evaluate", trained, ["evaluation.games=3"])
+    assert type(OmegaConf.to_object(evaluated)) is EvalRunConfig
+    assert (evaluated.model.encoder.fusion, evaluated.model.name) == ("add", "paper")
+    assert (evaluated.data.val_fraction, evaluated.seed, evaluated.evaluation.games) == (0.3, 5, 3)
