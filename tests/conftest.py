@@ -26,9 +26,9 @@ SMALL_CLIPS = ["pipeline.clips.height=64", "pipeline.clips.width=96"]
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook selects by marker (-m)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tier: the tests named in tests/tiers.py get the ``slow`` marker."""
+    """The slow tier: the tests tests/tiers.py names, and those using its slow fixtures, get the ``slow`` marker."""
     for item in items:
-        if is_slow(item.nodeid):
+        if is_slow(item.nodeid, getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from tiers import SLOW, is_slow
+from tiers import SLOW, SLOW_FIXTURES, is_slow
 
 TESTS = REPO / "tests"
 CI_TIERS = ["-m", "slow or not slow"]  # .ci/run's selection: every tier
@@ -15,9 +15,9 @@ CI_TIERS = ["-m", "slow or not slow"]  # .ci/run's selection: every tier
 LISTED = "test_cli_errors.py::test_a_wrong_key_option_or_value_is_one_message_and_exit_code_2_writing_nothing"
 
 
-def _collected(*args: str) -> list[str]:
+def _collected(*args: str, file: str = LISTED.partition("::")[0]) -> list[str]:
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           f"tests/{LISTED.partition('::')[0]}", *args],
+                           f"tests/{file}", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: every test deselected
     return [line for line in done.stdout.splitlines() if "::" in line]
@@ -55,3 +55,19 @@ def test_every_slow_entry_names_an_existing_test():
         if not path.is_file() or (name and name not in _tests_in(path)):
             stale.append(entry)
     assert stale == [], f"tests/tiers.py names tests that do not exist: {stale}"
+
+
+def _uses(node: ast.FunctionDef, fixtures) -> bool:
+    return any(arg.arg in fixtures for arg in node.args.args)
+
+
+def test_a_test_using_a_slow_fixture_is_slow_without_an_entry():
+    """The quick start's game is built by the first test that needs it: in the default run none may."""
+    file = "test_trained_data.py"  # three tests use the quick start, none of them listed
+    tests = [node for node in ast.parse((TESTS / file).read_text()).body if isinstance(node, ast.FunctionDef)
+             and node.name.startswith("test")]
+    users = {node.name for node in tests if _uses(node, SLOW_FIXTURES)}
+    assert len(users) == 3 and not {f"{file}::{name}" for name in users} & SLOW
+    default = {line.partition("::")[2] for line in _collected(file=file)}
+    assert default == {node.name for node in tests} - users
+    assert is_slow(f"tests/{file}::test_x", ["tmp_path", *SLOW_FIXTURES]) and not is_slow(f"tests/{file}::test_x")

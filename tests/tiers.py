@@ -4,10 +4,13 @@ A test is slow when it takes over about a second and a half on a quiet 2-core ma
 the fixtures it needs included: every test that uses an expensive module or session fixture is slow
 (otherwise the first fast test to need it would pay for it), and a module of such tests is named whole.
 The developer's default run (``pytest``) leaves the slow tests out; CI runs every tier (see setup.cfg).
-Entries are ``file::test`` (every parametrisation of the test) or a whole ``file``. A new test that takes
-longer belongs here: ``pytest --durations=20`` names them.
+Entries are ``file::test`` (every parametrisation of the test) or a whole ``file``; a test that uses one
+of :data:`SLOW_FIXTURES` is slow without an entry. A new test that takes longer belongs here:
+``pytest --durations=20`` names them.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 SLOW = frozenset({
     "test_ablation_recipe.py::test_every_variant_has_a_warmup_its_sizes_fit",
@@ -32,7 +35,7 @@ SLOW = frozenset({
     "test_checkpoint_integrity.py::test_damaged_newest_checkpoint_is_set_aside_and_the_resume_matches_an_uninterrupted_run",
     "test_cli_errors.py::test_a_wrong_key_option_or_value_is_one_message_and_exit_code_2_writing_nothing",
     "test_cli_errors.py::test_hydras_own_options_still_work_beside_the_check",
-    "test_config.py::test_every_experiment_composes_into_the_typed_schema",
+    "test_config.py::test_every_experiment_composes_into_its_commands_schema",
     "test_config.py::test_help_says_how_to_call_and_lists_the_groups_without_dumping_every_key",
     "test_distributed.py::test_ddp_run_stopped_after_a_checkpoint_resumes_exactly",
     "test_distributed.py::test_two_process_ddp_matches_single_process",
@@ -73,10 +76,7 @@ SLOW = frozenset({
     "test_pipeline_parts.py::test_two_parts_then_finalize_equals_one_run",
     "test_pipeline_restart.py::test_killed_run_resumes_to_identical_shards",
     "test_profiling.py::test_pytorch_profiler_writes_a_trace_of_the_requested_steps",
-    "test_quickstart.py",
     "test_real_footage.py::test_films_named_by_file_name_or_stem_are_all_captioned",
-    "test_real_footage_finetune.py::test_finetune_on_real_footage_to_a_played_game",
-    "test_real_footage_finetune.py::test_preflight_refuses_one_shot_before_training",
     "test_recompute.py::test_compiled_layers_recompute_with_the_thread_count_of_their_forward",
     "test_remote_shards.py::test_a_run_from_the_url_stopped_by_the_server_dying_resumes_to_the_local_runs_result",
     "test_remote_shards.py::test_validation_and_the_run_record_read_a_url_root",
@@ -90,15 +90,20 @@ SLOW = frozenset({
     "test_toyfilm.py::test_same_arguments_give_identical_files",
     "test_toyfilm.py::test_variant_makes_a_different_film",
     "test_train_inference_parity.py::test_adaptation_predicts_each_clip_as_the_training_forward_on_its_window",
-    "test_trained_data.py::test_evaluation_refuses_a_larger_held_out_split_than_training",
     "test_weak_scaling.py::test_counts_are_checked_before_anything_runs",
     "test_weak_scaling.py::test_cpu_rehearsal_two_nodes_equal_one_node_of_as_many_processes",
     "test_weak_scaling.py::test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run",
 })
 
 
-def is_slow(nodeid: str) -> bool:
-    """Whether the test of ``nodeid`` (``tests/file.py::test[params]``, as pytest names it) is slow."""
+# Fixtures that train a whole game: every test that uses one is slow, wherever it is.
+SLOW_FIXTURES = frozenset({"quickstart"})
+
+
+def is_slow(nodeid: str, fixtures: Iterable[str] = ()) -> bool:
+    """Whether the test of ``nodeid`` (``tests/file.py::test[params]``, as pytest names it), which uses
+    ``fixtures`` (their names), is slow."""
     path, _, name = nodeid.partition("::")
     file = path.rpartition("/")[2]
-    return file in SLOW or f"{file}::{name.partition('[')[0]}" in SLOW
+    return (file in SLOW or f"{file}::{name.partition('[')[0]}" in SLOW
+            or not SLOW_FIXTURES.isdisjoint(fixtures))
