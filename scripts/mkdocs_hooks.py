@@ -1,8 +1,9 @@
 """mkdocs hook: the configuration reference page, written at build time from the typed schema.
 
-Every key of the config tree is a field of a dataclass in ``animegamer.config.schema``; this walks them
-from the root (``RunConfig``) and writes one table per node with each key's type, default and the
-comment or docstring that explains it in the schema, so the page cannot drift from the code.
+Every key of the config tree is a field of a dataclass in ``animegamer.config.schema``; each command has
+its own root (``schema.COMMANDS``). This lists each command's keys, then walks every root's nodes and
+writes one table per node with each key's type, default, the commands that read it and the comment or
+docstring that explains it in the schema, so the page cannot drift from the code.
 ``mkdocs.yml`` names this file under ``hooks``; ``render_reference()`` is also usable on its own.
 """
 from __future__ import annotations
@@ -25,11 +26,13 @@ logger = logging.getLogger("mkdocs.hooks.config_reference")
 
 INTRO = """# Configuration reference
 
-Every config group with its options, then every key of the configuration tree that `train.py`,
-`evaluate.py` and `python -m data_pipeline` compose, with its type, its default in the schema and what
-it means. This page is generated when the site is built, from the config files and the dataclasses in
-`animegamer.config.schema`: a group's option (a model preset, a phase, a trainer, an experiment)
-overrides the schema's defaults. How the tree is composed and checked: [Configuration](configuration.md).
+Each command (`animegamer train`, `animegamer eval`, `animegamer pipeline`) composes its own root config
+and reads only its own keys: a key another command reads is refused naming that command. This page lists
+every config group with its options (each command's experiments apart), each command's keys, then every
+key with its type, its default in the schema, the commands that read it and what it means. It is
+generated when the site is built, from the config files and the dataclasses in `animegamer.config.schema`:
+a group's option (a model preset, a phase, a trainer, an experiment) overrides the schema's defaults. How
+the tree is composed and checked: [Configuration](configuration.md).
 
 """
 
@@ -55,18 +58,31 @@ def _yaml_description(path: Path) -> str:
     return text.split(". ", 1)[0].rstrip(".") + "." if text else ""
 
 
+def _group_table(title: str, folder: Path) -> list[str]:
+    out = [title, "", "| option | what it is |", "|---|---|"]
+    out += [f"| `{f.stem}` | {_cell(_yaml_description(f))} |" for f in sorted(folder.glob("*.yaml"))]
+    return out + [""]
+
+
 def render_groups(root: Path) -> str:
-    """One table per config group: each option (file name) with its leading comment."""
+    """One table per config group: each option (file name) with its leading comment; each command's own
+    experiments (``<folder>/experiment/``) in a table of their own."""
+    from animegamer.config.schema import COMMANDS
+
+    folders = {c.folder for c in COMMANDS.values()}
     out = ["## Config groups", "",
            "Roots (each command's own config): " +
            ", ".join(f"`{p.stem}`" for p in sorted(root.glob("*.yaml"))) + ". "
            "Choose a group's option with `GROUP=OPTION` on the command line (e.g. `trainer=fsdp`).", ""]
     for group in sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*.yaml"))):
-        if group.name == "hydra":
-            continue
-        out += [f"### `{group.name}`", "", "| option | what it is |", "|---|---|"]
-        out += [f"| `{f.stem}` | {_cell(_yaml_description(f))} |" for f in sorted(group.glob("*.yaml"))]
-        out.append("")
+        if group.name != "hydra" and group.name not in folders:
+            readers = _readers(group.name)
+            out += _group_table(f"### `{group.name}`" + (f" (read by {readers})" if readers else ""), group)
+    for name, command in COMMANDS.items():
+        experiments = root / command.folder / "experiment"
+        if any(experiments.glob("*.yaml")):
+            out += _group_table(f"### `experiment` of `animegamer {command.verb}` (`{command.folder}/experiment/`)",
+                                experiments)
     return "\n".join(out) + "\n"
 
 
@@ -130,6 +146,14 @@ def _value(value) -> str:
     return f"`{value}`"
 
 
+def _readers(path: str) -> str:
+    """The commands whose root has the node or key ``path`` (its first part decides: a node is read whole)."""
+    from animegamer.config.schema import COMMANDS
+
+    top = path.split(".", 1)[0]
+    return ", ".join(f"`{c.verb}`" for c in COMMANDS.values() if top in {f.name for f in dataclasses.fields(c.schema)})
+
+
 def _node_section(path: str, cls: type, skip: frozenset[str] = frozenset()) -> tuple[list[str], list[tuple[str, type]]]:
     """Markdown for one node (its leaf keys) and the nested nodes to describe after it."""
     hints = typing.get_type_hints(cls)
@@ -143,13 +167,13 @@ def _node_section(path: str, cls: type, skip: frozenset[str] = frozenset()) -> t
             children.append((key, hints[f.name]))
             continue
         rows.append(f"| `{key}` | {_cell(_type_name(hints[f.name]))} | {_cell(_value(_default(f)))} | "
-                    f"{_cell(comments.get(f.name, ''))} |")
+                    f"{_readers(key)} | {_cell(comments.get(f.name, ''))} |")
     lines = []
     doc = _docstring(cls)
     if doc:
         lines += [doc, ""]
     if rows:
-        lines += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+        lines += ["| key | type | default | read by | meaning |", "|---|---|---|---|---|", *rows, ""]
     return lines, children
 
 
@@ -169,15 +193,49 @@ def _walk(path: str, cls: type, out: list[str], level: int) -> None:
         _walk(child_path, child, out, min(level + 1, 4))
 
 
+def render_commands() -> str:
+    """Each command's root config and its keys (a node is read with every key under it)."""
+    from animegamer.config.schema import COMMANDS
+
+    out = ["## Each command's keys", "", "| command | root config | schema | keys |", "|---|---|---|---|"]
+    for name, command in COMMANDS.items():
+        hints = typing.get_type_hints(command.schema)
+        keys = ", ".join(f"`{f.name}.*`" if dataclasses.is_dataclass(hints[f.name]) else f"`{f.name}`"
+                         for f in dataclasses.fields(command.schema))
+        out.append(f"| `animegamer {command.verb}` | `{name}.yaml` | `{command.schema.__name__}` | {keys} |")
+    return "\n".join(out) + "\n\n"
+
+
+def _roots_union() -> tuple[list[tuple[str, object, dataclasses.Field]], dict[str, str]]:
+    """One dataclass with every command's top-level keys, each described once, in the order the roots list
+    them (their comments read from the schema each comes from)."""
+    from animegamer.config.schema import COMMANDS
+
+    fields, comments, seen = [], {}, set()
+    for command in COMMANDS.values():
+        hints = typing.get_type_hints(command.schema)
+        own = _field_comments_all(command.schema)
+        for f in dataclasses.fields(command.schema):
+            if f.name not in seen:
+                seen.add(f.name)
+                fields.append((f.name, hints[f.name], f))
+                comments[f.name] = own.get(f.name, "")
+    return fields, comments
+
+
 def render_reference() -> str:
-    """The whole page: the root's own keys, then each node of the tree in schema order."""
+    """The whole page: the groups, each command's keys, the roots' own keys, then each node of the tree in
+    schema order."""
     from animegamer.config import schema
 
-    out = [INTRO, render_groups(configs_dir())]
-    root_lines, children = _node_section("", schema.RunConfig, skip=frozenset({"phase"}))
-    out += ["## Top-level keys", "", *root_lines]
-    for path, cls in children:
-        _walk(path, cls, out, 2)
+    out = [INTRO, render_groups(configs_dir()), render_commands()]
+    fields, comments = _roots_union()
+    rows = [f"| `{name}` | {_cell(_type_name(kind))} | {_cell(_value(_default(f)))} | {_readers(name)} | "
+            f"{_cell(comments[name])} |" for name, kind, f in fields if not dataclasses.is_dataclass(kind)]
+    out += ["## Top-level keys", "", "| key | type | default | read by | meaning |", "|---|---|---|---|---|", *rows, ""]
+    for name, kind, _ in fields:
+        if dataclasses.is_dataclass(kind) and name != "phase":
+            _walk(name, kind, out, 2)
     # phase/ has one schema per phase; the shared fields first, then each phase's own.
     base = schema.PhaseConfig
     lines, _ = _node_section("phase", base)

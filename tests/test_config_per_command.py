@@ -2,6 +2,7 @@
 experiment of another command refused naming that command."""
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -107,3 +108,21 @@ def test_the_evaluation_of_a_trained_config_carries_its_networks_and_data():
     assert type(OmegaConf.to_object(evaluated)) is EvalRunConfig
     assert (evaluated.model.encoder.fusion, evaluated.model.name) == ("add", "paper")
     assert (evaluated.data.val_fraction, evaluated.seed, evaluated.evaluation.games) == (0.3, 5, 3)
+
+
+def test_the_configuration_reference_shows_each_commands_keys_and_who_reads_each():
+    from test_docs import _hooks
+
+    page = _hooks().render_reference()
+    assert ("| `animegamer pipeline` | `pipeline.yaml` | `PipelineRunConfig` | `model.*`, `seed`, `log_level`, "
+            "`pipeline.*` |") in page
+    assert ("| `animegamer eval` | `evaluate.yaml` | `EvalRunConfig` | `model.*`, `seed`, `log_level`, `pipeline.*`, "
+            "`data.*`, `evaluation.*` |") in page
+    keys = page[page.index("## Top-level keys"):]
+    row = {k: line for line in keys.splitlines() for k in re.findall(r"^\| `([^`]+)` \|", line)}
+    assert row["trainer.devices"].split(" | ")[3] == "`train`"
+    assert row["evaluation.games"].split(" | ")[3] == "`eval`"
+    assert row["data.root"].split(" | ")[3] == "`train`, `eval`"
+    assert row["pipeline.clips.qp"].split(" | ")[3] == "`pipeline`, `train`, `eval`"
+    assert row["seed"].split(" | ")[3] == "`pipeline`, `train`, `eval`"
+    assert "### `experiment` of `animegamer eval` (`eval/experiment/`)" in page

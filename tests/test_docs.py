@@ -81,8 +81,9 @@ def test_the_configuration_reference_lists_every_key_with_its_comment():
     page = _hooks().render_reference()
     page = page[page.index("## Top-level keys"):]  # the config groups' option tables come before
     rows = re.findall(r"^\| `([^`]+)` \|", page, re.MULTILINE)
-    root = schema.RunConfig
-    expected = [k for k in _leaf_keys("", root) if not k.startswith("phase.")]
+    # every command's keys, each once (a node several commands read is described once)
+    expected = sorted({k for command in schema.COMMANDS.values() for k in _leaf_keys("", command.schema)
+                       if not k.startswith("phase.")})
     base = {f.name for f in dataclasses.fields(schema.PhaseConfig)}
     expected += [f"phase.{n}" for n in base]
     for cls in schema.PHASE_SCHEMAS.values():
@@ -125,8 +126,10 @@ def test_the_configuration_reference_lists_every_config_option():
     root = hooks.configs_dir()
     page = hooks.render_reference()
     options = sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.yaml") if p.parent.name != "hydra")
+    options += [f"experiment/{p.stem}" for c in schema.COMMANDS.values() for p in (root / c.folder).glob("experiment/*.yaml")]
+    options.sort()
     listed = []
-    for group, body in re.findall(r"^### `([^`]+)`\n\n\| option \| what it is \|\n\|---\|---\|\n((?:\|.*\n)+)",
+    for group, body in re.findall(r"^### `([^`]+)`[^\n]*\n\n\| option \| what it is \|\n\|---\|---\|\n((?:\|.*\n)+)",
                                   page, re.MULTILINE):
         listed += [f"{group}/{name}" for name in re.findall(r"^\| `([^`]+)` \|", body, re.MULTILINE)]
     assert sorted(listed) == options and len(options) > 40
