@@ -268,13 +268,13 @@ def _job_output_dir(job_num: int, *overrides: str) -> tuple[Path, Path]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from animegamer.config.compose import config_dir
+    from animegamer.config.compose import config_dir, search_path_override
     from animegamer.config.schema import register_configs
     from animegamer.training.sweep import job_output_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        cfg = compose("train", list(overrides), return_hydra_config=True)
+        cfg = compose("train", [*overrides, search_path_override("train")], return_hydra_config=True)
     with open_dict(cfg.hydra):
         cfg.hydra.mode, cfg.hydra.job.num = RunMode.MULTIRUN, job_num
     HydraConfig.instance().set_config(cfg)
