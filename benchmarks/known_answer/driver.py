@@ -111,7 +111,7 @@ class Ablation:
     warmup: bool
 
 
-# The overrides are those of configs/experiment/ablation_a_<name>.yaml, whose other settings are the
+# The overrides are those of configs/train/experiment/ablation_a_<name>.yaml, whose other settings are the
 # paper's (model, trainer, logger) and do not apply here.
 ABLATIONS = {
     "no_motion_scope": Ablation(("model.decoder.motion_scope=false",), warmup=True),
