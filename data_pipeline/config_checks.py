@@ -46,6 +46,6 @@ def pipeline_problems(cfg) -> list[str]:
     if adaptation and "adaptation" in steps:
         problems += check_export_role("pipeline.adaptation.export", adaptation, "mllm")
         problems += check_mllm(cfg.model)
-        problems += check_tokenizer(cfg.model, [("pipeline.adaptation.export", adaptation)])
+        problems += check_tokenizer(cfg.model, [("pipeline.adaptation.export", adaptation)], words_from_data=False)
         problems += check_export_sizes("pipeline.adaptation.export", adaptation, cfg.model)
     return problems

@@ -15,6 +15,7 @@ from animegamer.data.split import held_out
 from animegamer.data.words import training_instructions, training_word_tokenizer
 from animegamer.mllm.tokens import BYTE_SPECIALS
 from animegamer.mllm.words import WORDS
+from animegamer.models.checks import check_tokenizer
 from animegamer.models.game_mllm import TOKENIZER_DIR, game_tokenizer
 
 INSTRUCTIONS = ("Character: Momo; Motion: slowly walk; Background: night harbor.",
@@ -80,3 +81,18 @@ def test_the_mllm_builds_the_words_tokenizer_only_through_its_callers_source(tmp
         game_tokenizer(cfg)
     with pytest.raises(ValueError, match=f"export {tmp_path} holds no {TOKENIZER_DIR}/"):
         game_tokenizer(cfg, [tmp_path])
+
+
+def test_the_adaptation_steps_preflight_asks_the_export_for_its_word_tokenizer(tmp_path):
+    """The adaptation step reads no training split: with ``words`` its phase (b) export must hold the
+    tokenizer's copy, which the pre-flight checks before any model is built; training and evaluation
+    build the vocabulary from their data instead."""
+    model = ModelConfig(mllm=MLLMConfig(tokenizer=WORDS))
+    export = [("pipeline.adaptation.export", str(tmp_path))]
+    assert check_tokenizer(model, export, words_from_data=False) == [
+        f"pipeline.adaptation.export={str(tmp_path)!r}: model.mllm.tokenizer={WORDS} needs the phase (b) export's "
+        f"copy of the tokenizer it trained with ({TOKENIZER_DIR}/), and there is none"]
+    assert check_tokenizer(model, export) == []
+    assert check_tokenizer(model, [("pipeline.adaptation.export", str(tmp_path / "missing"))], words_from_data=False) == []
+    (tmp_path / TOKENIZER_DIR).mkdir()
+    assert check_tokenizer(model, export, words_from_data=False) == []

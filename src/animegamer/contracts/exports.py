@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_base", "a_warmup", "a_joint", "b", "c"
+TOKENIZER_DIR = "tokenizer"  # a phase (b) export's copy of the tokenizer it trained with
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Iterable
 
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import choice
+from animegamer.contracts.exports import TOKENIZER_DIR
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
 from animegamer.diffusion.step_cache import check_sampling_cache
 from animegamer.mllm.tokens import (ANIMEGAMER_TOKENS, NUM_ANIMEGAMER_TOKENS, TokenIds, add_animegamer_tokens,
@@ -25,16 +26,28 @@ from animegamer.models.mllm import SDPA
 
 
 # --------------------------------------------------------------------------- tokenizer
-def check_tokenizer(model, mllm_exports: Iterable[tuple[str, str]] = ()) -> list[str]:
+def check_tokenizer(model, mllm_exports: Iterable[tuple[str, str]] = (), words_from_data: bool = True) -> list[str]:
     """The configured tokenizer (loaded when its folder exists; it is cheap) against the token layout,
     the LLM folder's embedding rows, the official checkpoint's id order and phase (b) exports.
 
     ``mllm_exports`` are (config key, folder) pairs of phase (b) exports this run loads: their
     ``adapter/mllm_meta.json`` records the vocabulary, query count, widths they were trained with.
+    ``words_from_data``: the run builds the ``words`` tokenizer from its data when an export holds no
+    copy (training and evaluation); the pipeline's adaptation step reads no training split, so there
+    the newest export must hold it.
     """
     m = model.mllm
     if m.tokenizer == WORDS:
-        return []  # built from the data's training split when the phase runs (animegamer.data.words)
+        # Built from the data's training split when the phase runs (animegamer.data.words), unless an
+        # export holds the copy it trained with.
+        exports = list(mllm_exports)
+        if words_from_data or not exports or not Path(exports[-1][1]).is_dir():
+            return []  # a missing folder is reported as such
+        key, folder = exports[-1]
+        if (Path(folder) / TOKENIZER_DIR).is_dir():
+            return []
+        return [f"{key}={folder!r}: model.mllm.tokenizer={WORDS} needs the phase (b) export's copy of the tokenizer "
+                f"it trained with ({TOKENIZER_DIR}/), and there is none"]
     folder = m.tokenizer or m.path
     key = "model.mllm.tokenizer" if m.tokenizer else "model.mllm.path"
     if folder and not Path(folder).is_dir():

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from animegamer.checkpoints.export import load_export, recorded_start
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.exports import TOKENIZER_DIR
 from animegamer.mllm.collate import LABEL_INDEX, QUERY_INDEX
 from animegamer.mllm.masks import flex_block_mask
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
@@ -23,7 +24,6 @@ from animegamer.models.official_mllm import load_official_mllm
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_DIR = "tokenizer"  # a phase (b) export's copy of the tokenizer it trained with
 # The collated batch's entries the network reads (:mod:`animegamer.mllm.collate`); the rest (lengths,
 # keys) is bookkeeping.
 MODEL_KEYS = ("input_ids", "history_reps", "history_index", "query_mask", "labels", "target_rep", "position_ids",
