@@ -2,6 +2,7 @@
 experiment of another command refused naming that command."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -10,7 +11,7 @@ from omegaconf import OmegaConf
 
 from animegamer.cli import main
 from animegamer.config.compose import OverrideError, carried_over, command_help, compose_config, overrides_for
-from animegamer.config.schema import COMMANDS, EvalRunConfig, PipelineRunConfig, RunConfig
+from animegamer.config.schema import COMMANDS, EvalRunConfig, PipelineRunConfig, RankRunConfig, RunConfig
 from animegamer.errors import USER_ERROR_EXIT_CODE
 
 
@@ -19,6 +20,7 @@ from animegamer.errors import USER_ERROR_EXIT_CODE
     ("evaluate", EvalRunConfig, {"pipeline", "model", "data", "evaluation", "seed", "log_level"}),
     ("train", RunConfig, {"pipeline", "model", "phase", "data", "trainer", "logger", "checkpoint", "output_dir",
                           "resume_with_changes", "lock_wait_seconds", "seed", "log_level"}),
+    ("rank", RankRunConfig, {"ranking"}),
 ])
 def test_each_root_holds_only_the_keys_its_command_reads(root, schema, keys):
     composed = compose_config(root)
@@ -126,3 +128,40 @@ def test_the_configuration_reference_shows_each_commands_keys_and_who_reads_each
     assert row["pipeline.clips.qp"].split(" | ")[3] == "`pipeline`, `train`, `eval`"
     assert row["seed"].split(" | ")[3] == "`pipeline`, `train`, `eval`"
     assert "### `experiment` of `animegamer eval` (`eval/experiment/`)" in page
+
+
+def test_inspect_takes_the_models_overrides_for_its_layout(monkeypatch, capsys, tmp_path):
+    game = tmp_path / "game.json"
+    game.write_text('{"turns": [{"instruction": "run", "states": {"ML": 1, "SC": 0, "ET": 0, "ST": 0}}, '
+                    '{"instruction": "jump", "states": {"ML": 2, "SC": 1, "ET": 0, "ST": 1}}]}')
+    monkeypatch.setattr(sys, "argv", ["animegamer"])
+    counts = {}
+    for overrides in ([], ["model=tiny"], ["model=tiny", "model.encoder.image_tokens=4"]):
+        assert main(["inspect", str(game), *overrides]) == 0
+        counts[tuple(overrides)] = json.loads(capsys.readouterr().out)["num_query_tokens"]
+    # paper sizes by default (30 text + 196 image tokens), the overridden model's N otherwise
+    assert list(counts.values()) == [226, 30 + 16, 30 + 4]
+    with pytest.raises(SystemExit) as stopped:
+        main(["inspect", str(game), "trainer=gpu"])
+    assert stopped.value.code == USER_ERROR_EXIT_CODE and "animegamer train reads it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        main(["inspect", str(tmp_path / "missing.json")])
+    assert stopped.value.code == USER_ERROR_EXIT_CODE and "missing.json: not a readable JSON game file" in \
+        capsys.readouterr().err
+
+
+def test_rank_takes_its_keys_as_overrides_and_its_options_win(monkeypatch, capsys):
+    from animegamer.cli import rank
+
+    given = []
+    monkeypatch.setattr(rank.ranking_cli, "main", lambda argv: given.append(list(argv)) or 0)
+    monkeypatch.setattr(sys, "argv", ["animegamer"])
+    assert main(["rank", "ranking.runs=[/r/a,/r/b]", "ranking.out=/o", "ranking.port=0", "ranking.report_only=true"]) == 0
+    assert given[-1] == ["--port", "0", "--request-timeout", "30.0", "--runs", "/r/a", "/r/b", "--out", "/o",
+                         "--report-only"]
+    assert main(["rank", "ranking.out=/o", "--runs", "/r/c", "/r/d", "--out", "/p"]) == 0
+    assert given[-1][-5:] == ["--runs", "/r/c", "/r/d", "--out", "/p"]  # the options after the keys: argparse keeps them
+    with pytest.raises(SystemExit) as stopped:
+        main(["rank", "ranking.prt=1"])
+    assert stopped.value.code == USER_ERROR_EXIT_CODE
+    assert "ranking (RankingConfig) has no key 'prt'; did you mean ranking.port?" in capsys.readouterr().err

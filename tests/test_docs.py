@@ -126,7 +126,8 @@ def test_the_configuration_reference_lists_every_config_option():
     root = hooks.configs_dir()
     page = hooks.render_reference()
     options = sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.yaml") if p.parent.name != "hydra")
-    options += [f"experiment/{p.stem}" for c in schema.COMMANDS.values() for p in (root / c.folder).glob("experiment/*.yaml")]
+    options += [f"experiment/{p.stem}" for c in schema.COMMANDS.values()
+                for p in (root / c.folder).glob("experiment/*.yaml")]
     options.sort()
     listed = []
     for group, body in re.findall(r"^### `([^`]+)`[^\n]*\n\n\| option \| what it is \|\n\|---\|---\|\n((?:\|.*\n)+)",

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
-from animegamer.config.compose import compose_config, group_options, overrides_for
+from animegamer.config.compose import compose_config, group_options
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import METRICS_FILE, TRAINED_FILE
 from animegamer.errors import exit_on_user_error
@@ -46,7 +46,7 @@ from animegamer.metrics.baselines import SHUFFLED
 from animegamer.metrics.common import as_metric, available, format_metric
 from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import A_JOINT, A_WARMUP
-from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_of, train_stage
+from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_of, stage_overrides, train_stage
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 from animegamer.utils.logging import setup_logging
 
@@ -71,7 +71,8 @@ SCORED_WITH = "scored_with"  # metrics.json's record of what the scores depend o
 
 def variant_names() -> list[str]:
     """The baseline first, then every phase (a) ablation experiment of the train command."""
-    found = sorted(n.removeprefix(ABLATION_PREFIX) for n in group_options(EXPERIMENT, TRAIN) if n.startswith(ABLATION_PREFIX))
+    found = sorted(n.removeprefix(ABLATION_PREFIX) for n in group_options(EXPERIMENT, TRAIN)
+                   if n.startswith(ABLATION_PREFIX))
     return [BASELINE, *found]
 
 
@@ -92,7 +93,7 @@ class Variant:
     def stage(self, phase: str, extra: list[str], steps: int = 0, init_from: str = "") -> list[str]:
         """Train overrides of one stage of this variant, into its own folder (of ``extra``, those of the train root)."""
         return [f"experiment={self.experiment}", f"phase={phase}", f"phase.init_from='{init_from}'",
-                *overrides_for(TRAIN, extra),
+                *stage_overrides(TRAIN, extra),
                 *([f"phase.max_steps={steps}"] if steps else []), f"output_dir={self.folder / phase}"]
 
     def export(self, phase: str) -> str:
@@ -109,7 +110,7 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
     unknown = sorted(set(names) - set(variant_names()))
     if unknown:
         raise ConfigError([f"unknown Table 3 variant(s) {unknown}: choose from {variant_names()}"])
-    trained = overrides_for(TRAIN, extra)
+    trained = stage_overrides(TRAIN, extra)
     warmup = lambda name: _trained(compose_config(TRAIN, [f"experiment={experiment_of(name)}", "phase=a_warmup",
                                                           "phase.init_from=''", *trained, "output_dir=."]))
     baseline = warmup(BASELINE)
@@ -141,7 +142,7 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
         raise ConfigError(problems)
     for v in variants:
         joint = compose_config(TRAIN, v.stage(A_JOINT, extra, steps[1]))
-        check_recipe(joint, evaluation=evaluation_of(joint, overrides_for(EVALUATE, extra)))
+        check_recipe(joint, evaluation=evaluation_of(joint, stage_overrides(EVALUATE, extra)))
 
 
 def scored_with(composed) -> dict:
@@ -168,7 +169,7 @@ def score(v: Variant, extra: list[str]) -> dict:
     digest = sha256_file(Path(export) / TRAINED_FILE)
     out = v.folder / RECONSTRUCTION_FOLDER
     composed = evaluation_of(compose_config(TRAIN, v.stage(A_JOINT, extra)),
-                             [*overrides_for(EVALUATE, extra), f"evaluation.reconstruction_export={export}",
+                             [*stage_overrides(EVALUATE, extra), f"evaluation.reconstruction_export={export}",
                               f"evaluation.out={v.folder}"])
     settings = scored_with(composed)
     done = out / METRICS_FILE

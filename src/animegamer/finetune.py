@@ -28,11 +28,11 @@ from pathlib import Path
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import lineage, trained_clip_size, trained_preset
-from animegamer.config.compose import compose_config, overrides_for
+from animegamer.config.compose import compose_config
 from animegamer.config.disk_checks import read_json_object
 from animegamer.errors import MissingInputError, UserError, exit_on_user_error
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
-from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe
+from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe, stage_overrides
 from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.utils.logging import setup_logging
 
@@ -130,11 +130,12 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
     if official_mllm:
         phase_b.append(f"model.mllm.official_checkpoint={official_mllm}")
     return Recipe(  # each command takes the common settings it reads
-        pipeline=[*overrides_for("pipeline", common), f"pipeline.inputs=['{film}']", f"pipeline.caption.path='{captions}'"],
+        pipeline=[*stage_overrides("pipeline", common), f"pipeline.inputs=['{film}']",
+                  f"pipeline.caption.path='{captions}'"],
         phase_a=[*common, f"phase.max_steps={steps[0]}"],
         phase_b=phase_b,
         phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
-        evaluation=[*overrides_for("evaluate", common), "evaluation.games=2"],
+        evaluation=[*stage_overrides("evaluate", common), "evaluation.games=2"],
         start_a=str(start_a),
         start_b=start_b,
         extra=list(extra),
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     if options:
         parser.error(f"unrecognized arguments: {' '.join(options)}")
     for root in ROOTS:  # each stage takes those its command reads: an unknown key or value refused before any work
-        compose_config(root, overrides_for(root, overrides))
+        compose_config(root, stage_overrides(root, overrides))
     setup_logging("INFO")
     model = preset_for(args.model, args.start)
     plan = schedules(args.start, model, args.official_mllm, args.steps)

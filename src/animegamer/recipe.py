@@ -105,6 +105,11 @@ SUPERSEDED = ".superseded-"
 SHARED_WITH_TRAINING = ("model", "pipeline", "data", "seed")  # a stage's earlier run, set aside when it must start afresh: <folder>.superseded-N
 
 
+def stage_overrides(root: str, overrides: list[str]) -> list[str]:
+    """What of ``overrides`` (given for every stage) the stages over the root ``root`` take."""
+    return overrides_for(root, overrides, ROOTS)
+
+
 def run_pipeline_step(overrides: list[str]) -> dict:
     """``python -m data_pipeline <overrides>``, through the installed pipeline."""
     return load_pipeline().run(overrides)
@@ -169,7 +174,7 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     where anything is refused, its films and caption import. What a stage reads from the pipeline's
     output or from an earlier stage's export is made later: the pipeline's own pre-flight,
     :func:`check_recipe` and each stage's validation check it in its turn."""
-    extra, pipeline_extra, evaluation_extra = (overrides_for(root, recipe.extra) for root in ROOTS)
+    extra, pipeline_extra, evaluation_extra = (stage_overrides(root, recipe.extra) for root in ROOTS)
     # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
     # starts), left out where an earlier stage trains it.
     made_later = "phase.init_from=''"
@@ -270,8 +275,8 @@ def train_vae_stage(recipe: Recipe) -> dict:
     if not recipe.vae_out:
         raise ValueError("Recipe.vae is set but Recipe.vae_out is empty: name the folder the VAE is written to")
     run_pipeline_step([*recipe.pipeline, f"pipeline.steps=[{','.join(CLIP_STEPS)}]",
-                       *overrides_for("pipeline", recipe.extra)])
-    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *overrides_for("train", recipe.extra)])
+                       *stage_overrides("pipeline", recipe.extra)])
+    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *stage_overrides("train", recipe.extra)])
     vae_cfg = OmegaConf.to_object(cfg.model.encoders.vae)
     if vae_cfg.path:
         raise ValueError(f"Recipe.vae is set but model.encoders.vae.path is too ({vae_cfg.path!r}): the VAE "
@@ -299,7 +304,7 @@ def train_base_stage(overrides: list[str], extra: list[str], new_folder: str = "
     """The decoder base (phase a_base), trained or, when its run finished already, reused; returns its
     run (``export``) and the diffusers folder later stages load (``folder``), its final training loss
     and the seconds it took here; ``extra``: overrides for every stage (those of the train root are taken)."""
-    stage = [*overrides, *overrides_for("train", extra), *BASE_OVERRIDES]
+    stage = [*overrides, *stage_overrides("train", extra), *BASE_OVERRIDES]
     path = compose_config("train", stage).model.decoder.path
     if path:
         raise ValueError(f"Recipe.decoder_base is set but model.decoder.path is too ({path!r}): the base stage "
@@ -372,7 +377,7 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
 
 def run_recipe(recipe: Recipe) -> dict:
 
-    first = first_pipeline_steps([*recipe.pipeline, *overrides_for("pipeline", recipe.extra)])
+    first = first_pipeline_steps([*recipe.pipeline, *stage_overrides("pipeline", recipe.extra)])
     first_steps = f"pipeline.steps=[{','.join(first)}]"
     check_stages(recipe, first_steps)
     vae_record = None
@@ -381,13 +386,15 @@ def run_recipe(recipe: Recipe) -> dict:
         recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
     extra = list(recipe.extra)  # read at each call below: the base stage appends the decoder's path
     new_folder = recipe.new_folder or RECIPE_NEW_FOLDER
-    pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *overrides_for("pipeline", extra)])
-    train = lambda stage, *o: train_stage([*stage, *o, *overrides_for("train", extra)], new_folder)
+    pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *stage_overrides("pipeline", extra)])
+    train = lambda stage, *o: train_stage([*stage, *o, *stage_overrides("train", extra)], new_folder)
     start_a = recipe.start_a
     clips = pipe(first_steps)
-    phase_a = compose_config("train", [*recipe.phase_a, "phase=a_joint", *overrides_for("train", extra)])
-    phase_b = compose_config("train", [*recipe.phase_b, *overrides_for("train", extra)])
-    evaluated = evaluation_config([*recipe.evaluation, *overrides_for("evaluate", extra)]) if recipe.evaluation else None
+    phase_a = compose_config("train", [*recipe.phase_a, "phase=a_joint", *stage_overrides("train", extra)])
+    phase_b = compose_config("train", [*recipe.phase_b, *stage_overrides("train", extra)])
+    evaluated = None
+    if recipe.evaluation:
+        evaluated = evaluation_config([*recipe.evaluation, *stage_overrides("evaluate", extra)])
     counts = check_recipe(phase_a, phase_b, evaluated)
     base = None
     if recipe.decoder_base is not None:
@@ -407,7 +414,7 @@ def run_recipe(recipe: Recipe) -> dict:
         evaluation = evaluation_config([
             *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
             f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
-            *overrides_for("evaluate", extra), f"evaluation.out={root / 'eval'}"])
+            *stage_overrides("evaluate", extra), f"evaluation.out={root / 'eval'}"])
         report = evaluate_or_reuse(evaluation)
         say_if_nothing_played(report["metrics"])
         story = story_or_reuse(evaluation, root / "game")

@@ -102,6 +102,7 @@ def search_path(name: str, extra: Sequence[str | Path] = ()) -> list[str]:
     """The folders the root ``name`` searches beside :func:`config_dir`, as Hydra URLs: its command's own
     folder, then ``extra`` (a path, or a URL kept as it is)."""
     own = [config_dir() / COMMANDS[name].folder] if name in COMMANDS else []
+    own = [folder for folder in own if folder.is_dir()]  # a command without experiments has no folder
     return [str(p) if "://" in str(p) else f"{FILE_URL}{Path(p).resolve()}" for p in [*own, *extra]]
 
 
@@ -142,11 +143,11 @@ def read_elsewhere(name: str, override: str) -> str | None:
             f"{'reads' if len(readers) == 1 else 'read'} it: give it there")
 
 
-def overrides_for(name: str, overrides: Sequence[str]) -> list[str]:
-    """What of ``overrides``, given for every command a recipe runs, the root ``name`` reads: each whose
-    top-level key or group is one of the root's. One that no command knows goes to every root, where it
-    is refused naming the closest key."""
-    known = {root: {*_field_names(c.schema), *config_groups(root)} for root, c in COMMANDS.items()}
+def overrides_for(name: str, overrides: Sequence[str], among: Sequence[str] = tuple(COMMANDS)) -> list[str]:
+    """What of ``overrides``, given for every command of ``among`` (the roots a recipe composes), the root
+    ``name`` reads: each whose top-level key or group is one of the root's. One that none of ``among`` knows
+    goes to every root, where it is refused naming the closest key (or the command that reads it)."""
+    known = {root: {*_field_names(COMMANDS[root].schema), *config_groups(root)} for root in among}
     return [o for o in overrides if _top_key(o) in known.get(name, ())
             or not any(_top_key(o) in names for names in known.values())]
 
@@ -236,7 +237,8 @@ def no_such_option(group: str, option: str, options: Sequence[str], name: str = 
     owners = [f"animegamer {c.verb}" for root, c in COMMANDS.items()
               if root != name and name in COMMANDS and option in group_options(group, root)]
     if owners:
-        return f"{group}={option}: {option} is not an option of animegamer {COMMANDS[name].verb} but of {' and '.join(owners)}: give it there"
+        return (f"{group}={option}: {option} is not an option of animegamer {COMMANDS[name].verb} but of "
+                f"{' and '.join(owners)}: give it there")
     store = ConfigStore.instance()
     stored = {Path(name).stem for name in store.list(group)} if store.get_type(group) is ObjectType.GROUP else set()
     choices = [o for o in options if o not in stored]

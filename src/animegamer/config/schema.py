@@ -614,6 +614,30 @@ class RunConfig(CommandConfig):
     lock_wait_seconds: float = 0.0
 
 
+RANKING_PORT = 8765  # the ranking page's port on 127.0.0.1
+# A request to the ranking page (its line, headers and body) that stalls longer is dropped.
+RANKING_REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RankingConfig:
+    """``ranking``: the blind ranking page over evaluated runs, and its report (docs/game-and-evaluation.md)."""
+
+    runs: List[str] = field(default_factory=list)  # 2 to 4 evaluation folders (each run's evaluation.out)
+    names: List[str] = field(default_factory=list)  # a name per run for the report ([] = the folder names)
+    out: str = ""  # folder of the answers and the report
+    port: int = RANKING_PORT  # 0: any free port
+    request_timeout_s: float = RANKING_REQUEST_TIMEOUT_S
+    report_only: bool = False  # write the report from the answers and exit
+
+
+@dataclass
+class RankRunConfig:
+    """Root of ``animegamer rank`` (``configs/rank.yaml``)."""
+
+    ranking: RankingConfig = field(default_factory=RankingConfig)
+
+
 @dataclass(frozen=True)
 class Command:
     """A command over a root config: its verb (``animegamer <verb>``), the folder of its own config groups
@@ -627,7 +651,8 @@ class Command:
 # configs/<root>.yaml -> its command; each root's defaults list starts with <root>_schema (SCHEMA_SUFFIX).
 COMMANDS = {"pipeline": Command("pipeline", "pipeline", PipelineRunConfig),
             "train": Command("train", "train", RunConfig),
-            "evaluate": Command("eval", "eval", EvalRunConfig)}
+            "evaluate": Command("eval", "eval", EvalRunConfig),
+            "rank": Command("rank", "rank", RankRunConfig)}
 SCHEMA_SUFFIX = "_schema"
 
 

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, unquote
 
+from animegamer.config.schema import RANKING_PORT, RANKING_REQUEST_TIMEOUT_S
 from animegamer.errors import UserError
 from animegamer.ranking.app import (ANSWER_ROUTE, CLIP_ROUTE, CONTENT_TYPES, POSTER_ROUTE, STATE_ROUTE, TOKEN_HEADER,
                                     RankingApp)
@@ -31,8 +32,8 @@ log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 HOST_NAMES = (HOST, "localhost")  # the names a browser on this machine reaches the server by
-DEFAULT_PORT = 8765
-REQUEST_TIMEOUT_S = 30.0  # a request (its line, headers and body) that stalls longer is dropped
+DEFAULT_PORT = RANKING_PORT
+REQUEST_TIMEOUT_S = RANKING_REQUEST_TIMEOUT_S  # a request (its line, headers and body) that stalls longer is dropped
 MAX_BODY_BYTES = 4096  # one answer is a few dozen bytes
 MAX_QUERY_FIELDS = 8  # the page's addresses have at most 5
 JSON_TYPE, JSON_CHARSET = "application/json", "utf-8"
