@@ -1,4 +1,5 @@
-"""README command 1's job end to end, its resume, and fine-tuning the result on a second film."""
+"""README command 1's job end to end, its resume, and its evaluation with a local CLIP model (fine-tuning
+the result: tests/test_quickstart_finetune.py)."""
 from __future__ import annotations
 
 import json
@@ -56,26 +57,6 @@ def test_quickstart_again_resumes_and_skips(quickstart):
     assert game.stat().st_mtime_ns == played and summary["5-turn game turns played"] == 5  # read back, not replayed
 
 
-def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
-    from animegamer.finetune import main as finetune
-    from data_pipeline.toyfilm import make_toy_film
-
-    root, _ = quickstart
-    film = make_toy_film(tmp_path / "film_b", film_id="second_film", variant=1)
-    summary = finetune(["--film", str(film.video_path), "--captions", str(film.captions_path), "--from", str(root),
-                        "--out", str(tmp_path / "ft"), "--steps", "6", "6", "6", "--constrained-states"])  # tiny: read
-    assert summary["phase a start"] == str(root / "a_joint" / "export")  # no warm-up: starts from the old export
-    clips = read_manifest(summary["clip shards"])
-    # Cut at the size the quick start's exports were trained at (96x144), not the tiny preset's 480x720.
-    trained = read_manifest(root / "pipeline" / "clips")["config"]["pipeline"]["clips"]
-    assert {k: clips["config"]["pipeline"]["clips"][k] for k in ("frames", "height", "width", "fps")} == \
-        {k: trained[k] for k in ("frames", "height", "width", "fps")} == {"frames": 17, "height": 96, "width": 144, "fps": 8.0}
-    assert clips["sources"][0]["film_id"] == "second_film" and clips["counts"]["clips"] > 0
-    for phase in ("a_joint", "b", "c"):
-        assert (tmp_path / "ft" / phase / "export" / "trained.safetensors").exists()
-    assert (tmp_path / "ft" / "eval" / "report.md").exists() and (tmp_path / "ft" / "game" / "index.html").exists()
-
-
 def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp_path):
     """With CLIP weights in a local folder (a tiny random CLIP here) the CLIP metrics are measured,
     in Table 1 and in the Table 3 reconstruction report; DreamSim stays unavailable (no weights)."""
@@ -101,23 +82,3 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     assert metrics["reconstruction"]["clip_i"]["available"] and metrics["reconstruction"]["clips"] > 0
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert saved["metrics"]["clip_i"]["value"] == pytest.approx(metrics["clip_i"]["value"])
-
-
-def test_finetune_refuses_a_preset_the_exports_do_not_fit(quickstart, tmp_path):
-    """The quick start's exports are the tiny preset's: ``--model paper`` stops before the pipeline runs."""
-    from animegamer.errors import UserError
-    from animegamer.finetune import main as finetune
-
-    root, _ = quickstart
-    with pytest.raises(UserError, match="trained with model=tiny"):
-        finetune(["--film", str(tmp_path / "none.mp4"), "--captions", str(tmp_path / "c.jsonl"), "--from", str(root),
-                  "--out", str(tmp_path / "ft"), "--model", "paper"])
-    assert not (tmp_path / "ft").exists()
-
-
-def test_finetune_refuses_a_misspelt_option_rather_than_passing_it_to_hydra(capsys):
-    from animegamer.finetune import main as finetune
-
-    with pytest.raises(SystemExit) as stopped:
-        finetune(["--film", "f", "--captions", "c", "--from", "r", "--out", "o", "--stpes", "5", "5", "5"])
-    assert stopped.value.code == 2 and "unrecognized arguments: --stpes" in capsys.readouterr().err
