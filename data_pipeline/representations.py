@@ -18,7 +18,7 @@ from tqdm import tqdm
 from animegamer.checkpoints.export import TRAINED_FILE
 from animegamer.config.schema import ModelConfig, PipelineConfig, RunConfig
 from animegamer.contracts.files import FEATURES_DIR, MANIFEST, REPRESENTATIONS_DIR
-from animegamer.contracts.shards import IMAGE, REP, TEXT
+from animegamer.contracts.shards import IMAGE, JSON, REP, TEXT
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.storage import Shard
 from animegamer.models.encoder import ActionAwareEncoder
@@ -63,7 +63,7 @@ def export_representations(cfg: PipelineConfig, model: ModelConfig, resolved: di
         for batch in _batches(iter_samples([shard], video=False), settings.batch_size):
             for sample, rep in zip(batch, encode_representations(encoder, batch, dtype)):
                 yield {"__key__": sample["__key__"], REP: npy_bytes(rep),
-                       "json": json.dumps(sample["json"], sort_keys=True).encode()}
+                       JSON: json.dumps(sample[JSON], sort_keys=True).encode()}
 
     shards = [write_shard(out_dir / shard.name, rep_records(shard))
               for shard in tqdm(sources, desc="representations", unit="shard", disable=None)]

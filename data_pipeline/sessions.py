@@ -13,6 +13,7 @@ from pathlib import Path
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SESSIONS_FILE
+from animegamer.contracts.shards import CAPTIONER, FILM, JSON, KEY, LEVEL, MOTION, NAME, SHOT, STATUS
 from animegamer.data.shards import folder_shards, iter_samples, read_manifest
 from animegamer.data.split import consecutive_runs, shot_id
 from animegamer.media.captions import STATUS_OK
@@ -29,16 +30,16 @@ def sessions_of_run(run: list[dict], turns: int, stride: int) -> list[dict]:
     """Windows of ``turns`` clips every ``stride`` clips; a run shorter than ``turns`` gives none."""
     return [
         {
-            "film": run[0]["film"],
-            "keys": [c["key"] for c in run[start : start + turns]],
-            "levels": [c["motion"]["level"] for c in run[start : start + turns]],
+            "film": run[0][FILM],
+            "keys": [c[KEY] for c in run[start : start + turns]],
+            "levels": [c[MOTION][LEVEL] for c in run[start : start + turns]],
         }
         for start in range(0, len(run) - turns + 1, stride)
     ]
 
 
 def is_captioned(meta: dict) -> bool:
-    return meta["captioner"]["status"] == STATUS_OK
+    return meta[CAPTIONER][STATUS] == STATUS_OK
 
 
 def clip_stats(metas: list[dict], runs: list[list[dict]], sessions: list[dict], turns: int) -> dict:
@@ -47,9 +48,9 @@ def clip_stats(metas: list[dict], runs: list[list[dict]], sessions: list[dict], 
     return {
         "clips": len(metas),
         "captioned_clips": len(captioned),
-        "captioners": sorted({m["captioner"]["name"] for m in metas}),
-        "films": len({m["film"] for m in metas}),
-        "shots": len({shot_id(m["film"], m["shot"]) for m in metas}),
+        "captioners": sorted({m[CAPTIONER][NAME] for m in metas}),
+        "films": len({m[FILM] for m in metas}),
+        "shots": len({shot_id(m[FILM], m[SHOT]) for m in metas}),
         "longest_run": max((len(r) for r in runs), default=0),
         "sessions": len(sessions),
         "turns": turns,
@@ -91,7 +92,7 @@ def build_sessions(cfg: PipelineConfig) -> dict:
         previous = index(cfg.output, "sessions")
         _tell(previous["stats"], previous["why_no_sessions"])
         return {**reused, "why_no_sessions": previous["why_no_sessions"]}
-    metas = [s["json"] for s in iter_samples(folder_shards(clip_dir), video=False)]
+    metas = [s[JSON] for s in iter_samples(folder_shards(clip_dir), video=False)]
     runs = consecutive_runs(metas, is_captioned)  # of one film each, in (film, clip) order
     sessions = [session for run in runs for session in sessions_of_run(run, cfg.sessions.turns, cfg.sessions.stride)]
     stats = clip_stats(metas, runs, sessions, cfg.sessions.turns)
