@@ -86,19 +86,29 @@ def test_two_process_ddp_matches_single_process(phase, accumulate, tmp_path):
         torch.testing.assert_close(trained_ddp[name], value, rtol=1e-4, atol=1e-6, msg=name)
 
 
+STOPPED_STEPS = ["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0", "phase.max_steps=60",
+                 "checkpoint.every_n_steps=10"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
+    """(data root, run folder): the uninterrupted 2-process run every stopped run must equal, trained once."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    data_root = _features(root / "data")
+    _train(data_root, root / "reference", STOPPED_STEPS, devices=2, global_batch=2)
+    return data_root, root / "reference"
+
+
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
+def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how, uninterrupted):
     """Both ranks SIGKILLed (the whole process group), or preempted with SIGTERM, a moment after a
     checkpoint, then restarted: the trained weights and every rank's loss history equal the
     uninterrupted 2-process run's, bitwise."""
     import signal
     import time
 
-    steps = ["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0", "phase.max_steps=60", "checkpoint.every_n_steps=10"]
-    data_root = _features(tmp_path / "data")
-    _train(data_root, tmp_path / "reference", steps, devices=2, global_batch=2)
-
-    command = _command(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)
+    data_root, reference = uninterrupted
+    command = _command(data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
     run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True, text=True)
     checkpoint = tmp_path / "killed" / "checkpoints" / "step-0000020.ckpt"
@@ -115,12 +125,12 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how):
         assert run.returncode == -signal.SIGKILL, stderr[-3000:]
     assert not (tmp_path / "killed" / "export" / "export.json").exists() or \
         json.loads((tmp_path / "killed" / "export" / "export.json").read_text()).get("step", 0) < 60
-    _train(data_root, tmp_path / "killed", steps, devices=2, global_batch=2)
+    _train(data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
 
     for name in ("loss_history.json", "loss_history.rank1.json"):
-        assert (tmp_path / "killed" / name).read_text() == (tmp_path / "reference" / name).read_text(), name
+        assert (tmp_path / "killed" / name).read_text() == (reference / name).read_text(), name
     assert (tmp_path / "killed" / "export" / "trained.safetensors").read_bytes() == \
-        (tmp_path / "reference" / "export" / "trained.safetensors").read_bytes()
+        (reference / "export" / "trained.safetensors").read_bytes()
 
 
 # ------------------------------------------------------------------ process group's lifetime (in-process)
