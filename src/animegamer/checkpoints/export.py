@@ -18,6 +18,7 @@ from torch import nn
 
 from animegamer.checkpoints.safe_load import load_safetensors
 from animegamer.checkpoints.trained_data import TRAINED_DATA_KEY, trained_data_record
+from animegamer.config.disk_checks import read_json_object
 from animegamer.contracts.files import EXPORT_FILE, TRAINED_FILE
 from animegamer.utils.io import atomic_dir, save_tensors
 from animegamer.utils.state import clean_name, require
@@ -105,8 +106,6 @@ def load_export(folder: str | Path, module: nn.Module, prefixes: tuple[str, ...]
 def warn_if_unfinished(folder: Path) -> bool:
     """Warn when ``folder`` is the export of a run stopped (or still training) before ``phase.max_steps``:
     exports are rewritten at every checkpoint, so one may be a partial result. Returns whether it is."""
-    from animegamer.config.disk_checks import read_json_object
-
     record = read_json_object(folder / EXPORT_FILE) or {}
     if record.get(FINISHED) is not False:  # finished, or written before this was recorded
         return False
@@ -120,8 +119,6 @@ def recorded_start(export: str | Path) -> tuple[int | None, list[str]]:
     unrecorded) and its ``phase.init_from`` exports. An export holds only the trained tensors; a
     random-weight preset's frozen rest comes from that seed, so loading the export over a network built
     with another seed gives another network."""
-    from animegamer.config.disk_checks import read_json_object
-
     saved = ((read_json_object(Path(export) / EXPORT_FILE) or {}).get("config")) or {}
     init = (saved.get("phase") or {}).get("init_from") or ""
     return saved.get("seed"), [init] if init else []

@@ -11,11 +11,12 @@ message with exit code 2 (:mod:`animegamer.errors`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from animegamer.errors import UnsafeCheckpointError
+
+if TYPE_CHECKING:  # torch is imported where a file is read: the clip pipeline's workers import this
+    import torch  # module (for the optional RAFT flow weights) and otherwise never start torch
 
 SAFETENSORS_SUFFIX = ".safetensors"
 
@@ -33,6 +34,8 @@ def load_weights_only(path: str | Path, map_location: Any = "cpu", mmap: bool = 
     from another global. ``mmap``: map the file instead of reading it (a large checkpoint is not held
     twice; the legacy non-zip format, which cannot be mapped, is read). A file that does not load is
     refused with :class:`UnsafeCheckpointError`; a missing one raises FileNotFoundError."""
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from animegamer.utils.io import read_json
+
 
 # --------------------------------------------------------------------------- sizes recorded on disk
 def read_json_object(path: Path) -> dict | None:
     """The JSON object at ``path``, or None where there is none (missing, unreadable, not an object)."""
-    from animegamer.utils.io import read_json
-
     try:
         data = read_json(path)
     except (OSError, ValueError):

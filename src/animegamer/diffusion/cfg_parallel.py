@@ -23,14 +23,12 @@ import torch
 from torch import nn
 
 from animegamer.config.validate import ConfigError, choice
+from animegamer.diffusion.cfg_parallel_setting import CFG_PARALLEL_CHOICES, CFG_PARALLEL_OFF, CFG_PARALLEL_ON, KEY
 from animegamer.diffusion.sampler import DenoiseFn, VelocityPredictor, guide
 
 logger = logging.getLogger(__name__)
 
-CFG_PARALLEL_AUTO, CFG_PARALLEL_ON, CFG_PARALLEL_OFF = "auto", "on", "off"
-CFG_PARALLEL_CHOICES = (CFG_PARALLEL_AUTO, CFG_PARALLEL_ON, CFG_PARALLEL_OFF)
 CFG_DEVICES = 2  # one per guidance branch
-KEY = "model.decoder.cfg_parallel"
 
 
 def check_cfg_parallel(dec) -> list[str]:

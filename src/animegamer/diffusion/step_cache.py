@@ -28,6 +28,9 @@ from typing import Iterator
 
 from torch import nn
 
+from animegamer.config.validate import choice
+from animegamer.diffusion.cfg_parallel_setting import CFG_PARALLEL_ON, KEY
+
 CACHE_NONE = "none"
 CACHE_FIRST_BLOCK = "first_block"
 SAMPLING_CACHES = (CACHE_NONE, CACHE_FIRST_BLOCK)
@@ -37,9 +40,6 @@ CONTEXT = "guided_batch"
 
 def check_sampling_cache(diffusion, decoder) -> list[str]:
     """``model.diffusion.cache`` and ``cache_threshold``, and the pair the cache cannot keep."""
-    from animegamer.config.validate import choice
-    from animegamer.diffusion.cfg_parallel import CFG_PARALLEL_ON, KEY
-
     problems = choice("model.diffusion.cache", str(diffusion.cache), SAMPLING_CACHES)
     if not diffusion.cache_threshold >= 0:
         problems.append(f"model.diffusion.cache_threshold={diffusion.cache_threshold} must be >= 0")

@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 import cv2
 import numpy as np
 
+from animegamer.checkpoints.safe_load import load_weights_only
 from animegamer.config.schema import MotionConfig
 
 # OpenCV Farneback parameters (pyr_scale, levels, winsize, iterations, poly_n, poly_sigma, flags):
@@ -31,8 +32,6 @@ def farneback(prev_gray: np.ndarray, next_gray: np.ndarray) -> np.ndarray:
 def _raft(cfg: MotionConfig) -> FlowEstimator:
     """RAFT from torchvision with local weights (torchvision is optional: not installed by default)."""
     import torch
-
-    from animegamer.checkpoints.safe_load import load_weights_only
 
     try:
         from torchvision.models.optical_flow import raft_large
