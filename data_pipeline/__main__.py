@@ -10,18 +10,17 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from data_pipeline.config_checks import validate_pipeline_run
 from animegamer.config.compose import config_dir, run_command
 from animegamer.errors import exit_on_user_error
 from animegamer.utils.http import redact
 from animegamer.utils.logging import setup_logging
+from data_pipeline.config_checks import validate_pipeline_run
+from data_pipeline.run import run_pipeline
 
 log = logging.getLogger("data_pipeline")
 
 
 def run(cfg: DictConfig) -> dict:
-    from data_pipeline.run import run_pipeline
-
     setup_logging(cfg.log_level)
     validate_pipeline_run(cfg)
     # What the manifests record: a password or query key in a URL (pipeline.caption.url) is masked.

@@ -13,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from animegamer.config.schema import ModelConfig, PipelineConfig
@@ -25,6 +27,7 @@ from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.storage import Shard
 from animegamer.media.captions import STATUS_OK
 from animegamer.media.fingerprint import FINGERPRINT, fingerprint
+from animegamer.models.frozen_encoders import build_frozen_encoders
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, reuse_counts
@@ -47,8 +50,6 @@ def folder_fingerprint(path: str) -> list:
 
 def encoders_fingerprint(model: ModelConfig) -> str:
     """Hash of the encoder config and of each local weight folder's listing."""
-    from dataclasses import asdict
-
     enc = model.encoders
     ident = {"config": asdict(enc), "folders": {k: folder_fingerprint(getattr(enc, k).path)
                                                 for k in ("t5", "clip", "vae") if getattr(enc, k).path}}
@@ -68,8 +69,6 @@ def _batches(samples, size: int):
 
 def encode_batch(encoders, batch: list[dict]) -> dict[str, np.ndarray]:
     """Features of a batch of decoded clip samples: (B, ...) arrays per member name."""
-    import torch
-
     video = np.stack([s["mp4"] for s in batch])  # (B, T, H, W, 3) uint8
     first_frames = video[:, 0]  # (B, H, W, 3): the image branch sees the clip's first frame
     texts = [s["json"]["motion_text"] for s in batch]
@@ -149,10 +148,6 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
     (:func:`feature_inputs`), the encoders and the dtype are unchanged (its json rewritten when the
     clip shard changed otherwise), recomputed otherwise; shards of clip shards that no longer exist
     are deleted."""
-    import torch
-
-    from animegamer.models.frozen_encoders import build_frozen_encoders
-
     clip_dir, out_dir = Path(cfg.output) / CLIPS_DIR, Path(cfg.output) / FEATURES_DIR
     settings = _settings(model, cfg)
     settings_fp = fingerprint(settings)

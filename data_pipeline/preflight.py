@@ -24,6 +24,9 @@ from animegamer.config.validate import CAPTION_STEPS, ConfigError
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST
 from animegamer.media.fingerprint import file_identity
 from animegamer.utils.io import read_json
+from data_pipeline.captioners.base import BACKEND_JSONL
+from data_pipeline.captioners.jsonl import LISTED_BAD_LINES, CaptionFileError, caption_files, listed, read_file_records
+from data_pipeline.captioners.registry import build_captioner
 from data_pipeline.ingest import find_inputs
 from data_pipeline.lineage import PRODUCER, SOURCES, shards_problem, stale_reason
 from data_pipeline.staging import Staging
@@ -96,9 +99,6 @@ def early_problems(cfg: PipelineConfig, toy_dir: Path | None) -> list[str]:
 def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
     """The run's caption backend, knowing every film of the run (id -> path); warns once about the
     caption import's coverage of the films. Raises ConfigError when the caption source is unusable."""
-    from data_pipeline.captioners.base import build_captioner
-    from data_pipeline.captioners.jsonl import CaptionFileError
-
     try:
         return build_captioner(cfg.caption, {film_id: path for path, film_id in films.items()})
     except CaptionFileError as error:  # every bad line, one problem each
@@ -109,8 +109,6 @@ def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
 
 def bad_line_problems(cfg: PipelineConfig, bad_lines: list[str]) -> list[str]:
     """One problem per bad line of the caption import (``file:line: reason``), the rest counted."""
-    from data_pipeline.captioners.jsonl import LISTED_BAD_LINES, listed
-
     return [f"pipeline.caption ({cfg.caption.backend}): {problem}"
             for problem in listed(bad_lines, LISTED_BAD_LINES, "bad lines")]
 
@@ -121,9 +119,6 @@ def caption_import_problems(cfg: PipelineConfig) -> list[str]:
     for the other backends (no model is loaded, no endpoint asked, for a run already refused), for the
     toy film's captions (the pipeline writes them) and for a path that does not exist (the settings'
     check, :func:`animegamer.config.validate.check_pipeline`, names it)."""
-    from data_pipeline.captioners.base import BACKEND_JSONL
-    from data_pipeline.captioners.jsonl import caption_files, read_file_records
-
     c = cfg.caption
     if c.backend != BACKEND_JSONL or cfg.toy_film or not c.path or not Path(c.path).exists():
         return []

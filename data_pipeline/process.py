@@ -23,6 +23,9 @@ from animegamer.contracts.shards import (ATTEMPTS, CAPTION, CAPTIONER, CLIP, END
 from animegamer.media.fingerprint import FINGERPRINT
 from animegamer.media.flow import clip_flow, make_estimator
 from animegamer.media.video import encode_mp4
+from data_pipeline.captioners.base import ClipContext
+from data_pipeline.captioners.fields import build_instruction, build_motion_text
+from data_pipeline.captioners.registry import build_captioner
 from data_pipeline.clips import ClipWindow, FrameSource, plan_windows
 from data_pipeline.errors import BadInput
 from data_pipeline.fingerprint import plan_fingerprint, task_fingerprints
@@ -128,8 +131,6 @@ def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: flo
 
 def caption_fields(result) -> dict:
     """The caption part of a clip's json record; finalize merges it into the clip meta."""
-    from data_pipeline.captioners.fields import build_instruction, build_motion_text
-
     caption = result.to_json()
     return {
         CAPTION: caption["caption"],
@@ -159,8 +160,6 @@ def captioner_for(caption_cfg, film_paths: dict[str, str], version: str | None =
     another version (the caption file was edited since it was built) is built again. The run's
     pre-flight warns (once, in the main process) about caption records naming no input film; workers
     see only the films they handle, so they do not warn."""
-    from data_pipeline.captioners.base import build_captioner
-
     _FILM_PATHS.update(film_paths)
     key = repr(caption_cfg)
     cached = _CAPTIONERS.get(key)
@@ -178,8 +177,6 @@ def _cut_and_caption(film: FilmInfo, windows: list[ClipWindow], cfg: PipelineCon
     """Caption every window but those in ``kept`` (key -> staged caption fields, kept as they are), and
     (``with_clips``) measure and encode it; frames are decoded only when clips are made or the
     captioner looks at them."""
-    from data_pipeline.captioners.base import ClipContext
-
     timings = dict.fromkeys(TASK_TIMINGS, 0.0)
     source = FrameSource(film, cfg.clips) if with_clips or captioner.needs_frames else None
     estimator = make_estimator(cfg.motion) if with_clips else None

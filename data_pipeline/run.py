@@ -14,21 +14,28 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
-from animegamer.config.validate import PIPELINE_STEPS
+from animegamer.config.validate import PIPELINE_STEPS, ConfigError
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from animegamer.utils.threads import use_threads
+from data_pipeline.adaptation import build_adaptation_shards
 from data_pipeline.captioners.base import BACKEND_NONE
 from data_pipeline.captioners.failures import CaptionsFailedError, caption_secrets, stop_reason, summary, tally_captions
+from data_pipeline.captioners.probe import probe_problems, probed
+from data_pipeline.clips import short_shots_warning
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
 from data_pipeline.lineage import INDEX_FILES, SOURCES, stale_reason
+from data_pipeline.precompute import precompute
 from data_pipeline.preflight import check_run, early_problems
-from data_pipeline.clips import short_shots_warning
 from data_pipeline.process import film_from_plan, plan_film, run_task
+from data_pipeline.representations import export_representations
+from data_pipeline.session_shards import build_session_shards
+from data_pipeline.sessions import build_sessions
 from data_pipeline.staging import Staging, captions_to_retry
-from data_pipeline.writer import REPORT
+from data_pipeline.toyfilm import make_toy_film
+from data_pipeline.writer import REPORT, finalize
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +75,6 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
 def use_toy_film(cfg: PipelineConfig, toy_dir: Path, generate: bool) -> None:
     """Point inputs/captions at the toy film in ``toy_dir``, generating it first (once) when
     ``generate``. The pre-flight (:func:`early_problems`) has checked the output folder before."""
-    from data_pipeline.toyfilm import make_toy_film
-
     if generate and not any(toy_dir.glob("*.truth.json")):
         make_toy_film(toy_dir)
         log.info("toy film written to %s", toy_dir)
@@ -133,9 +138,6 @@ def captions_to_make(cfg: PipelineConfig, films: dict[str, str], captioner) -> b
 def probe_caption_endpoint(cfg: PipelineConfig, films: dict[str, str], captioner) -> None:
     """Before any work: the http caption endpoint answers, takes the key and serves the path
     (captioners/probe.py), when the process step has clips of ``films`` to caption. Raises ConfigError."""
-    from animegamer.config.validate import ConfigError
-    from data_pipeline.captioners.probe import probe_problems, probed
-
     if probed(cfg.caption) and captions_to_make(cfg, films, captioner):
         if problems := probe_problems(cfg.caption):
             raise ConfigError(problems)
@@ -252,8 +254,6 @@ def run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     Fails in seconds (ConfigError) when something the steps need is missing, before any work; the
     output folder is locked for the run (one lock per part when ``num_parts`` machines share it); a run
     refused before any work leaves no folder it created behind."""
-    from animegamer.config.validate import ConfigError
-
     created = first_missing(Path(cfg.output))
     try:
         with folder_lock(cfg.output, cfg.lock_wait_seconds, name=part_lock_name(cfg.part, cfg.num_parts)):
@@ -297,8 +297,6 @@ def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
         with _timed(seconds, "process"):
             reuse.update(process(cfg, my_films, captioner))
     if "finalize" in steps:
-        from data_pipeline.writer import finalize
-
         with _timed(seconds, "finalize"):
             report = finalize(cfg, resolved, all_films, {}, captioner)
     if needs_films:  # this run captioned (or gathered) these films' clips: enough of them captioned?
@@ -309,28 +307,18 @@ def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
             _record(Path(cfg.output), report, reuse, seconds)
             raise CaptionsFailedError(stop)
     if "precompute" in steps:
-        from data_pipeline.precompute import precompute
-
         with _timed(seconds, "precompute"):
             report["features"] = precompute(cfg, model_cfg, resolved)
     if "sessions" in steps:
-        from data_pipeline.sessions import build_sessions
-
         with _timed(seconds, "sessions"):
             report["sessions"] = build_sessions(cfg)
     if "representations" in steps:
-        from data_pipeline.representations import export_representations
-
         with _timed(seconds, "representations"):
             report["representations"] = export_representations(cfg, model_cfg, resolved)
     if "session_shards" in steps and _session_shards_wanted(cfg):
-        from data_pipeline.session_shards import build_session_shards
-
         with _timed(seconds, "session_shards"):
             report["session_shards"] = build_session_shards(cfg, resolved)
     if "adaptation" in steps:
-        from data_pipeline.adaptation import build_adaptation_shards
-
         with _timed(seconds, "adaptation"):
             report["adaptation"] = build_adaptation_shards(cfg, model_cfg, resolved)
     reuse.update({key: report[key]["reuse"] for key in DERIVED_KEYS if key in report})

@@ -10,7 +10,6 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from scenedetect import AdaptiveDetector, ContentDetector, FrameTimecode
 
 from animegamer.config.schema import ShotsConfig
 from data_pipeline.ingest import FilmInfo
@@ -39,6 +38,9 @@ def analysis_size(width: int, height: int, target_width: int) -> tuple[int, int]
 
 
 def make_detector(cfg: ShotsConfig):
+    # PySceneDetect loads PyAV and OpenCV: imported where shots are detected, not by every pipeline command.
+    from scenedetect import AdaptiveDetector, ContentDetector
+
     if cfg.detector == "content":
         return ContentDetector(threshold=cfg.threshold, min_scene_len=cfg.min_scene_frames)
     if cfg.detector == "adaptive":
@@ -65,6 +67,8 @@ def iter_small_frames(film: FilmInfo, target_width: int, start: int = 0, end: in
 
 def detect_cuts(film: FilmInfo, cfg: ShotsConfig, progress=None) -> list[int]:
     """Frame indices where a new shot starts (the first frame after each cut)."""
+    from scenedetect import FrameTimecode  # with make_detector's detectors
+
     detector = make_detector(cfg)
     cuts: list[FrameTimecode] = []
     last = FrameTimecode(0, fps=film.fps)

@@ -71,9 +71,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import av
 import cv2
 import numpy as np
+
+from animegamer.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -763,6 +764,8 @@ def _render_shot(plan: _ShotPlan, width: int, height: int) -> Iterator[np.ndarra
 
 def _encode(frames: Iterator[np.ndarray], path: Path, width: int, height: int, fps: int) -> int:
     """Write frames as constant-frame-rate H.264 yuv420p mp4; return the number written."""
+    import av  # the encoder's libraries load when a film is drawn, not with the pipeline's every command
+
     count = 0
     with av.open(str(path), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps), options=dict(X264_OPTIONS))
@@ -861,8 +864,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    from animegamer.utils.logging import setup_logging
-
     setup_logging("INFO")
     film = make_toy_film(
         args.out_dir, film_id=args.film_id, seed=args.seed, width=args.width,

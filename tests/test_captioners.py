@@ -23,7 +23,6 @@ from data_pipeline.captioners.base import (
     CaptionResult,
     Captioner,
     ClipContext,
-    build_captioner,
 )
 from data_pipeline.captioners.fields import (
     Caption,
@@ -46,6 +45,7 @@ from data_pipeline.captioners.prompting import (
     caption_with_retries,
     content_parts,
 )
+from data_pipeline.captioners.registry import build_captioner
 
 GOOD_ANSWER = {
     "character": "Sosuke",

@@ -10,7 +10,6 @@ from .base import (
     CaptionResult,
     Captioner,
     ClipContext,
-    build_captioner,
 )
 from .fields import (
     CAPTION_FIELDS,
@@ -23,6 +22,7 @@ from .fields import (
     build_motion_text,
     parse_caption_json,
 )
+from .registry import build_captioner
 
 __all__ = [
     "BACKENDS",

@@ -1,4 +1,5 @@
-"""The contract between the clip pipeline and any caption backend, and the factory that picks one.
+"""The contract between the clip pipeline and any caption backend, and the check of its settings
+(:mod:`.registry` builds the backend they name).
 
 A backend turns a :class:`ClipContext` into a :class:`CaptionResult`. Per-clip problems (no record,
 unparseable model answer, HTTP error) become ``status="failed"`` results so one bad clip never stops a
@@ -144,7 +145,7 @@ def film_aliases(film_id: str, film_paths: Optional[FilmPaths]) -> list[str]:
     return list(dict.fromkeys(aliases))  # de-duplicate, keep order
 
 
-# --------------------------------------------------------------------------- factory
+# --------------------------------------------------------------------------- settings
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -174,30 +175,3 @@ def validate_caption_config(cfg: "CaptionConfig") -> None:
         folder = Path(cfg.reference_images)
         _require(folder.is_dir(), f"caption.reference_images {cfg.reference_images!r} is not a folder")
 
-
-def build_captioner(
-    cfg: "CaptionConfig", film_paths: Optional[FilmPaths] = None, warn_unknown_films: bool = True
-) -> Captioner:
-    """Build the backend named by ``cfg.backend``.
-
-    ``film_paths`` maps the pipeline's film ids to their video files, so caption records and reference
-    images may name a film by file name or stem instead of its id. ``warn_unknown_films``: the jsonl
-    backend warns about records naming none of ``film_paths`` (off where only some films are known).
-    """
-    validate_caption_config(cfg)
-    # Backends are imported here: ``vlm`` pulls in torch/transformers, which jsonl users never need.
-    if cfg.backend == BACKEND_JSONL:
-        from .jsonl import JsonlCaptioner
-
-        return JsonlCaptioner(cfg.path, film_paths=film_paths, warn_unknown_films=warn_unknown_films)
-    if cfg.backend == BACKEND_VLM:
-        from .vlm import build_vlm_captioner
-
-        return build_vlm_captioner(cfg, film_paths=film_paths)
-    if cfg.backend == BACKEND_HTTP:
-        from .http import build_http_captioner
-
-        return build_http_captioner(cfg, film_paths=film_paths)
-    from .none import NoneCaptioner
-
-    return NoneCaptioner()
