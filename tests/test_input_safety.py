@@ -37,14 +37,14 @@ def exit_of(func, *args, capfd) -> tuple[int, str]:
 # --------------------------------------------------------------------------- game ids become folders
 @pytest.mark.parametrize("name", ["../../../x", "a/b", "..", ".", "a\\b", "x\0y", "", 7])
 def test_a_name_that_is_not_one_path_component_is_refused(name):
-    from animegamer.evaluation.runner import plain_name_problem
+    from animegamer.evaluation.benchmark import plain_name_problem
 
     assert plain_name_problem(name) is not None
 
 
 @pytest.mark.parametrize("name", ["toyfilm-000003", "game 1", "...x", "épisode_1"])
 def test_a_plain_name_is_accepted(name):
-    from animegamer.evaluation.runner import plain_name_problem
+    from animegamer.evaluation.benchmark import plain_name_problem
 
     assert plain_name_problem(name) is None
 
@@ -127,7 +127,7 @@ def test_held_out_games_with_a_clip_key_outside_the_folder_are_refused(tmp_path,
     ('{"games": [{"id": "x"}]}', "game 1 is not an object with \"id\" and a \"turns\" list"),
 ])
 def test_a_benchmark_file_that_cannot_be_played_is_named_with_its_reason(tmp_path, content, reason):
-    from animegamer.evaluation.runner import benchmark_file_problems
+    from animegamer.evaluation.benchmark import benchmark_file_problems
 
     path = tmp_path / "bench.json"
     path.write_text(content)
@@ -251,7 +251,7 @@ def test_films_without_records_and_overlapping_records_are_warned_about_once(tmp
 
 def test_a_worker_captioner_warns_about_nothing(tmp_path, caplog):
     from animegamer.config.schema import CaptionConfig
-    from data_pipeline.captioners.registry import build_captioner
+    from data_pipeline.captioners.base import build_captioner
 
     path = tmp_path / "c.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in (_record("ep01", 0, 10), _record("ep01", 5, 12))))
