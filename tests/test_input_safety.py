@@ -251,7 +251,7 @@ def test_films_without_records_and_overlapping_records_are_warned_about_once(tmp
 
 def test_a_worker_captioner_warns_about_nothing(tmp_path, caplog):
     from animegamer.config.schema import CaptionConfig
-    from data_pipeline.captioners.base import build_captioner
+    from data_pipeline.captioners.registry import build_captioner
 
     path = tmp_path / "c.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in (_record("ep01", 0, 10), _record("ep01", 5, 12))))
