@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from safetensors import SafetensorError, safe_open
+
 from animegamer.errors import UnsafeCheckpointError
 
 if TYPE_CHECKING:  # torch is imported where a file is read: the clip pipeline's workers import this
@@ -60,8 +62,6 @@ def _not_safetensors(path: Path, error: BaseException) -> UnsafeCheckpointError:
 def load_safetensors(path: str | Path, keep: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file on CPU (only those whose name ``keep`` accepts, the rest
     unread). A file that is not safetensors (e.g. a pickle put in its place) is refused unread."""
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -74,8 +74,6 @@ def load_safetensors(path: str | Path, keep: Optional[Callable[[str], bool]] = N
 
 def safetensors_keys(path: str | Path) -> list[str]:
     """The tensor names of a safetensors file (its header only); refused like :func:`load_safetensors`."""
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
