@@ -8,8 +8,9 @@ seed ``FIRST_SEED + i``, variant ``i``), so the films differ in cast (every grou
 characters in turn), scene order and palette, shot lengths, the order of the speed levels, texture and
 positions. They are written to ``OUT/films/`` and run through the pipeline (shot detection, clips,
 measured motion levels, captions imported from the generators' JSONL, precompute, sessions) into
-``OUT/pipeline/`` with the experiment ``known_answer_<size>`` (:mod:`benchmarks.known_answer.experiments`); the usual held-out split
-(``data.val_fraction`` of the experiment, whole shots) applies to everything trained on it.
+``OUT/pipeline/`` with the experiment ``known_answer_<size>`` (:mod:`benchmarks.known_answer.experiments`); the
+usual held-out split (``data.val_fraction`` of the stages' experiments, whole shots) applies to everything
+trained on it.
 
 ``--clips-only`` stops after the clip shards (what ``python -m animegamer.toy_vae`` trains the frozen
 VAE on); ``--vae FOLDER`` then precomputes the latents with that VAE. Running again reuses what is done.
