@@ -65,7 +65,7 @@ from omegaconf import OmegaConf
 
 from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
-from animegamer.config.compose import compose_config  # noqa: E402
+from animegamer.config.compose import carried_over, compose_config  # noqa: E402
 from animegamer.game.models import play_dtype  # noqa: E402
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
@@ -139,7 +139,8 @@ def compose(args):
         overrides += ["model.diffusion.cache=first_block", f"model.diffusion.cache_threshold={args.cache}"]
     if args.tiny:
         overrides += ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]
-    cfg = OmegaConf.to_object(compose_config("train", overrides))
+    # The evaluation's settings (paper_eval), in the train root the phases' modules are built from.
+    cfg = OmegaConf.to_object(carried_over("train", compose_config("evaluate", overrides)))
     if not args.tiny:  # the sizes this benchmark claims to measure
         m, d, c, v = cfg.model.mllm, cfg.model.decoder, cfg.pipeline.clips, cfg.model.encoders.vae
         checks = {"mllm 7B": (m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,

@@ -43,7 +43,8 @@ def models():
     mllm = PhaseB(cfg).eval().requires_grad_(False)
     renderer = ReconstructionModel(cfg).eval().requires_grad_(False)
     vae = build_frozen_encoders(cfg.model.encoders, which=("vae",)).vae
-    return GameModels(mllm, renderer, vae, LEVEL_FLOW, cfg)
+    played = OmegaConf.to_object(compose_config("evaluate", OVERRIDES))  # the evaluation's config plays them
+    return GameModels(mllm, renderer, vae, LEVEL_FLOW, played)
 
 
 def sequential(models, root: Path, scripts=SCRIPTS) -> list[SimpleNamespace]:
