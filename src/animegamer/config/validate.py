@@ -7,6 +7,7 @@ evaluation: :mod:`animegamer.evaluation.preflight`, the pipeline: ``data_pipelin
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -173,9 +174,7 @@ CPU_PROCESSES = 2  # processes per node suggested where the config asks for ever
 def check_gpu_available(trainer) -> list[str]:
     """A GPU accelerator where torch sees no CUDA device: refused before the run folder is written (Lightning
     stops only once the trainer starts), naming the CPU settings of the same layout."""
-    import os
-
-    import torch
+    import torch  # the config layer loads no torch until a training run's checks ask for a device
 
     if str(trainer.accelerator).lower() not in GPU_ACCELERATORS or torch.cuda.is_available():
         return []
