@@ -88,7 +88,7 @@ def quickstart(tmp_path_factory):
         if not summary.is_file():  # a failed build left no summary: the next worker builds (resumes) it again
             root.mkdir(exist_ok=True)
             built = run_quickstart(quickstart_overrides(root))
-            summary.write_text(json.dumps(built, default=float))  # a metric may be a 0-d tensor
+            summary.write_text(json.dumps(built))
     return root, json.loads(summary.read_text())
 
 
