@@ -117,7 +117,7 @@ def clip_meta(film: FilmInfo, window: ClipWindow, cfg: PipelineConfig, flow: flo
         FILM: film.film_id,
         SHOT: window.shot_index,
         CLIP: window.clip_index,
-        SOURCE: film.path,
+        SOURCE: Path(film.path).name,
         SOURCE_FRAMES: list(window.frame_indices),
         START: window.start_s(film.fps),
         END: window.end_s(film.fps),

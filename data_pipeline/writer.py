@@ -77,7 +77,7 @@ def collect(staging: Staging, films: dict[str, str], cfg: PipelineConfig, captio
             if staging.task_done(film_id, task, task_fp) and captions is not None:
                 _add_timings(out.timings, staging.task_info(film_id, task)["timings"])
                 _add_timings(out.timings, captions["timings"])
-                out.clips.extend((key, mp4, {**meta, SOURCE: path, **captions["captions"][key]})
+                out.clips.extend((key, mp4, {**meta, SOURCE: Path(path).name, **captions["captions"][key]})
                                  for key, mp4, meta in staging.task_clips(film_id, task))
             elif (error := staging.task_error(film_id, task, caption_fp)) is not None:
                 out.failed_tasks.append({k: error[k] for k in ("film_id", "task", "reason", "detail")})

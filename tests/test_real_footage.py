@@ -185,8 +185,10 @@ def test_caption_edit_recaptions_without_recutting(first_run, tmp_path):
 
 def test_films_copied_elsewhere_keep_their_staged_work(first_run, tmp_path):
     """A film's identity is its content: a copy at another path (new mtime) reuses plans, clips and
-    captions, and the clips name the path they are at now."""
+    captions; the manifest names the path the films are at now, and the shards are the same bytes (the
+    clips name their film's file name), so whatever trained on them resumes."""
     output, captions = _copy(first_run, tmp_path)
+    shard_bytes = {p.relative_to(output): p.read_bytes() for p in sorted(output.glob("*/shard-*.tar"))}
     moved = tmp_path / "moved"
     moved.mkdir()
     films = tuple(Path(shutil.copy(film, moved)) for film in (BIKES, CARPHONE))  # shutil.copy: a new mtime
@@ -203,8 +205,10 @@ def test_films_copied_elsewhere_keep_their_staged_work(first_run, tmp_path):
     features = _samples(output, folder="features")
     assert set(features) == set(before)
     for key, sample in features.items():
-        assert sample["json"]["source"] == sources[sample["json"]["film"]]
+        assert sample["json"]["source"] == Path(sources[sample["json"]["film"]]).name
         assert all((sample[m] == before[key][m]).all() for m in (LATENTS, TEXT, IMAGE))
+    assert shard_bytes and {p.relative_to(output): p.read_bytes() for p in sorted(output.glob("*/shard-*.tar"))} \
+        == shard_bytes
 
 
 def test_no_session_is_explained_with_what_to_change(first_run):

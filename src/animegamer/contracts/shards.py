@@ -28,7 +28,9 @@ KEY = "key"  # the clip's sample key, {film}-{clip:06d}
 FILM = "film"
 SHOT = "shot"  # the shot's index in its film
 CLIP = "clip"  # the clip's running index over its film
-SOURCE = "source"  # the film's path
+# The film's file name: its path is the manifest's (``sources``, by film id), so clips cut from films that
+# moved are the same bytes and whatever trained on them resumes.
+SOURCE = "source"
 SOURCE_FRAMES = "source_frames"  # the film's frame index of each clip frame
 START, END = "start", "end"  # seconds into the film
 FPS, FRAMES, HEIGHT, WIDTH = "fps", "frames", "height", "width"
