@@ -33,10 +33,13 @@ def test_every_variant_has_a_warmup_its_sizes_fit(tmp_path):
 def test_saved_scores_are_kept_only_for_the_same_data_seed_and_sampling(tmp_path):
     """What the reconstruction scores depend on besides the export and evaluation.*: the held-out data, the
     seed, and the model's sampling steps when evaluation.sampling_steps is 0."""
-    from animegamer.recipe import evaluation_config
+    from animegamer.config.compose import compose_config
+    from animegamer.recipe import evaluation_of
     from animegamer.utils.io import write_json_atomic
 
-    base = [f"experiment={experiment_of(BASELINE)}", *TINY, f"data.root={tmp_path}", "evaluation.sampling_steps=0"]
+    base = [f"experiment={experiment_of(BASELINE)}", *TINY, f"data.root={tmp_path}"]
+    # as the recipe scores a variant: the evaluation of its training config
+    evaluation_config = lambda trained: evaluation_of(compose_config("train", trained), ["evaluation.sampling_steps=0"])
     settings = scored_with(evaluation_config(base))
     done = tmp_path / METRICS_FILE
     write_json_atomic(done, {"metrics": {"export_sha256": "d", SCORED_WITH: settings, "clips": 1}})
