@@ -143,7 +143,8 @@ def test_inspect_takes_the_models_overrides_for_its_layout(monkeypatch, capsys, 
     assert list(counts.values()) == [226, 30 + 16, 30 + 4]
     with pytest.raises(SystemExit) as stopped:
         main(["inspect", str(game), "trainer=gpu"])
-    assert stopped.value.code == USER_ERROR_EXIT_CODE and "animegamer train reads it" in capsys.readouterr().err
+    assert stopped.value.code == USER_ERROR_EXIT_CODE
+    assert capsys.readouterr().err == "error: trainer=gpu: animegamer inspect reads the model's keys only (model=NAME, model.*)\n"
     with pytest.raises(SystemExit) as stopped:
         main(["inspect", str(tmp_path / "missing.json")])
     assert stopped.value.code == USER_ERROR_EXIT_CODE and "missing.json: not a readable JSON game file" in \

@@ -17,12 +17,13 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import compose_config, top_key
 from animegamer.errors import UserError, exit_on_user_error
 from animegamer.mllm.inspect import describe
 from animegamer.models.encoder import representation_tokens
 
 ROOT = "evaluate"  # the root config whose model the layout is read from
+MODEL = "model"  # the one node of it the layout reads
 DEFAULTS = ("model=paper",)  # the paper's layout (the byte tokenizer of a random build, N = 226) unless overridden
 
 
@@ -53,6 +54,9 @@ def read_game(path: Path) -> dict:
 @exit_on_user_error
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    unread = [o for o in args.overrides if top_key(o) != MODEL]
+    if unread:
+        raise UserError(f"{' '.join(unread)}: animegamer inspect reads the model's keys only ({MODEL}=NAME, {MODEL}.*)")
     model = OmegaConf.to_object(compose_config(ROOT, [*DEFAULTS, *args.overrides]).model)
     tokenizer = model.mllm.tokenizer if args.tokenizer is None else args.tokenizer
     tokens = representation_tokens(model.encoder) if args.query_tokens is None else args.query_tokens

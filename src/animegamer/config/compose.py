@@ -131,7 +131,7 @@ def _without_search_path(overrides: Sequence[str]) -> tuple[list[str], list[str]
 def read_elsewhere(name: str, override: str) -> str | None:
     """``override``'s refusal when its top-level key (or group) is not the root ``name``'s but another command
     reads it (``trainer.devices=2`` given to the pipeline); None otherwise."""
-    top = _top_key(override)
+    top = top_key(override)
     if name not in COMMANDS or top in _field_names(COMMANDS[name].schema):
         return None
     readers = [f"animegamer {c.verb}" for root, c in COMMANDS.items() if root != name and top in _field_names(c.schema)]
@@ -148,8 +148,8 @@ def overrides_for(name: str, overrides: Sequence[str], among: Sequence[str] = tu
     ``name`` reads: each whose top-level key or group is one of the root's. One that none of ``among`` knows
     goes to every root, where it is refused naming the closest key (or the command that reads it)."""
     known = {root: {*_field_names(COMMANDS[root].schema), *config_groups(root)} for root in among}
-    return [o for o in overrides if _top_key(o) in known.get(name, ())
-            or not any(_top_key(o) in names for names in known.values())]
+    return [o for o in overrides if top_key(o) in known.get(name, ())
+            or not any(top_key(o) in names for names in known.values())]
 
 
 def carried_over(name: str, cfg: DictConfig, overrides: Sequence[str] = ()) -> DictConfig:
@@ -162,7 +162,7 @@ def carried_over(name: str, cfg: DictConfig, overrides: Sequence[str] = ()) -> D
     return composed
 
 
-def _top_key(override: str) -> str:
+def top_key(override: str) -> str:
     """``phase`` of ``phase.lr=1``, ``+phase.lr=1``, ``phase=c`` or ``/phase@x=c``."""
     return _key_of(override).lstrip("/").split("@", 1)[0].split("/", 1)[0].split(".", 1)[0]
 
