@@ -12,7 +12,6 @@ violation as ``file:line``.
 from __future__ import annotations
 
 import ast
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -308,28 +307,8 @@ def test_every_unit_of_the_repository_has_a_layer():
 
 
 # --------------------------------------------------------------------------- the repository
-DEBT = Path(__file__).with_name("import_debt.txt")  # breaches the layering has not yet removed, one a line
-
-
-def _without_line(problem: str) -> str:
-    """``path:12: text`` -> ``path: text``: an entry survives edits that only move lines."""
-    where, text = problem.split(": ", 1)
-    return f"{where.rsplit(':', 1)[0]}: {text}"
-
-
 def test_the_repository_keeps_the_import_rules():
-    """No breach beyond the recorded debt, and the debt only shrinks: a breach removed from the code must
-    leave import_debt.txt in the same change (a stale entry fails too)."""
-    found = Counter(_without_line(p) for p in graph_problems(REPO))
-    recorded = Counter(line for line in DEBT.read_text().splitlines() if line and not line.startswith("#"))
-    new, gone = found - recorded, recorded - found
-    assert not new, f"{sum(new.values())} new import-rule breach(es) (docs/architecture.md, 'Import rules'):\n" + \
-        "\n".join(sorted(new.elements()))
-    assert not gone, f"{sum(gone.values())} breach(es) no longer in the code: remove them from {DEBT.name}:\n" + \
-        "\n".join(sorted(gone.elements()))
-
-
-def test_the_recorded_debt_never_lets_the_library_import_the_pipeline():
-    """No breach of the library reaching into data_pipeline is recorded as debt: such an import fails at once."""
-    lines = [line for line in DEBT.read_text().splitlines() if "the library never imports the pipeline" in line]
-    assert not lines, lines
+    """No breach anywhere: every import of the library and the pipeline keeps the layer table."""
+    problems = graph_problems(REPO)
+    assert not problems, f"{len(problems)} import-rule breach(es) (docs/architecture.md, 'Import rules'):\n" + \
+        "\n".join(problems)
