@@ -11,17 +11,15 @@ from pathlib import Path
 from animegamer.checkpoints.trained_data import (clip_manifest, data_clip_size, lineage, read_object, recut_since,
                                                   trained_clip_size, trained_root)
 from animegamer.contracts.files import MANIFEST
+from animegamer.contracts.shards import SOURCE
 from animegamer.data.storage import ShardSource
-
-# The per-clip metadata field that names the source film's path: where the clips were cut, not what they are.
-CLIP_SOURCE_KEY = "source"
 
 
 def clip_content_sha256(root: str | Path, clips_dir: str) -> str | None:
     """A digest of the clips alone, the same wherever they were cut: every shard member's name and bytes
-    in the manifest's order, each clip's metadata without its source film's path (shards are otherwise
-    byte-identical when their contents are), and the manifest's motion bins. The same films cut again in
-    another folder give the same value; None without a manifest or with a shard missing."""
+    in the manifest's order, each clip's metadata without its film's file name (a renamed film gives the
+    same clips), and the manifest's motion bins. The same films cut again in another folder give the same
+    value; None without a manifest or with a shard missing."""
     folder = Path(root) / clips_dir
     manifest = read_object(folder / MANIFEST)
     if manifest is None:
@@ -35,7 +33,7 @@ def clip_content_sha256(root: str | Path, clips_dir: str) -> str | None:
             for member in tar:
                 data = tar.extractfile(member).read() if member.isfile() else b""
                 if member.name.endswith(".json"):
-                    meta = {k: v for k, v in json.loads(data).items() if k != CLIP_SOURCE_KEY}
+                    meta = {k: v for k, v in json.loads(data).items() if k != SOURCE}
                     data = json.dumps(meta, sort_keys=True).encode()
                 digest.update(member.name.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
