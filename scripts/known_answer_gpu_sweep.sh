@@ -2,7 +2,8 @@
 # Variants of the known-answer benchmark at gpu size side by side on one GPU of a host without network, in
 # one time-limited run (the `small` models leave most of the GPU idle: a step is mostly Python overhead):
 #   bash scripts/known_answer_gpu_sweep.sh "NAME [ARGS of python -m benchmarks.known_answer]" ...
-# e.g. "b64 --stage base:phase.batch_size=64" "deep --stage base:phase.batch_size=64 model.decoder.num_layers=12".
+# e.g. "b64 --stage base:phase.batch_size=64" "deep --stage base:phase.batch_size=64 model.decoder.num_layers=12",
+# or seeds of one variant: "s0 --seed 0 --words shared" "s1 --seed 1 --words shared" "s2 --seed 2 --words shared".
 # The first variant starts at once and trains the VAE; each other one starts when that VAE is written,
 # with a copy of it and of the films: its own cut of the same films has the same clip content, so the
 # copy is reused (animegamer/toy_vae.py: the VAE's identity is the clips' content). A variant without
@@ -27,8 +28,12 @@ for spec in "$@"; do
   mkdir -p "$work"
   case " $args " in *" --ablations"*) ;; *) args="$args --ablations" ;; esac  # last: it takes the words after it
   if [ -n "$first" ]; then
-    while [ ! -f "$ROOT/$first/vae/training.json" ] && [ "$(left)" -gt 0 ]; do sleep 2; done
-    cp -r "$ROOT/$first/films" "$ROOT/$first/vae" "$work/" || echo "$name: no VAE to copy; it trains its own"
+    while [ ! -f "$work/vae/training.json" ] && [ ! -f "$ROOT/$first/vae/training.json" ] && [ "$(left)" -gt 0 ]; do
+      sleep 2
+    done
+    if [ ! -f "$work/vae/training.json" ]; then  # a run resumed on the same host keeps its own copy
+      cp -r "$ROOT/$first/films" "$ROOT/$first/vae" "$work/" || echo "$name: no VAE to copy; it trains its own"
+    fi
   else
     first=$name
   fi
@@ -46,11 +51,14 @@ for name in "${names[@]}"; do
   grep -E "held-out PSNR|done at step|decoder base|known-answer|Error|error" "$ROOT/$name.log" | cut -c1-250 | tail -8
   cat "$work/known_answer.md" 2>/dev/null
   tail -c 2000000 "$ROOT/$name.log" > "$work/run.log"
-  cp "$work/seed_0/eval/metrics.json" "$work/eval_metrics.json" 2>/dev/null
-  cp "$work/seed_0/eval/report.md" "$work/eval_report.md" 2>/dev/null
-  cp "$work/seed_0/eval/reconstruction/metrics.json" "$work/reconstruction_metrics.json" 2>/dev/null
+  runs=$(ls -d "$work"/seed_* 2>/dev/null | head -1)  # the variant's --seed N trains into seed_N/
+  cp "$runs/eval/metrics.json" "$work/eval_metrics.json" 2>/dev/null
+  cp "$runs/eval/report.md" "$work/eval_report.md" 2>/dev/null
+  cp "$runs/eval/reconstruction/metrics.json" "$work/reconstruction_metrics.json" 2>/dev/null
   cp "$work/vae/training.json" "$work/vae_training.json" 2>/dev/null
+  # Every evaluation's metrics and motion-sweep plot too (the renderers' and ablations' folders under seed_N/).
   (cd "$work" && tar czf "$OUT/$name.tgz" --ignore-failed-read known_answer.json known_answer.md curves.png gallery.png \
-    eval_metrics.json eval_report.md reconstruction_metrics.json vae_training.json run.log 2>/dev/null)
+    eval_metrics.json eval_report.md reconstruction_metrics.json vae_training.json run.log \
+    $(find seed_* \( -name metrics.json -o -name motion_sweep.png \) -size -4M 2>/dev/null) 2>/dev/null)
 done
 ls -la "$OUT"
