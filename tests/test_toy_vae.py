@@ -178,3 +178,145 @@ def test_clip_content_digest_ignores_where_the_clips_were_cut(tmp_path: Path) ->
     assert clip_content_sha256(tmp_path / "none", "clips") is None
     (tmp_path / "a" / "clips" / "shard-000000.tar").unlink()
     assert clip_content_sha256(tmp_path / "a", "clips") is None  # a shard missing: nothing to name
+
+
+# --------------------------------------------------------------------------- stages: --init
+def _staged_run(steps: int) -> ToyVAETraining:
+    """Settings of one short stage: a long warm-up keeps one step's change small, so the first evaluation
+    after it still reads the weights the stage started from."""
+    return ToyVAETraining(steps=steps, batch_size=4, lr=1e-2, warmup_steps=1000, eval_every=1, eval_clips=4,
+                          eval_batch_size=4)
+
+
+def test_stages_start_from_the_earlier_folder_and_record_the_chain(tmp_path: Path, monkeypatch) -> None:
+    """A stage started with --init begins at the earlier stage's weights and held-out PSNR, not at a random
+    build's, and draws the batches after the chain's so far; each stage's record names its init (weights
+    digest, PSNR, and that folder's own init) and counts the chain's steps."""
+    from safetensors.torch import load_file
+
+    import animegamer.toy_vae as toy_vae
+
+    train, held_out = _cartoon_clips(8, seed=1), _cartoon_clips(4, seed=2)
+    monkeypatch.setattr(toy_vae, "load_clips", lambda data, val_fraction: (train, held_out))
+    data = _write_clips(tmp_path / "pipeline")
+    draws: list[int] = []
+    step_generator = toy_vae.step_generator
+    monkeypatch.setattr(toy_vae, "step_generator",
+                        lambda seed, step, rank: draws.append(step) or step_generator(seed, step, rank))
+    # The first stage starts from another random build (encoder seed 4) than the later ones (seed 0): the
+    # two score 10.9 and 9.8 dB on these clips, so starting at the first stage's PSNR is told apart from
+    # starting at a random build's without the seconds of training that would move it as far.
+    first = toy_vae.train_and_save(tmp_path / "s1", data, TINY_VAE, 4, _staged_run(1))
+    assert first["init"] is None and first["total_steps"] == first["steps_done"] == 1
+    fresh = float(toy_vae.held_out_psnr(toy_vae.initial_vae(TINY_VAE, 0), held_out.video, 4,
+                                        torch.device("cpu")).mean())
+    assert abs(first["held_out_psnr"] - fresh) > 0.5, (first["held_out_psnr"], fresh)
+
+    started = toy_vae.initial_vae(TINY_VAE, 0, tmp_path / "s1").state_dict()
+    saved = load_file(toy_vae.weights_file(tmp_path / "s1"))
+    assert started.keys() == saved.keys() and all(torch.equal(started[k], saved[k]) for k in saved)
+
+    second = toy_vae.train_and_save(tmp_path / "s2", data, TINY_VAE, 0, _staged_run(2), init=tmp_path / "s1")
+    assert second["curve"][0]["held_out_psnr"] == pytest.approx(first["held_out_psnr"], abs=0.05)
+    assert second["init"] == {"weights_sha256": first["weights_sha256"], "held_out_psnr": first["held_out_psnr"],
+                              "total_steps": 1, "init": None}
+    assert (second["steps_done"], second["total_steps"]) == (2, 3)
+    assert second["init_folder"] == str((tmp_path / "s1").resolve())
+
+    assert draws == [0, 1, 2]  # the second stage's batches follow the first's, not repeat them
+    third = toy_vae.train_and_save(tmp_path / "s3", data, TINY_VAE, 0, _staged_run(1), init=tmp_path / "s2")
+    assert third["init"]["init"] == second["init"] and third["init"]["held_out_psnr"] == second["held_out_psnr"]
+    assert (third["steps_done"], third["total_steps"]) == (1, 4) and draws == [0, 1, 2, 3]
+    on_disk = json.loads((tmp_path / "s3" / TRAINING_RECORD).read_text())
+    assert on_disk["init"] == third["init"] and on_disk["total_steps"] == 4
+
+
+def _trained_folder(folder: Path, vae_cfg: VAEConfig = TINY_VAE, seed: int = 0, psnr_db: float = 20.0) -> Path:
+    """A VAE folder as a stage leaves it: the weights and a record naming its VAE config."""
+    from dataclasses import asdict
+
+    from animegamer.models.vae_training import trainable_vae
+
+    save_vae(trainable_vae(vae_cfg, seed), folder,
+             {"scaling_factor": 1.0, "held_out_psnr": psnr_db, "steps_done": 5, "vae": asdict(vae_cfg)})
+    return folder
+
+
+def test_a_stage_is_reused_with_the_same_init_and_trained_again_with_another(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    import animegamer.toy_vae as toy_vae
+
+    data = _write_clips(tmp_path / "pipeline")
+    first, other = _trained_folder(tmp_path / "s1"), _trained_folder(tmp_path / "s1b", seed=1)
+    trained = []
+    monkeypatch.setattr(toy_vae, "train_and_save",
+                        lambda out, data, vae_cfg, seed, run, about=None, init=None: trained.append(init) or {})
+    run = ToyVAETraining(steps=1)
+    out = tmp_path / "s2"
+    out.mkdir()
+    link = toy_vae.init_link(first, TINY_VAE, out)
+    (out / TRAINING_RECORD).write_text(json.dumps({**toy_vae._identity(data, TINY_VAE, 0, run, link),
+                                                   "held_out_psnr": 25.0}))
+
+    assert toy_vae.ensure_trained(out, data, TINY_VAE, 0, run, init=first)["held_out_psnr"] == 25.0
+    moved = tmp_path / "carried" / "s1"
+    shutil.copytree(first, moved)  # the same weights in another folder: the same stage
+    assert toy_vae.ensure_trained(out, data, TINY_VAE, 0, run, init=moved)["held_out_psnr"] == 25.0
+    assert trained == []
+    toy_vae.ensure_trained(out, data, TINY_VAE, 0, run, init=other)  # other weights
+    toy_vae.ensure_trained(out, data, TINY_VAE, 0, run)  # no init: the random build
+    assert trained == [other, None]
+    _trained_folder(first, psnr_db=21.0)  # the same weights, another record of them
+    toy_vae.ensure_trained(out, data, TINY_VAE, 0, run, init=first)
+    assert trained == [other, None, first]
+
+
+@pytest.fixture
+def root_logging():
+    """The root logger's handlers as they were: the command sets up its own, writing to this test's
+    captured stderr, which is closed once the test ends."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize("case", ["other config", "not trained", "no record", "weights changed", "itself"])
+def test_an_init_folder_that_cannot_start_the_stage_is_refused_by_name(tmp_path: Path, capsys, root_logging,
+                                                                      case: str) -> None:
+    from animegamer.toy_vae import main
+
+    data = _write_clips(tmp_path / "pipeline")
+    out = tmp_path / "vae"
+    init = tmp_path / "earlier"
+    if case == "other config":
+        _trained_folder(init, VAEConfig(block_out_channels=[8, 16, 16], layers_per_block=1, latent_channels=8,
+                                        norm_num_groups=4))
+        words = "trained with another VAE config (latent_channels: 8, here 4)"
+    elif case == "not trained":
+        init.mkdir()
+        words = "not a trained VAE folder (no training.json or diffusion_pytorch_model.safetensors)"
+    elif case == "no record":
+        _trained_folder(init)
+        (init / TRAINING_RECORD).write_text(json.dumps({"scaling_factor": 1.0}))
+        words = "not a trained VAE folder (training.json has no held_out_psnr, vae)"
+    elif case == "weights changed":
+        from animegamer.toy_vae import weights_file
+
+        _trained_folder(init)
+        weights_file(init).write_bytes(weights_file(_trained_folder(tmp_path / "another", seed=1)).read_bytes())
+        words = "diffusion_pytorch_model.safetensors is not the file its training.json records"
+    else:
+        init = _trained_folder(out)
+        words = "that is the output folder itself"
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(out), "--data", str(data), "--model", "tiny", "--steps", "1", "--init", str(init)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --init {init}: {words}" in err and "Traceback" not in err
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before  # nothing written

@@ -1,6 +1,7 @@
 """Train the frozen VAE of a model preset on a pipeline output's clips, so that it reconstructs.
 
-    python -m animegamer.toy_vae OUT --data PIPELINE_OUTPUT [--model tiny] [--steps N] [--device cuda] [override ...]
+    python -m animegamer.toy_vae OUT --data PIPELINE_OUTPUT [--model tiny] [--steps N] [--device cuda]
+        [--init EARLIER_OUT] [override ...]
 
 The tiny presets' frozen VAE has random weights and gives no pixels back; this trains the preset's own
 ``AutoencoderKLCogVideoX`` (``model.encoders.vae``, the class of the paper's VAE, so every code path
@@ -11,6 +12,17 @@ other stage. Its ``scaling_factor`` is set so that scaled latents of the trainin
 standard deviation, as CogVideoX's own factor is meant. ``OUT/training.json`` records the held-out PSNR
 (posterior mode, 8-bit output, as precompute and the game use it) measured again after loading ``OUT``
 through :class:`~animegamer.models.frozen_vae.FrozenVAE`, the learning curve and the settings.
+
+Training runs in stages where one run's time is limited: ``--init EARLIER_OUT`` starts from the weights of
+an earlier run's folder (the same preset's VAE config) instead of the random build. It is a warm restart,
+not a resume: the optimiser starts afresh, with its own warm-up and cosine decay over this run's
+``--steps`` / ``--max-seconds``; its batches continue the chain's random draws (from the chain's step count
+on) rather than repeat the first stage's. The earlier folder's identity (the sha256 of its weights, its held-out
+PSNR and its own ``init``, so a chain records every link) is part of this folder's identity and record
+(``init``); ``steps_done`` counts this stage's steps and ``total_steps`` those of the whole chain.
+
+``OUT`` is reused, not trained again, when its record says it was made from the same clips (their
+content), VAE config, encoder seed, settings and ``--init`` weights.
 """
 from __future__ import annotations
 
@@ -31,7 +43,7 @@ from animegamer.contracts.files import CLIPS_DIR
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.split import HeldOut
 from animegamer.data.trained_data import clip_content_sha256
-from animegamer.errors import exit_on_user_error
+from animegamer.errors import InvalidInputError, MissingInputError, exit_on_user_error
 from animegamer.models.frozen_vae import FrozenVAE
 from animegamer.models.vae_training import (
     LossWeights,
@@ -41,7 +53,7 @@ from animegamer.models.vae_training import (
     reconstruction_loss,
     trainable_vae,
 )
-from animegamer.utils.io import atomic_dir, read_json_if_exists, write_json_atomic
+from animegamer.utils.io import atomic_dir, read_json, read_json_if_exists, sha256_file, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from animegamer.utils.randomness import step_generator, step_seed
 
@@ -202,10 +214,33 @@ def _augment(video: torch.Tensor, generator: torch.Generator, run: ToyVAETrainin
     return torch.where(mirrored.view(-1, 1, 1, 1, 1), video.flip(FRAME_AXIS_W), video)
 
 
+def weights_file(folder: str | Path) -> Path:
+    """The safetensors weights of a VAE folder written by :func:`save_vae` (never sharded at these sizes)."""
+    from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
+
+    return Path(folder) / SAFETENSORS_WEIGHTS_NAME
+
+
+def initial_vae(vae_cfg: VAEConfig, encoder_seed: int = 0, init: str | Path | None = None) -> torch.nn.Module:
+    """The model a run starts from: the random build of ``vae_cfg`` (seed ``encoder_seed``), with the weights
+    of the trained folder ``init`` loaded into it when given (checked first by :func:`init_link`)."""
+    from safetensors.torch import load_file
+
+    model = trainable_vae(vae_cfg, seed=encoder_seed)
+    if init is not None:
+        model.load_state_dict(load_file(weights_file(init)), strict=True)
+        logger.info("VAE: starting from the weights of %s", init)
+    return model
+
+
 def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETraining, encoder_seed: int = 0,
-              on_eval: Callable[[dict[str, float]], None] | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Train from the random build of ``vae_cfg`` (seed ``encoder_seed``); returns the model and the record
-    (curve, final held-out and training PSNR, latent statistics, seconds)."""
+              on_eval: Callable[[dict[str, float]], None] | None = None,
+              init: str | Path | None = None, first_draw: int = 0) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Train from the random build of ``vae_cfg`` (seed ``encoder_seed``), or from the trained folder ``init``
+    (a warm restart: the optimiser and the schedule start afresh); returns the model and the record
+    (curve, final held-out and training PSNR, latent statistics, seconds). Step ``i`` draws its batch,
+    augmentation and noise as step ``first_draw + i`` of the seed's stream, so a stage that continues a chain
+    (``first_draw``: the chain's steps so far) draws new batches rather than the first stage's again."""
     run.validate()
     spatial = 2 ** (len(vae_cfg.block_out_channels) - 1)
     for name in ("crop_height", "crop_width"):
@@ -216,7 +251,7 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = trainable_vae(vae_cfg, seed=encoder_seed).to(device)
+    model = initial_vae(vae_cfg, encoder_seed, init).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=(0.9, 0.99), weight_decay=0.0)
     eval_video = held_out.video[: run.eval_clips]
     curve: list[dict[str, float]] = []
@@ -224,10 +259,10 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
     step = 0
     for step in range(run.steps):
         elapsed = time.perf_counter() - started
-        generator = step_generator(run.seed, step, 0)
+        generator = step_generator(run.seed, first_draw + step, 0)
         index = torch.randint(len(train.video), (run.batch_size,), generator=generator)
         video = _augment(train.video[index], generator, run).to(device)
-        noise = torch.Generator(device=device).manual_seed(step_seed(run.seed + 1, step, 0))
+        noise = torch.Generator(device=device).manual_seed(step_seed(run.seed + 1, first_draw + step, 0))
         parts = reconstruction_loss(model, video, run.weights, noise)
         optimizer.zero_grad(set_to_none=True)
         parts["loss"].backward()
@@ -265,11 +300,13 @@ def train_vae(vae_cfg: VAEConfig, train: Clips, held_out: Clips, run: ToyVAETrai
 
 
 def save_vae(model: torch.nn.Module, out: str | Path, record: dict[str, Any]) -> Path:
-    """Write the diffusers folder (atomically) with the measured scaling factor and ``training.json``."""
+    """Write the diffusers folder (atomically) with the measured scaling factor and ``training.json``;
+    ``record`` gains ``weights_sha256``, the digest a later stage started from this folder names it by."""
     model.register_to_config(scaling_factor=record["scaling_factor"])
     out = Path(out)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
+        record["weights_sha256"] = sha256_file(weights_file(tmp))
         write_json_atomic(tmp / TRAINING_RECORD, record)
     return out
 
@@ -294,14 +331,57 @@ def vae_config(model: str, overrides: Sequence[str]) -> tuple[VAEConfig, int]:
     return vae, int(cfg.model.encoders.seed)
 
 
+def init_link(init: str | Path, vae_cfg: VAEConfig, out: str | Path) -> dict[str, Any]:
+    """The identity of the trained folder ``init`` a stage starts from: the sha256 of its weights, its
+    held-out PSNR, its steps over its own chain and its own ``init`` (None for a first stage), so a chain
+    names every link. Refused (a user error naming the folder) when ``init`` is ``out`` itself, is not a
+    folder this module trained, or was trained with another VAE config."""
+    folder = Path(init)
+    if folder.resolve() == Path(out).resolve():
+        raise InvalidInputError(f"--init {folder}: that is the output folder itself; a stage starts from an "
+                                f"earlier stage's folder and writes a new one")
+    if not folder.is_dir():
+        raise MissingInputError(f"--init {folder}: no such folder")
+    record_path, weights = folder / TRAINING_RECORD, weights_file(folder)
+    missing = [p.name for p in (record_path, weights) if not p.is_file()]
+    if missing:
+        raise MissingInputError(f"--init {folder}: not a trained VAE folder (no {' or '.join(missing)})")
+    try:
+        record = read_json(record_path)
+    except ValueError as error:
+        raise InvalidInputError(f"--init {folder}: {TRAINING_RECORD} is not JSON ({error})") from None
+    lacking = [k for k in ("held_out_psnr", "vae") if not isinstance(record, dict) or k not in record]
+    if lacking:
+        raise InvalidInputError(f"--init {folder}: not a trained VAE folder ({TRAINING_RECORD} has no "
+                                f"{', '.join(lacking)})")
+    wanted = asdict(vae_cfg)
+    differ = sorted(k for k in {*wanted, *record["vae"]} if record["vae"].get(k) != wanted.get(k))
+    if differ:
+        raise InvalidInputError(f"--init {folder}: trained with another VAE config ("
+                                + ", ".join(f"{k}: {record['vae'].get(k)!r}, here {wanted.get(k)!r}" for k in differ)
+                                + ")")
+    digest = sha256_file(weights)
+    if record.get("weights_sha256", digest) != digest:
+        raise InvalidInputError(f"--init {folder}: {weights.name} is not the file its {TRAINING_RECORD} records "
+                                f"(sha256 {digest}, recorded {record['weights_sha256']})")
+    return {"weights_sha256": digest, "held_out_psnr": record["held_out_psnr"],
+            "total_steps": record.get("total_steps", record.get("steps_done", 0)), "init": record.get("init")}
+
+
 def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encoder_seed: int,
-                   run_cfg: ToyVAETraining, about: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train on ``data``'s training clips, write ``out``, score it again through the frozen loader;
-    returns the record written to ``out/training.json`` (``about`` is added to it as is)."""
+                   run_cfg: ToyVAETraining, about: dict[str, Any] | None = None,
+                   init: str | Path | None = None) -> dict[str, Any]:
+    """Train on ``data``'s training clips (from the trained folder ``init`` when given), write ``out``,
+    score it again through the frozen loader; returns the record written to ``out/training.json``
+    (``about`` is added to it as is)."""
     run_cfg.validate()
+    link = None if init is None else init_link(init, vae_cfg, out)
     train, held_out = load_clips(data, run_cfg.val_fraction)
-    trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=encoder_seed)
-    record.update({**(about or {}), **_identity(data, vae_cfg, encoder_seed, run_cfg),
+    trained, record = train_vae(vae_cfg, train, held_out, run_cfg, encoder_seed=encoder_seed, init=init,
+                                first_draw=link["total_steps"] if link else 0)
+    record.update({**(about or {}), **_identity(data, vae_cfg, encoder_seed, run_cfg, link),
+                   "total_steps": record["steps_done"] + (link["total_steps"] if link else 0),
+                   "init_folder": None if init is None else str(Path(init).resolve()),
                    "data": str(Path(data).resolve()), "clip_shape": list(train.video.shape[1:])})
     save_vae(trained, out, record)
     record["loaded_held_out_psnr"] = check_saved(out, held_out, run_cfg.eval_batch_size, run_cfg.device)
@@ -312,34 +392,39 @@ def train_and_save(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
     return record
 
 
-def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: ToyVAETraining) -> dict[str, Any]:
-    """What a trained folder was made from: the clips (a digest of their content), sizes and settings. The
-    clips' folder is left out (the record keeps it for information), and so are the paths the manifest
+def _identity(data: str | Path, vae_cfg: VAEConfig, encoder_seed: int, run_cfg: ToyVAETraining,
+              init: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a trained folder was made from: the clips (a digest of their content), sizes, settings and the
+    :func:`init_link` of the folder it started from (None: the random build). The clips' and the init's
+    folders are left out (the record keeps them for information), and so are the paths the manifest
     records: a folder carried to another machine, data moved, or the same films cut again in another
     folder must still be reused."""
     return {"clip_content_sha256": clip_content_sha256(data, CLIPS_DIR),
-            "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg)}
+            "vae": asdict(vae_cfg), "encoder_seed": encoder_seed, "settings": asdict(run_cfg), "init": init}
 
 
 def ensure_trained(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encoder_seed: int,
-                   run_cfg: ToyVAETraining, about: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``out``'s record when it was trained from the same clips, sizes and settings (a recipe run again
-    reuses its VAE); otherwise train it (again)."""
+                   run_cfg: ToyVAETraining, about: dict[str, Any] | None = None,
+                   init: str | Path | None = None) -> dict[str, Any]:
+    """``out``'s record when it was trained from the same clips, sizes, settings and ``init`` weights (a
+    recipe run again reuses its VAE); otherwise train it (again)."""
+    link = None if init is None else init_link(init, vae_cfg, out)
     record = read_json_if_exists(Path(out) / TRAINING_RECORD)
-    wanted = _identity(data, vae_cfg, encoder_seed, run_cfg)
+    wanted = _identity(data, vae_cfg, encoder_seed, run_cfg, link)
     if record is not None and all(record.get(key) == value for key, value in wanted.items()):
         logger.info("VAE %s: trained from the same clips and settings; reused (held-out PSNR %.2f dB)",
                     out, record["held_out_psnr"])
         return record
-    return train_and_save(out, data, vae_cfg, encoder_seed, run_cfg, about)
+    return train_and_save(out, data, vae_cfg, encoder_seed, run_cfg, about, init)
 
 
 def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
-        overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The command: the VAE of preset ``model`` (with ``overrides``) trained on ``data``, or reused."""
+        overrides: Sequence[str] = (), init: str | Path | None = None) -> dict[str, Any]:
+    """The command: the VAE of preset ``model`` (with ``overrides``) trained on ``data`` (from the trained
+    folder ``init`` when given), or reused."""
     run_cfg.validate()
     vae_cfg, seed = vae_config(model, overrides)
-    return ensure_trained(out, data, vae_cfg, seed, run_cfg, {"model": model, "overrides": list(overrides)})
+    return ensure_trained(out, data, vae_cfg, seed, run_cfg, {"model": model, "overrides": list(overrides)}, init)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -348,6 +433,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("out", type=Path, help="VAE folder to write (diffusers format)")
     parser.add_argument("--data", type=Path, required=True, help="pipeline output folder holding clips/")
     parser.add_argument("--model", default="tiny", help="model preset whose model.encoders.vae is trained")
+    parser.add_argument("--init", type=Path, default=None, metavar="FOLDER",
+                        help="start from the weights of an earlier run's VAE folder (the same preset's VAE "
+                             "config): a warm restart, not a resume; the optimiser, warm-up and cosine decay "
+                             "start afresh over this run's --steps / --max-seconds")
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
@@ -362,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     setup_logging("INFO")
     settings = ToyVAETraining(**{name: getattr(args, name) for name in asdict(ToyVAETraining())})
-    exit_on_user_error(run)(args.out, args.data, args.model, settings, args.overrides)
+    exit_on_user_error(run)(args.out, args.data, args.model, settings, args.overrides, args.init)
     return 0
 
 
