@@ -118,9 +118,11 @@ def test_the_trained_model_against_each_row_paired_seed_by_seed(tmp_path: Path) 
     assert (against["n"], against["difference"], against["exceeds_twice_spread"]) == (2, pytest.approx(0.2), False)
     # One seed: no spread, so never "exceeds", whatever the difference.
     base = summary["comparisons"][f"{RECONSTRUCTION}: sweep_rho"][BASE]
-    assert (base["n"], base["difference"], base["spread"], base["exceeds_twice_spread"]) == (1, pytest.approx(0.6), None, False)
+    assert (base["n"], base["difference"], base["spread"], base["exceeds_twice_spread"]) == (
+        1, pytest.approx(0.6), None, False)
     # Games are compared with games, reconstructions with reconstructions.
-    assert MOTION_SCOPE_OTHER not in game and ABLATION_GAME not in summary["comparisons"][f"{RECONSTRUCTION}: sweep_rho"]
+    assert MOTION_SCOPE_OTHER not in game
+    assert ABLATION_GAME not in summary["comparisons"][f"{RECONSTRUCTION}: sweep_rho"]
     # The motion scope's own comparison: sweep_rho differences 0.7, 0.9, 0.5 (mean 0.7, spread 0.2).
     motion = summary["motion_scope"]
     assert motion["differences"] == {0: pytest.approx(0.7), 1: pytest.approx(0.9), 2: pytest.approx(0.5)}
@@ -129,7 +131,8 @@ def test_the_trained_model_against_each_row_paired_seed_by_seed(tmp_path: Path) 
     table = (tmp_path / "summary" / TABLE_FILE).read_text()
     assert "+0.700 over 3 seeds (seed spread 0.200): exceeds twice the seed spread." in table
     assert f"| {TRAINED} | mae_f | {ABLATION_GAME} | 3 | -0.100 | 0.100 | trained | within it |" in table
-    assert f"| {RECONSTRUCTION} | sweep_rho | {BASE} | 1 | +0.600 |  | trained | 1 seed: no spread to judge by |" in table
+    assert (f"| {RECONSTRUCTION} | sweep_rho | {BASE} | 1 | +0.600 |  | trained | 1 seed: no spread to judge by |"
+            in table)
 
 
 def test_the_ablation_named_is_the_drivers_without_the_motion_scope() -> None:
@@ -191,3 +194,16 @@ def test_the_sweep_plot_pools_the_seeds_evaluations(tmp_path: Path) -> None:
     assert sweeps["eval_ablation_no_motion_scope"][PIXEL_FLOW]["pooled_rank_correlation"] == pytest.approx(0.0)
     assert sweeps["eval_ablation_no_motion_scope"][LATENT_SHIFT]["clips"] == 2
     assert f"]({PLOT_FILE})" in (tmp_path / "summary" / TABLE_FILE).read_text()
+
+
+def test_a_sweep_without_a_speed_per_level_is_refused_naming_its_file(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    folders = _seed_folders(tmp_path)
+    evaluation = folders[2] / "seed_2" / "eval"
+    _sweep_metrics(evaluation, lambda clip, flow: flow)
+    record = json.loads((evaluation / "metrics.json").read_text())
+    record["metrics"]["reconstruction"][SWEEP_KEY]["measures"][PIXEL_FLOW]["values"][1].pop()  # one level short
+    (evaluation / "metrics.json").write_text(json.dumps(record))
+    error = _refused(capsys, folders, tmp_path / "summary")
+    assert f"{evaluation / 'metrics.json'}: its motion sweep's {PIXEL_FLOW} does not give one speed" in error
+    assert not (tmp_path / "summary").exists()

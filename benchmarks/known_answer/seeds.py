@@ -136,8 +136,8 @@ def check_sweep(sweep: Mapping[str, Any], path: Path) -> None:
         measure = sweep["measures"].get(name) or {}
         if not measure.get("values"):
             continue
-        rows = [*measure["values"], measure.get("mean_per_level")]
-        if not isinstance(measure["values"], list) or any(not isinstance(row, list) or len(row) != levels for row in rows):
+        rows = [*measure["values"], measure.get("mean_per_level")] if isinstance(measure["values"], list) else [None]
+        if any(not isinstance(row, list) or len(row) != levels for row in rows):
             raise InvalidInputError(f"{path}: its motion sweep's {name} does not give one speed per requested level "
                                     f"({levels}) for every clip and for the mean")
 
@@ -240,7 +240,7 @@ def plot_sweeps(panels: Mapping[str, Mapping[str, dict]], path: Path) -> bool:
                 ax.plot(flows, flows, color="gray", linestyle="--", linewidth=1, label="as requested")
             rho = panel["pooled_rank_correlation"]
             ax.set_title(f"{model}\n{name.replace('_', ' ')}: rho {'n/a' if rho is None else f'{rho:.2f}'} "
-                         f"({len(panel['seeds'])} seeds, {panel['clips']} clips)", fontsize="medium")
+                         f"({_seeds(len(panel['seeds']))}, {panel['clips']} clips)", fontsize="medium")
             ax.set_xlabel("requested flow (level's median, px/frame)")
             ax.set_ylabel(UNITS[name].split(" (")[0])
             ax.grid(alpha=0.3)
@@ -250,6 +250,10 @@ def plot_sweeps(panels: Mapping[str, Mapping[str, dict]], path: Path) -> bool:
     return True
 
 
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def _number(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
@@ -257,14 +261,14 @@ def _number(value: float | None) -> str:
 def verdict(entry: Mapping[str, Any]) -> str:
     """A comparison in words."""
     if entry["n"] < MIN_SEEDS:
-        return f"{entry['n']} seed: no spread to judge by"
+        return f"{_seeds(entry['n'])}: no spread to judge by"
     return "exceeds twice the seed spread" if entry["exceeds_twice_spread"] else "within it"
 
 
 def markdown(summary: Mapping[str, Any], plot_name: str | None) -> str:
     seeds = summary["seeds"]
     words = summary[TRUTH_WORDS_KEY]
-    lines = [f"# Known-answer benchmark over {len(seeds)} seeds", "",
+    lines = [f"# Known-answer benchmark over {_seeds(len(seeds))}", "",
              f"Size {summary['size']}, captions with {words} words ({CAPTION_WORDS_MEANING[words]}), seeds "
              f"{', '.join(map(str, seeds))}. Per row and metric: n (the seeds that have it), the mean, the sample "
              "standard deviation over the seeds and their min-max. A row that only some seeds have says how many.", "",
@@ -284,7 +288,7 @@ def markdown(summary: Mapping[str, Any], plot_name: str | None) -> str:
         lines += [f"Motion scope: no seed has both {RECONSTRUCTION}'s and {MOTION_SCOPE_OTHER}'s {SWEEP_RHO}.", ""]
     else:
         lines += [f"Motion scope: {RECONSTRUCTION}'s {SWEEP_RHO} minus {MOTION_SCOPE_OTHER}'s is "
-                  f"{motion['difference']:+.3f} over {motion['n']} seeds (seed spread "
+                  f"{motion['difference']:+.3f} over {_seeds(motion['n'])} (seed spread "
                   f"{_number(motion['spread']) or 'n/a'}): {verdict(motion)}.", ""]
     lines += ["| trained | metric | against | n | difference | seed spread | better | in words |",
               "|---|---|---|---:|---:|---:|---|---|"]
