@@ -164,6 +164,9 @@ def test_what_is_not_one_variants_seeds_is_refused_naming_the_folder(tmp_path: P
     broken.mkdir()
     (broken / RESULT_FILE).write_text('{"size": "gpu", "seed": 5}')
     assert f"{broken / RESULT_FILE}: not a known-answer result (KeyError: 'rows')" in _refused(capsys, [broken], out)
+    (broken / RESULT_FILE).write_text(json.dumps({"size": "gpu", "seed": 5, "rows": [{"row": TRAINED,
+                                                                                   "metrics": {"acc_f": "high"}}]}))
+    assert f"row '{TRAINED}' has a metric that is neither a number nor null" in _refused(capsys, [broken], out)
     assert (out / SUMMARY_FILE).read_text() == written  # a refused summary writes nothing
 
 

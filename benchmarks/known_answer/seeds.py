@@ -78,6 +78,10 @@ def read_result(folder: Path) -> dict:
                 isinstance(r, dict) and isinstance(r.get("row"), str) and isinstance(r.get("metrics"), dict)
                 for r in result["rows"]):
             raise TypeError("rows is not a list of {row, metrics} objects")
+        for r in result["rows"]:
+            if any(not isinstance(v, (int, float)) or isinstance(v, bool)
+                   for v in r["metrics"].values() if v is not None):
+                raise TypeError(f"row {r['row']!r} has a metric that is neither a number nor null")
     except (ValueError, KeyError, TypeError) as error:
         raise InvalidInputError(f"{path}: not a known-answer result ({type(error).__name__}: {error})") from error
     result["rows"] = [{**r, "row": row_name(r)} for r in result["rows"]]
