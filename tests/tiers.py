@@ -60,6 +60,8 @@ SLOW = frozenset({
     "test_known_answer.py::test_ci_data_set_agrees_with_the_generators_truth",
     "test_known_answer.py::test_same_spec_gives_identical_truth_and_other_specs_differ",
     "test_known_answer.py::test_toy_vae_trains_on_the_ci_clips_and_loads_as_the_frozen_vae",
+    "test_known_answer_vae_from.py::test_a_folder_trained_on_other_clips_is_refused_once_they_are_cut_before_any_feature",
+    "test_known_answer_vae_from.py::test_a_good_folder_is_the_vae_of_every_stage_and_of_the_result",
     "test_learning.py",
     "test_logging.py::test_entry_points_print_expected_errors_without_a_traceback",
     "test_logging.py::test_every_lightning_line_is_printed_once_in_the_shared_format",

@@ -32,6 +32,12 @@ row; ``OUT/known_answer.md`` the table (docs/known-answer.md shows it);
 ground truth. The films, pipeline output and VAE are shared by every seed; each seed trains into
 ``OUT/seed_<N>/``. Running again reuses what is done (pipeline steps, the VAE, finished stages, and
 evaluations with the same config, exports and clips: :mod:`animegamer.evaluation.reuse`).
+
+``--vae-from FOLDER`` hands the benchmark a VAE trained elsewhere (``python -m animegamer.toy_vae``, e.g. in
+stages with ``--init``): every stage and evaluation loads that folder as it is and ``OUT/vae`` is not made.
+It is checked before any film is drawn (a trained folder of the size's preset VAE config, its weights those
+its record names) and again once the clips are cut (trained on these clips: their content digest), before
+anything trains; the VAE training options do not apply to it.
 """
 from __future__ import annotations
 
@@ -49,12 +55,12 @@ from animegamer.contracts.files import ADAPTATION_DIR, METRICS_FILE, REPRESENTAT
 from animegamer.contracts.shards import PRED_REP, REP
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.diffusion.step_cache import check_sampling_cache
-from animegamer.errors import UserError, exit_on_user_error
 from animegamer.evaluation.reuse import evaluate_or_reuse
 from animegamer.media.video import decode_mp4
 from animegamer.metrics.psnr import psnr
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
-from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage, trained_seconds
+from animegamer.errors import InvalidInputError, UserError, exit_on_user_error
+from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage, trained_seconds, trained_vae
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 from animegamer.utils.logging import setup_logging
 from benchmarks.known_answer.data import (
@@ -88,6 +94,8 @@ TABLE_FILE = "known_answer.md"
 CURVES_FILE = "curves.png"
 GALLERY_FILE = "gallery.png"
 VAE_DIR = "vae"
+VAE_FROM = "--vae-from"  # the option that hands the benchmark a trained VAE folder
+VAE_TRAINING_OPTIONS = ("--vae-max-seconds", "--vae-steps", "--vae-device")  # the size's VAE stage's settings
 A2_RENDERER = "game rendered by the a2 decoder"
 # The decoder base with the throwaway encoder it trained with: does the base itself render the motion that
 # phases (a) and (c) are to control? (Its reconstruction row only: it has no motion scope to play a game with.)
@@ -166,10 +174,12 @@ SIZES = {
 
 @dataclass
 class Layout:
-    """Where everything goes: data and VAE are shared by every seed, runs are per seed."""
+    """Where everything goes: data and VAE are shared by every seed, runs are per seed. ``vae_from``: a VAE
+    folder trained elsewhere, used in place of ``OUT/vae`` (None: the size's own VAE stage, if any)."""
 
     out: Path
     seed: int
+    vae_from: Path | None = None
 
     @property
     def films(self) -> Path:
@@ -181,7 +191,11 @@ class Layout:
 
     @property
     def vae(self) -> Path:
-        return self.out / VAE_DIR
+        return self.vae_from or self.out / VAE_DIR
+
+    def has_vae(self, size: BenchmarkSize) -> bool:
+        """Whether the stages load a trained VAE (:attr:`vae`) rather than the preset's random one."""
+        return bool(self.vae_from or size.vae)
 
     @property
     def runs(self) -> Path:
@@ -207,7 +221,7 @@ def eval_experiment(size: str) -> list[str]:
 
 def vae_overrides(layout: Layout, size: BenchmarkSize) -> list[str]:
     """The recipe's trained VAE for the stages run beside it (the recipe passes it to its own)."""
-    return [f"model.encoders.vae.path='{layout.vae.resolve()}'"] if size.vae else []
+    return [f"model.encoders.vae.path='{layout.vae.resolve()}'"] if layout.has_vae(size) else []
 
 
 def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) -> Recipe:
@@ -217,8 +231,8 @@ def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) ->
         phase_c=stage_overrides(layout, size, "c"),
         evaluation=[*eval_experiment(size.name), f"seed={layout.seed}", "evaluation.untrained_game=true",
                     *size.sweep(), *size.for_stage("eval")],
-        extra=[*data_overrides(layout), *size.overrides, *extra], vae=size.vae,
-        vae_out=str(layout.vae) if size.vae else "",
+        extra=[*data_overrides(layout), *size.overrides, *extra], vae=None if layout.vae_from else size.vae,
+        vae_out=str(layout.vae) if layout.has_vae(size) else "",
         decoder_base=stage_overrides(layout, size, "base") if size.base else None)
 
 
@@ -355,7 +369,7 @@ def recipe_result(layout: Layout, bench: BenchmarkSize, summary: dict, data: dic
     baselines, what the stages and the data measured, the curves and the gallery."""
     eval_out = Path(summary["evaluation report"]).parent
     main = json.loads((eval_out / METRICS_FILE).read_text())["metrics"]
-    vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if bench.vae else {}
+    vae = json.loads((layout.vae / TRAINING_RECORD).read_text()) if layout.has_vae(bench) else {}
     curves, gallery = layout.out / CURVES_FILE, layout.out / GALLERY_FILE
     return {
         "size": bench.name, "seed": layout.seed, TRUTH_WORDS_KEY: data[TRUTH_WORDS_KEY], "overrides": list(extra),
@@ -363,7 +377,10 @@ def recipe_result(layout: Layout, bench: BenchmarkSize, summary: dict, data: dic
         "turns": main.get("games", {}).get("completed_turns"),
         "reconstruction_clips": (main.get("reconstruction") or {}).get("clips"),
         "rows": rows_of(TRAINED, main), "representation_prediction": representation,
-        "vae": {k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "train_seconds", "scaling_factor")},
+        # The chain of a VAE trained in stages: ``init`` names the weights each stage started from.
+        "vae": {**{k: vae.get(k) for k in ("held_out_psnr", "train_psnr", "steps_done", "total_steps", "train_seconds",
+                                           "scaling_factor", "weights_sha256", "init")},
+                "vae_from": str(layout.vae_from.resolve()) if layout.vae_from else None},
         "decoder_base": {"folder": summary["decoder base"], "train_loss": summary["decoder base train/loss"],
                          "seconds": summary["decoder base seconds"]},
         # Each stage's training time over all its launches (a benchmark resumed in a second call included).
@@ -410,7 +427,8 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
                   ablations: Sequence[str] | None = None, films: int | None = None,
                   vae: dict[str, Any] | None = None, a2_renderer: bool = True,
                   stage: Sequence[str] = (), base_reconstruction: bool = True,
-                  step_cache: Sequence[float] = (), words: str = LEVEL_WORDS) -> dict[str, Any]:
+                  step_cache: Sequence[float] = (), words: str = LEVEL_WORDS,
+                  vae_from: str | Path | None = None) -> dict[str, Any]:
     """The benchmark; returns (and writes) ``OUT/known_answer.json``'s content. ``extra``: overrides of
     every stage; ``ablations``: which Table 3 variants to train and score (default: the size's); ``films``:
     how many films (default: the size's); ``vae``: VAE training settings replacing the size's (e.g.
@@ -419,10 +437,14 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     ``base_reconstruction``: also reconstruct the held-out clips with the decoder base (where there is one);
     ``step_cache``: also play the trained game with the step cache at each of these thresholds
     (:func:`score_step_cache`); ``words``: how the films' captions name the motion
-    (:data:`benchmarks.known_answer.data.CAPTION_WORDS`)."""
+    (:data:`benchmarks.known_answer.data.CAPTION_WORDS`); ``vae_from``: a VAE folder trained elsewhere, used by
+    every stage instead of the size's VAE stage (``vae`` then must be empty)."""
     check_words(words)
+    if vae_from is not None and vae:
+        raise InvalidInputError(f"{VAE_FROM} {vae_from} uses a trained VAE as it is: the VAE training options "
+                                f"({'/'.join(VAE_TRAINING_OPTIONS)}) do not apply to it; give one or the other")
     bench, data_size, names = resolve_size(size, vae, films, ablations, stage)
-    layout = Layout(Path(out), seed)
+    layout = Layout(Path(out), seed, None if vae_from is None else Path(vae_from))
     seconds: dict[str, float] = {}
     mark = started = time.perf_counter()
 
@@ -434,9 +456,12 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     eval_overrides = [*eval_experiment(size), *data_overrides(layout), *extra]
     eval_cfg = evaluation_config(eval_overrides)
     check_step_cache(eval_overrides, step_cache)
+    recipe = recipe_of(layout, bench, extra)
+    if layout.vae_from:  # its clips are checked by the recipe once they are cut
+        trained_vae(recipe, VAE_FROM)
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers), words)  # the pipeline's workers
     lap("films")
-    summary = run_recipe(recipe_of(layout, bench, extra))
+    summary = run_recipe(recipe)
     # Read now: the next seed's recipe writes its own representations and adaptation shards here.
     representation = representation_prediction(layout.pipeline)
     lap("recipe")
@@ -489,9 +514,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ablations", nargs="*", default=None, metavar="NAME",
                         help=f"Table 3 variants to train and score (default: all of {' '.join(ABLATIONS)})")
     parser.add_argument("--films", type=int, default=None, help="number of films (default: the size's)")
-    parser.add_argument("--vae-max-seconds", type=float, default=None, help="VAE training time limit (0: none)")
-    parser.add_argument("--vae-steps", type=int, default=None, help="VAE training steps")
-    parser.add_argument("--vae-device", default=None, help="VAE training device (default: the size's)")
+    max_seconds, steps, device = VAE_TRAINING_OPTIONS
+    parser.add_argument(max_seconds, type=float, default=None, help="VAE training time limit (0: none)")
+    parser.add_argument(steps, type=int, default=None, help="VAE training steps")
+    parser.add_argument(device, default=None, help="VAE training device (default: the size's)")
+    parser.add_argument(VAE_FROM, type=Path, default=None, metavar="FOLDER",
+                        help="a VAE folder trained elsewhere (python -m animegamer.toy_vae, e.g. in stages with "
+                             "--init) on this benchmark's clips with the size's preset VAE config: every stage "
+                             "and evaluation uses it instead of training OUT/vae; not with "
+                             + ", ".join(VAE_TRAINING_OPTIONS))
     parser.add_argument("--stage", action="append", default=[], metavar="STAGE:OVERRIDE",
                         help=f"an override of one stage ({', '.join(STAGE_NAMES)}), e.g. base:phase.batch_size=64")
     parser.add_argument("--no-a2-renderer", dest="a2_renderer", action="store_false",
@@ -511,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            ("device", args.vae_device)) if value is not None}
     exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae,
                                       args.a2_renderer, args.stage, args.base_reconstruction, args.step_cache,
-                                      args.words)
+                                      args.words, args.vae_from)
     return 0
 
 

@@ -13,7 +13,10 @@ fails in seconds with what to change.
 With ``Recipe.vae`` set, the pipeline stops after its clip steps, the preset's frozen VAE is trained on
 the training clips (:func:`animegamer.toy_vae.ensure_trained`, reused when already trained from the same
 clips and settings) into ``Recipe.vae_out``, and every later stage, precompute included, loads it
-(``model.encoders.vae.path``): random frozen VAEs give no pixels back, so pixel metrics need it.
+(``model.encoders.vae.path``): random frozen VAEs give no pixels back, so pixel metrics need it. With
+``Recipe.vae_out`` alone, it names a VAE trained elsewhere (by :mod:`animegamer.toy_vae`, e.g. in stages):
+after the clip steps the folder is checked (:func:`trained_vae`: the preset's VAE config, trained on these
+clips) and every later stage loads it as it is.
 
 With ``Recipe.decoder_base`` set, after the pipeline (the stage trains on phase (a)'s samples) the whole
 plain decoder is pre-trained (phase ``a_base``, :data:`BASE_OVERRIDES`), the stand-in of CogVideoX's
@@ -35,10 +38,13 @@ from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, tra
 from animegamer.config.compose import carried_over, compose_config, overrides_for
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
+from animegamer.contracts.files import CLIPS_DIR
 from animegamer.contracts.steps import CLIP_STEPS
 from animegamer.data.split_checks import (captions_problems, counts_of, held_out_problems, options_of,
                                          session_problems, split_suggestion, training_problems, validation_gap)
 from animegamer.data.split_counts import SplitCounts
+from animegamer.data.trained_data import clip_content_sha256
+from animegamer.errors import InvalidInputError
 from animegamer.evaluation.preflight import check_evaluation
 from animegamer.evaluation.reuse import evaluate_or_reuse, evaluation_fingerprint
 from animegamer.evaluation.runner import story_instructions
@@ -50,12 +56,12 @@ from animegamer.models.decoder import BASE_FOLDER
 from animegamer.phases.preflight import check_training
 from animegamer.phases import run as train_command
 from animegamer.pipeline_port import load_pipeline
-from animegamer.toy_vae import ToyVAETraining, ensure_trained
+from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining, ensure_trained, init_link
 from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.training.faults import LOSS_HISTORY
 from animegamer.training.run_record import RunFolderChanged, only_data_changed
 from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
-from animegamer.utils.io import first_free, write_json_atomic
+from animegamer.utils.io import first_free, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +78,7 @@ class Recipe:
     # Overrides for every stage: each stage takes those its command reads (config.compose.overrides_for).
     extra: list[str] = field(default_factory=list)
     vae: ToyVAETraining | None = None  # train the frozen VAE after the clips (None: the config's VAE)
-    vae_out: str = ""  # its folder (diffusers format); with vae set, required
+    vae_out: str = ""  # its folder (diffusers format); with vae set, required; without, a folder trained elsewhere
     # Overrides of train.py for the decoder base stage (phase a_base); None: the config's decoder.
     decoder_base: list[str] | None = None
     # What a stage's refusal to resume names as the way to train into a new folder: the command's own option.
@@ -270,17 +276,54 @@ def story_or_reuse(composed, out: Path) -> dict:
     return story
 
 
+def preset_vae(recipe: Recipe, whose: str):
+    """Phase (a2)'s train config and its ``model.encoders.vae``: the preset's VAE, which ``whose`` (the
+    recipe's own VAE, trained here or elsewhere) replaces, so its path must be empty."""
+    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *stage_overrides("train", recipe.extra)])
+    vae_cfg = OmegaConf.to_object(cfg.model.encoders.vae)
+    if vae_cfg.path:
+        raise ConfigError([f"{whose} is the VAE of every stage, but model.encoders.vae.path names one too "
+                           f"({vae_cfg.path!r}): leave the path empty"])
+    return cfg, vae_cfg
+
+
+def trained_vae(recipe: Recipe, name: str, clips: bool = False) -> dict:
+    """The record of ``Recipe.vae_out``, a VAE folder trained elsewhere by :mod:`animegamer.toy_vae`, once
+    checked: a trained folder of the preset's VAE config holding the weights its record names
+    (:func:`animegamer.toy_vae.init_link`) and, with ``clips`` (once the pipeline has cut them), trained on
+    this run's clips (their content digest). A refusal is a user error naming the folder after ``name`` (how
+    the command names it)."""
+    cfg, vae_cfg = preset_vae(recipe, f"{name} {recipe.vae_out}")
+    init_link(recipe.vae_out, vae_cfg, option=name)
+    record = read_json(Path(recipe.vae_out) / TRAINING_RECORD)
+    if clips:
+        folder = Path(cfg.data.root) / CLIPS_DIR
+        here, trained_on = clip_content_sha256(cfg.data.root, CLIPS_DIR), record.get("clip_content_sha256")
+        if here is None or trained_on != here:
+            raise InvalidInputError(f"{name} {recipe.vae_out}: trained on other clips (clip content sha256 "
+                                    f"{trained_on}) than this run's ({here}, {folder})")
+    return record
+
+
+def clip_steps(recipe: Recipe) -> None:
+    """The pipeline's clip steps alone: what a VAE stage needs before the features are made with it."""
+    run_pipeline_step([*recipe.pipeline, f"pipeline.steps=[{','.join(CLIP_STEPS)}]",
+                       *stage_overrides("pipeline", recipe.extra)])
+
+
+def trained_vae_stage(recipe: Recipe) -> dict:
+    """The pipeline's clip steps, then the VAE folder ``Recipe.vae_out`` trained elsewhere checked against
+    them (:func:`trained_vae`); returns its record."""
+    clip_steps(recipe)
+    return trained_vae(recipe, "VAE folder", clips=True)
+
+
 def train_vae_stage(recipe: Recipe) -> dict:
     """The pipeline's clip steps, then the preset's VAE trained on their training clips (or reused)."""
     if not recipe.vae_out:
         raise ValueError("Recipe.vae is set but Recipe.vae_out is empty: name the folder the VAE is written to")
-    run_pipeline_step([*recipe.pipeline, f"pipeline.steps=[{','.join(CLIP_STEPS)}]",
-                       *stage_overrides("pipeline", recipe.extra)])
-    cfg = compose_config("train", [*recipe.phase_a, "phase=a_joint", *stage_overrides("train", recipe.extra)])
-    vae_cfg = OmegaConf.to_object(cfg.model.encoders.vae)
-    if vae_cfg.path:
-        raise ValueError(f"Recipe.vae is set but model.encoders.vae.path is too ({vae_cfg.path!r}): the VAE "
-                         f"stage trains a random build of the preset's sizes; leave the path empty")
+    clip_steps(recipe)
+    cfg, vae_cfg = preset_vae(recipe, "Recipe.vae (the VAE trained on the clips)")
     settings = replace(recipe.vae, val_fraction=float(cfg.data.val_fraction))  # never a held-out shot
     return ensure_trained(recipe.vae_out, cfg.data.root, vae_cfg, int(cfg.model.encoders.seed), settings,
                           {"model": str(cfg.model.name)})
@@ -383,6 +426,9 @@ def run_recipe(recipe: Recipe) -> dict:
     vae_record = None
     if recipe.vae is not None:
         vae_record = train_vae_stage(recipe)
+    elif recipe.vae_out:
+        vae_record = trained_vae_stage(recipe)
+    if recipe.vae_out:
         recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
     extra = list(recipe.extra)  # read at each call below: the base stage appends the decoder's path
     new_folder = recipe.new_folder or RECIPE_NEW_FOLDER

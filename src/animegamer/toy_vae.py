@@ -331,38 +331,40 @@ def vae_config(model: str, overrides: Sequence[str]) -> tuple[VAEConfig, int]:
     return vae, int(cfg.model.encoders.seed)
 
 
-def init_link(init: str | Path, vae_cfg: VAEConfig, out: str | Path) -> dict[str, Any]:
+def init_link(init: str | Path, vae_cfg: VAEConfig, out: str | Path | None = None,
+              option: str = "--init") -> dict[str, Any]:
     """The identity of the trained folder ``init`` a stage starts from: the sha256 of its weights, its
     held-out PSNR, its steps over its own chain and its own ``init`` (None for a first stage), so a chain
-    names every link. Refused (a user error naming the folder) when ``init`` is ``out`` itself, is not a
-    folder this module trained, or was trained with another VAE config."""
+    names every link. Refused (a user error naming the folder, after ``option``: how the command names it)
+    when ``init`` is ``out`` itself (where an output folder is given), is not a folder this module trained,
+    or was trained with another VAE config."""
     folder = Path(init)
-    if folder.resolve() == Path(out).resolve():
-        raise InvalidInputError(f"--init {folder}: that is the output folder itself; a stage starts from an "
+    if out is not None and folder.resolve() == Path(out).resolve():
+        raise InvalidInputError(f"{option} {folder}: that is the output folder itself; a stage starts from an "
                                 f"earlier stage's folder and writes a new one")
     if not folder.is_dir():
-        raise MissingInputError(f"--init {folder}: no such folder")
+        raise MissingInputError(f"{option} {folder}: no such folder")
     record_path, weights = folder / TRAINING_RECORD, weights_file(folder)
     missing = [p.name for p in (record_path, weights) if not p.is_file()]
     if missing:
-        raise MissingInputError(f"--init {folder}: not a trained VAE folder (no {' or '.join(missing)})")
+        raise MissingInputError(f"{option} {folder}: not a trained VAE folder (no {' or '.join(missing)})")
     try:
         record = read_json(record_path)
     except ValueError as error:
-        raise InvalidInputError(f"--init {folder}: {TRAINING_RECORD} is not JSON ({error})") from None
+        raise InvalidInputError(f"{option} {folder}: {TRAINING_RECORD} is not JSON ({error})") from None
     lacking = [k for k in ("held_out_psnr", "vae") if not isinstance(record, dict) or k not in record]
     if lacking:
-        raise InvalidInputError(f"--init {folder}: not a trained VAE folder ({TRAINING_RECORD} has no "
+        raise InvalidInputError(f"{option} {folder}: not a trained VAE folder ({TRAINING_RECORD} has no "
                                 f"{', '.join(lacking)})")
     wanted = asdict(vae_cfg)
     differ = sorted(k for k in {*wanted, *record["vae"]} if record["vae"].get(k) != wanted.get(k))
     if differ:
-        raise InvalidInputError(f"--init {folder}: trained with another VAE config ("
+        raise InvalidInputError(f"{option} {folder}: trained with another VAE config ("
                                 + ", ".join(f"{k}: {record['vae'].get(k)!r}, here {wanted.get(k)!r}" for k in differ)
                                 + ")")
     digest = sha256_file(weights)
     if record.get("weights_sha256", digest) != digest:
-        raise InvalidInputError(f"--init {folder}: {weights.name} is not the file its {TRAINING_RECORD} records "
+        raise InvalidInputError(f"{option} {folder}: {weights.name} is not the file its {TRAINING_RECORD} records "
                                 f"(sha256 {digest}, recorded {record['weights_sha256']})")
     return {"weights_sha256": digest, "held_out_psnr": record["held_out_psnr"],
             "total_steps": record.get("total_steps", record.get("steps_done", 0)), "init": record.get("init")}
