@@ -3,7 +3,7 @@
 A test is slow when it takes over about a second and a half on a quiet 2-core machine, the set-up of
 the fixtures it needs included: every test that uses an expensive module or session fixture is slow
 (otherwise the first fast test to need it would pay for it), and a module of such tests is named whole.
-The developer's default run (``pytest``) leaves the slow tests out; CI runs every tier (see setup.cfg).
+The developer's default run (``pytest -n 2``) leaves the slow tests out; CI runs every tier (see setup.cfg).
 Entries are ``file::test`` (every parametrisation of the test) or a whole ``file``; a test that uses one
 of :data:`SLOW_FIXTURES` is slow without an entry. A new test that takes longer belongs here:
 ``pytest --durations=20`` names them.
