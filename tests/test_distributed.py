@@ -53,12 +53,33 @@ def _command(data_root: Path, output: Path, phase_overrides: list[str], devices:
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
 
 
+def _start(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
+           global_batch: int = GLOBAL_BATCH) -> tuple[subprocess.Popen, Path]:
+    """The run started, its stderr going to a file beside its folder (a pipe left unread while another run
+    is waited for would fill and stall it). ``global_batch``: samples per micro-batch over all processes."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    log = output.with_name(output.name + ".stderr")
+    with open(log, "w") as stderr:
+        run = subprocess.Popen(_command(data_root, output, phase_overrides, devices, global_batch), cwd=ROOT,
+                               env=ENV, stdout=subprocess.DEVNULL, stderr=stderr)
+    return run, log
+
+
+def _finished(*started: tuple[subprocess.Popen, Path]) -> None:
+    """Every run waited for (killed past the limit) before any is judged, so none outlives the test."""
+    for run, _ in started:
+        try:
+            run.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+    for run, log in started:
+        assert run.returncode == 0, log.read_text()[-4000:]
+
+
 def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
            global_batch: int = GLOBAL_BATCH) -> None:
-    """``global_batch``: samples per micro-batch over all processes."""
-    done = subprocess.run(_command(data_root, output, phase_overrides, devices, global_batch), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    _finished(_start(data_root, output, phase_overrides, devices, global_batch))
 
 
 @pytest.mark.parametrize(("phase", "accumulate"), [(p, 1) for p in sorted(PHASES)] + [("a_joint", 2)])
@@ -66,8 +87,10 @@ def test_two_process_ddp_matches_single_process(phase, accumulate, tmp_path):
     overrides, make_data = PHASES[phase]
     overrides = overrides + [f"trainer.accumulate_grad_batches={accumulate}"]
     data_root = make_data(tmp_path / "data")
-    _train(data_root, tmp_path / "single", overrides, devices=1, global_batch=GLOBAL_BATCH // accumulate)
-    _train(data_root, tmp_path / "ddp", overrides, devices=2, global_batch=GLOBAL_BATCH // accumulate)
+    # The two runs are independent: side by side, the single process uses what the two ranks leave idle.
+    single = _start(data_root, tmp_path / "single", overrides, devices=1, global_batch=GLOBAL_BATCH // accumulate)
+    ddp = _start(data_root, tmp_path / "ddp", overrides, devices=2, global_batch=GLOBAL_BATCH // accumulate)
+    _finished(single, ddp)
 
     ranks = [json.loads((tmp_path / "ddp" / name).read_text())
              for name in ("loss_history.json", "loss_history.rank1.json")]
@@ -91,12 +114,22 @@ STOPPED_STEPS = ["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0", "phase.m
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
-    """(data root, run folder): the uninterrupted 2-process run every stopped run must equal, trained once."""
+def uninterrupted(tmp_path_factory):
+    """(data root, reference): the uninterrupted 2-process run every stopped run must equal, trained once.
+    It runs in the background beside the first stopped run (gloo's waits leave the cores half idle);
+    ``reference()`` waits for it and returns its folder."""
     root = tmp_path_factory.mktemp("uninterrupted")
     data_root = _features(root / "data")
-    _train(data_root, root / "reference", STOPPED_STEPS, devices=2, global_batch=2)
-    return data_root, root / "reference"
+    started = _start(data_root, root / "reference", STOPPED_STEPS, devices=2, global_batch=2)
+
+    def reference() -> Path:
+        _finished(started)
+        return root / "reference"
+
+    yield data_root, reference
+    if started[0].poll() is None:  # a test failed before it waited: the run ends with the module
+        started[0].kill()
+        started[0].wait()
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
@@ -107,7 +140,7 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how, unint
     import signal
     import time
 
-    data_root, reference = uninterrupted
+    data_root, uninterrupted_run = uninterrupted
     command = _command(data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
     run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            start_new_session=True, text=True)
@@ -127,6 +160,7 @@ def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how, unint
         json.loads((tmp_path / "killed" / "export" / "export.json").read_text()).get("step", 0) < 60
     _train(data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
 
+    reference = uninterrupted_run()
     for name in ("loss_history.json", "loss_history.rank1.json"):
         assert (tmp_path / "killed" / name).read_text() == (reference / name).read_text(), name
     assert (tmp_path / "killed" / "export" / "trained.safetensors").read_bytes() == \
