@@ -45,15 +45,53 @@ def test_counts_are_checked_before_anything_runs(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
-@pytest.mark.timeout(900)
-def test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run(tmp_path):
+# The two CPU rehearsals: driver arguments, and the file each writes under its --out folder.
+WEAK = (["--no-rehearsal", "--weak-scaling", "--weak-phases", "b", "--weak-gpus", "1", "2", "--weak-kill-after", "2",
+         "--steps", "12"], "weak_scaling_h200x2.json")
+TWO_NODES = (["--single-node", "--rehearsal-steps", "4", "--rehearsal-checkpoint", "2", "--survivor-limit", "3"],
+             "multinode_h200x2.json")
+REHEARSALS = {"weak": WEAK, "two_nodes": TWO_NODES}
+TESTS = {"weak": "test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run",  # the test that reads each
+         "two_nodes": "test_cpu_rehearsal_two_nodes_equal_one_node_of_as_many_processes"}
+LIMIT_S = 840  # per driver, on a loaded CI machine
+
+
+@pytest.fixture(scope="module")
+def rehearsals(request, tmp_path_factory):
+    """name -> wait(): the selected CPU rehearsals, started at once when the first test needs one (their
+    processes mostly wait on one another, so side by side they share the cores); wait() returns the
+    driver's results once it has exited 0."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "scripts/multinode_rehearsal.py", "--tiny", "--no-rehearsal",
-                           "--weak-scaling", "--weak-phases", "b", "--weak-gpus", "1", "2", "--weak-kill-after", "2",
-                           "--steps", "12", "--samples", "16", "--work", str(tmp_path / "work"), "--out",
-                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    table = json.loads((tmp_path / "out" / "weak_scaling_h200x2.json").read_text())["weak_scaling"]
+    selected = {item.name for item in request.session.items}
+    started = {}
+    for name, (args, results) in REHEARSALS.items():
+        if TESTS[name] not in selected:
+            continue
+        work = tmp_path_factory.mktemp(name)
+        with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
+            started[name] = (subprocess.Popen([sys.executable, "scripts/multinode_rehearsal.py", "--tiny", *args,
+                                               "--samples", "16", "--work", str(work / "work"), "--out",
+                                               str(work / "out")], cwd=ROOT, env=env, stdout=out, stderr=err),
+                             work, results)
+
+    def wait(name: str) -> dict:
+        process, work, results = started[name]
+        process.wait(timeout=LIMIT_S)
+        assert process.returncode == 0, (work / "stdout").read_text()[-2000:] + (work / "stderr").read_text()[-3000:]
+        return json.loads((work / "out" / results).read_text())
+
+    yield wait
+    for process, _, _ in started.values():  # a test that failed before it waited: its driver still ends here
+        try:
+            process.wait(timeout=LIMIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.timeout(900)
+def test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run(rehearsals):
+    table = rehearsals("weak")["weak_scaling"]
     for gpus in (1, 2):
         run = table[f"b:ddp:{gpus}gpu"]
         assert "error" not in run and run["killed_after_checkpoint"] == 2
@@ -64,16 +102,10 @@ def test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_cpu_rehearsal_two_nodes_equal_one_node_of_as_many_processes(tmp_path):
+def test_cpu_rehearsal_two_nodes_equal_one_node_of_as_many_processes(rehearsals):
     """The rehearsal's global batch on one node (2 CPU processes, DDP) against the two-node run (one
     process per node): the same per-step losses, bitwise (same world of two ranks, same all-reduce)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "scripts/multinode_rehearsal.py", "--tiny", "--single-node",
-                           "--rehearsal-steps", "4", "--rehearsal-checkpoint", "2", "--survivor-limit", "3",
-                           "--samples", "16", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    record = json.loads((tmp_path / "out" / "multinode_h200x2.json").read_text())["rehearsal"]
+    record = rehearsals("two_nodes")["rehearsal"]
     assert record["global_batch"] == 2 * record["per_gpu_batch"] and "error" not in record["single_node"]
     assert record["single_node"]["gpus"] == 2 and len(record["single_node"]["loss_curve"]) == 4
     assert record["two_nodes_vs_single_node"] == {"steps": 4, "max_rel_diff": 0.0, "median_rel_diff": 0.0,
