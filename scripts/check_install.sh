@@ -27,10 +27,17 @@ for module in (animegamer, data_pipeline):
     assert module.__file__.startswith(prefix), f"{module.__name__} imported from {module.__file__}, not the install"
 assert str(config_dir()).startswith(prefix) and (config_dir() / "train.yaml").is_file(), config_dir()
 PY
-"$bin/animegamer" --help | grep -q "quickstart"
-"$bin/animegamer" train --help | grep -q "^experiment: .*quickstart_a"
-"$bin/animegamer" pipeline --help | grep -q "^experiment: "
-"$bin/python" -m animegamer eval --help | grep -q "^model: "
-if "$bin/animegamer" train no_such_key=1 2>"$work/err"; then echo "an unknown key was accepted" >&2; exit 1; fi
+# The commands side by side (each spends its time importing); a failing one stops the check at its wait.
+"$bin/animegamer" --help >"$work/help" & help=$!
+"$bin/animegamer" train --help >"$work/train" & train=$!
+"$bin/animegamer" pipeline --help >"$work/pipeline" & pipeline=$!
+"$bin/python" -m animegamer eval --help >"$work/eval" & evaluate=$!
+"$bin/animegamer" train no_such_key=1 >/dev/null 2>"$work/err" & refused=$!
+wait "$help"; wait "$train"; wait "$pipeline"; wait "$evaluate"
+if wait "$refused"; then echo "an unknown key was accepted" >&2; exit 1; fi
+grep -q "quickstart" "$work/help"
+grep -q "^experiment: .*quickstart_a" "$work/train"
+grep -q "^experiment: " "$work/pipeline"
+grep -q "^model: " "$work/eval"
 grep -q "no_such_key" "$work/err"
 echo "install check: a wheel install runs animegamer from another folder, its configs inside the package"
