@@ -7,4 +7,9 @@ if ! "$PYTHON" -c "import hydra, omegaconf, diffusers, webdataset, deepspeed, to
         "${WHEELS:-.device_wheels}"/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+if ! "$PYTHON" -c "import importlib.metadata as m; assert m.entry_points(group='animegamer.pipeline')" 2>/dev/null; then
+    # Run from the checkout, not installed: record its entry points (the recipes find the pipeline by them).
+    "$PYTHON" scripts/register_checkout.py /tmp/site
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

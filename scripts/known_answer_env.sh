@@ -4,8 +4,12 @@
 WHEELS=${WHEELS:-.device_wheels_ka}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$WHEELS"/*.whl || exit 1
+python3 scripts/register_checkout.py /tmp/site || exit 1  # the entry points the recipes find the pipeline by
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if ! python3 -c "import torch, diffusers, decord, webdataset, hydra, cv2, av, scenedetect, matplotlib; \
 print(torch.__version__, diffusers.__version__, cv2.__version__, av.__version__, torch.cuda.get_device_name(0))"; then
   echo "missing packages: add their wheels to $WHEELS and run again"; exit 1
+fi
+if ! python3 -c "from animegamer.pipeline_port import load_pipeline; load_pipeline()"; then
+  echo "the data pipeline is not found through its entry point (scripts/register_checkout.py)"; exit 1
 fi

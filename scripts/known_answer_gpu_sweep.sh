@@ -29,6 +29,7 @@ for spec in "$@"; do
   case " $args " in *" --ablations"*) ;; *) args="$args --ablations" ;; esac  # last: it takes the words after it
   if [ -n "$first" ]; then
     while [ ! -f "$work/vae/training.json" ] && [ ! -f "$ROOT/$first/vae/training.json" ] && [ "$(left)" -gt 0 ]; do
+      kill -0 "${first_pid:-}" 2>/dev/null || break  # the first variant stopped before its VAE: this one trains its own
       sleep 2
     done
     if [ ! -f "$work/vae/training.json" ]; then  # a run resumed on the same host keeps its own copy
@@ -42,6 +43,7 @@ for spec in "$@"; do
   # shellcheck disable=SC2086  # the variant's arguments are words
   timeout "$(left)" python3 -m benchmarks.known_answer "$work" --size gpu pipeline.workers="$WORKERS" $args \
     > "$ROOT/$name.log" 2>&1 &
+  [ "$first" = "$name" ] && [ -z "${first_pid:-}" ] && first_pid=$!
   names+=("$name")
 done
 wait
