@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install the project with its test extras. Safe to re-run.
-# EXTRAS (default dev) names the extras of setup.cfg to install, comma-separated: CI adds docs, so that
-# the documentation build finds mkdocs in the one dependency resolution done here.
+# EXTRAS (default dev: the tests' packages and the documentation build's) names the extras of setup.cfg to
+# install, comma-separated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
