@@ -10,7 +10,5 @@ EXTRAS=${EXTRAS:-dev}
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 # torch first, pinned: installed alone it comes from the local CPU wheel, never a CUDA build.
-# --no-compile: Python writes the bytecode of the modules actually imported at their first import,
-# instead of pip compiling every file of every dependency (most of which nothing here imports).
-python -m pip install --quiet --no-compile "torch==2.13.0"
-python -m pip install --quiet --no-compile -e ".[$EXTRAS]"
+python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet -e ".[$EXTRAS]"
