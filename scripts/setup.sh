@@ -10,5 +10,7 @@ EXTRAS=${EXTRAS:-dev}
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 # torch first, pinned: installed alone it comes from the local CPU wheel, never a CUDA build.
+# pip compiles the bytecode here on purpose: where PYTHONDONTWRITEBYTECODE is set, nothing writes it at import,
+# and every process (each test's launches) would compile torch and its neighbours from source again.
 python -m pip install --quiet "torch==2.13.0"
 python -m pip install --quiet -e ".[$EXTRAS]"
