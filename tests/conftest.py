@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -122,3 +123,12 @@ def random_tiny_decoder():
         torch.nn.init.normal_(p, std=0.3)
     return cfg, decoder.eval().requires_grad_(False)
 
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_on_a_closed_stream():
+    """A command run in an earlier test set the root logger on that test's captured stderr, closed once it
+    ended; a message logged to it would print a logging traceback into this test's output."""
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
+    yield
