@@ -36,6 +36,7 @@ from animegamer.evaluation.drawing import figure, markdown_row
 from animegamer.evaluation.motion_sweep import LATENT_SHIFT, PIXEL_FLOW, UNITS, find, rank_correlation
 from animegamer.evaluation.report import read_evaluation
 from animegamer.metrics.baselines import UNTRAINED
+from animegamer.utils.io import read_json_object
 from animegamer.utils.logging import setup_logging
 from benchmarks.known_answer.data import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 from benchmarks.known_answer.driver import RESULT_FILE, Layout
@@ -66,12 +67,7 @@ def read_result(folder: Path) -> dict:
     if not path.is_file():
         raise MissingInputError(f"{folder}: no {RESULT_FILE} (not the OUT folder of a known-answer benchmark run)")
     try:
-        result = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(result, dict):
-            raise TypeError(f"a {type(result).__name__}, not an object")
-        missing = [key for key in ("size", "seed", "rows") if key not in result]
-        if missing:
-            raise KeyError(", ".join(missing))
+        result = read_json_object(path, ("size", "seed", "rows"))
         if not isinstance(result["seed"], int) or isinstance(result["seed"], bool):
             raise TypeError(f"seed {result['seed']!r} is not an integer")
         if not isinstance(result["rows"], list) or not all(

@@ -34,6 +34,7 @@ from animegamer.evaluation.judge_record import table2_lines
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
+from animegamer.utils.io import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -428,12 +429,7 @@ def read_evaluation(folder: str | Path, hint: str, required: Sequence[str] = ("g
     if not path.is_file():
         raise MissingInputError(f"{path}: missing; {hint}")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict):
-            raise TypeError(f"a {type(record).__name__}, not an object")
-        missing = [key for key in required if key not in record]
-        if missing:
-            raise KeyError(", ".join(missing))
+        record = read_json_object(path, required)
         games, metrics = record.get("games", []), record.get("metrics", {})
         if not isinstance(games, list) or not all(isinstance(game, dict) for game in games):
             raise TypeError("games is not a list of objects")

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -129,6 +129,18 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def read_json_object(path: str | os.PathLike, required: Iterable[str] = ()) -> dict:
+    """The JSON object at ``path`` holding every ``required`` key; raises ValueError (not JSON), TypeError (not
+    an object) or KeyError (the missing keys), for the caller to name the file in its own words."""
+    record = read_json(path)
+    if not isinstance(record, dict):
+        raise TypeError(f"a {type(record).__name__}, not an object")
+    missing = [key for key in required if key not in record]
+    if missing:
+        raise KeyError(", ".join(missing))
+    return record
 
 
 def read_json_if_exists(path: str | os.PathLike) -> Any:
