@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tiers import SHARED_BUILD, file_ranks, is_slow
+from tiers import is_slow
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach a model hub
@@ -27,15 +27,10 @@ SMALL_CLIPS = ["pipeline.clips.height=64", "pipeline.clips.width=96"]
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook selects by marker (-m)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tier: the tests tests/tiers.py names, and those using its slow fixtures, get the ``slow`` marker;
-    the files are ordered by :func:`tiers.file_ranks`."""
+    """The slow tier: the tests tests/tiers.py names, and those using its slow fixtures, get the ``slow`` marker."""
     for item in items:
         if is_slow(item.nodeid, getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    ranks = file_ranks(dict.fromkeys(item.nodeid.partition("::")[0] for item in items),
-                       {item.nodeid.partition("::")[0] for item in items
-                        if SHARED_BUILD in getattr(item, "fixturenames", ())})
-    items.sort(key=lambda item: ranks[item.nodeid.partition("::")[0]])  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session")

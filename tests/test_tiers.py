@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from tiers import SLOW, SLOW_FIXTURES, file_ranks, is_slow
+from tiers import SLOW, SLOW_FIXTURES, is_slow
 
 TESTS = REPO / "tests"
 CI_TIERS = ["-m", "slow or not slow"]  # .ci/run's selection: every tier
@@ -71,19 +71,3 @@ def test_a_test_using_a_slow_fixture_is_slow_without_an_entry():
     default = {line.partition("::")[2] for line in _collected(file=file)}
     assert default == {node.name for node in tests} - users
     assert is_slow(f"tests/{file}::test_x", ["tmp_path", *SLOW_FIXTURES]) and not is_slow(f"tests/{file}::test_x")
-
-
-def test_the_first_reader_of_the_shared_build_starts_the_run_and_the_other_readers_end_it():
-    files = ["a.py", "r1.py", "b.py", "r2.py", "c.py"]
-    assert file_ranks(files, {"r1.py", "r2.py"}) == {"a.py": 1, "r1.py": 0, "b.py": 1, "r2.py": 2, "c.py": 1}
-    assert set(file_ranks(files, set()).values()) == {1}
-
-
-def test_collection_hands_out_the_builder_first_and_the_other_readers_last():
-    files = ["test_tiers.py", "test_quickstart_finetune.py", "test_trained_data.py"]  # as given, not the run's order
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           *CI_TIERS, *(f"tests/{file}" for file in files)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    order = list(dict.fromkeys(line.partition("::")[0] for line in done.stdout.splitlines() if "::" in line))
-    assert order == ["tests/test_quickstart_finetune.py", "tests/test_tiers.py", "tests/test_trained_data.py"]

@@ -108,8 +108,6 @@ SLOW = frozenset({
 
 # Fixtures that train a whole game: every test that uses one is slow, wherever it is.
 SLOW_FIXTURES = frozenset({"quickstart"})
-# The session fixture that one worker builds while the others wait on its lock (tests/conftest.py).
-SHARED_BUILD = "quickstart"
 
 
 def is_slow(nodeid: str, fixtures: Iterable[str] = ()) -> bool:
@@ -119,13 +117,3 @@ def is_slow(nodeid: str, fixtures: Iterable[str] = ()) -> bool:
     file = path.rpartition("/")[2]
     return (file in SLOW or f"{file}::{name.partition('[')[0]}" in SLOW
             or not SLOW_FIXTURES.isdisjoint(fixtures))
-
-
-def file_ranks(files: Iterable[str], readers: Iterable[str]) -> dict[str, int]:
-    """The order in which pytest-xdist hands out test files (``--dist loadfile`` takes them as collected):
-    the first file that reads :data:`SHARED_BUILD` starts the run, so the build begins at once, and the
-    other readers end it, so that no worker sits waiting on the build's lock while other files remain.
-    ``files`` in collection order; ``readers``, those with a test that uses the fixture."""
-    readers = set(readers)
-    first = next((file for file in files if file in readers), None)
-    return {file: 0 if file == first else 2 if file in readers else 1 for file in files}
