@@ -124,7 +124,6 @@ def random_tiny_decoder():
     return cfg, decoder.eval().requires_grad_(False)
 
 
-
 @pytest.fixture(autouse=True)
 def _no_log_handler_on_a_closed_stream():
     """A command run in an earlier test set the root logger on that test's captured stderr, closed once it

@@ -54,8 +54,6 @@ def root_logging():
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    # An earlier test's handler may still write to that test's closed stderr: none until the command sets its own.
-    root.handlers[:] = []
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
