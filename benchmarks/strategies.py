@@ -32,7 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")]  # tests/: synthetic.py
 
-from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C  # noqa: E402  (after the path set-up)
+# Names from the contracts, not animegamer.phases or animegamer.training: those import Lightning, which this
+# driver (and every script importing it) need not load; the training runs it launches load it themselves.
+from animegamer.contracts.checkpoint_names import CHECKPOINT_DIR, checkpoint_name, is_complete  # noqa: E402
+from animegamer.contracts.exports import A_JOINT, PHASE_B, PHASE_C  # noqa: E402  (after the path set-up)
 
 PRESETS = {"gpu": "gpu", "ddp": "ddp", "deepspeed_stage_2": "deepspeed_zero2", "deepspeed_stage_2_offload": "deepspeed_zero2_offload",
            "fsdp": "fsdp"}
@@ -140,8 +143,6 @@ def wait(proc: subprocess.Popen, log: Path, limit: float) -> int:
 
 
 def checkpoint_done(folder: Path, step: int) -> bool:
-    from animegamer.training.checkpointing import CHECKPOINT_DIR, checkpoint_name, is_complete
-
     return is_complete(folder / CHECKPOINT_DIR / checkpoint_name(step))
 
 

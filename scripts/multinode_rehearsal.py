@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "benchmarks"), str(ROOT
 import strategies  # noqa: E402  (benchmarks/strategies.py: shards, overrides, launches, throughput)
 import two_nodes  # noqa: E402
 from _device import add_tokenizer_argument, official_tokenizer, run_stamp  # noqa: E402
-from animegamer.training.checkpointing import checkpoint_step  # noqa: E402
+from animegamer.contracts.checkpoint_names import checkpoint_step  # noqa: E402
 
 log = logging.getLogger("multinode_rehearsal")
 

@@ -41,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from animegamer.contracts.checkpoint_names import CHECKPOINT_DIR, checkpoint_name, is_complete  # noqa: E402
+
 NODES = 2
 HOST = "127.0.0.1"
 PORT_FLOOR = 20000  # lowest port tried; below the kernel's ephemeral range (read from /proc)
@@ -200,8 +203,6 @@ def output_dir(overrides: list[str]) -> Path:
 
 
 def checkpoint_ready(folder: Path, step: int):
-    from animegamer.training.checkpointing import CHECKPOINT_DIR, checkpoint_name, is_complete
-
     path = folder / CHECKPOINT_DIR / checkpoint_name(step)
     return lambda: is_complete(path)
 

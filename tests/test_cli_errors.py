@@ -70,6 +70,11 @@ REFUSED = {
 }
 # Hydra's own options still work beside the check: the resolved config, with an override applied.
 SHOWN = [*TRAIN, "experiment=quickstart_a", "phase.max_steps=7", "--cfg", "job"]
+# The commands that name their body (animegamer.config.compose.command_body): importing one loads no torch, so a
+# refused override costs the composition alone.
+LIGHT_COMMANDS = ("animegamer.cli", "animegamer.cli.train", "animegamer.cli.evaluate", "animegamer.cli.inspect",
+                  "animegamer.cli.rank")
+HEAVY = ("torch", "lightning")
 
 
 def _start(argv: list[str], env: dict, folder: Path) -> subprocess.Popen:
@@ -109,6 +114,13 @@ def test_hydras_own_options_still_work_beside_the_check(finished):
     code, out, err, left = finished["shown"]
     assert code == 0, err[-3000:]
     assert "  max_steps: 7\n" in out and left == []
+
+
+def test_a_commands_module_loads_its_body_only_when_it_runs():
+    probe = (f"import sys\nfor name in {LIGHT_COMMANDS!r}:\n    __import__(name)\n"
+             f"print(','.join(p for p in {HEAVY!r} if p in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert loaded.stdout.strip() == ""
 
 
 @pytest.mark.parametrize("local_rank, says", [(None, True), ("0", True), ("1", False)])

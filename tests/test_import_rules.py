@@ -3,11 +3,12 @@
 Nothing is imported: every module of ``animegamer`` and ``data_pipeline`` is parsed, and every
 ``import``/``from ... import`` anywhere in it (module top, inside functions, under ``if TYPE_CHECKING``),
 relative ones resolved against the module's package, plus ``importlib.import_module("...")`` /
-``__import__("...")`` with a literal name, becomes an edge of the import graph. The graph is checked
-against the layer table below (:data:`LAYERS`, the one copy of docs/architecture.md's): no import goes
-up a layer, no cycle joins two units, ``animegamer`` never imports ``data_pipeline``, and a project
-module is imported inside a function only where :data:`LOCAL_IMPORTS` says why. A failure lists every
-violation as ``file:line``.
+``__import__("...")`` with a literal name, and a command's body named with ``command_body("module", "name")``
+(``animegamer.config.compose``: imported when the command calls it, after its override check), becomes an
+edge of the import graph. The graph is checked against the layer table below (:data:`LAYERS`, the one
+copy of docs/architecture.md's): no import goes up a layer, no cycle joins two units, ``animegamer`` never
+imports ``data_pipeline``, and a project module is imported inside a function only where
+:data:`LOCAL_IMPORTS` says why. A failure lists every violation as ``file:line``.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ PHASES = "animegamer.phases"
 DATA = "animegamer.data"
 PIPELINE_PACKAGE = "data_pipeline"
 DYNAMIC_IMPORTERS = ("import_module", "__import__")  # importlib.import_module(name), __import__(name)
+# A command's body, named at its module's top and imported once the command line passed: an import like any other
+# for the layers, and one inside a function when named there.
+NAMED_IMPORTERS = (*DYNAMIC_IMPORTERS, "command_body")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def names_of(node: ast.AST, module: str, is_package: bool = False) -> list[str]:
             and isinstance(node.args[0].value, str):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        if name in DYNAMIC_IMPORTERS:
+        if name in NAMED_IMPORTERS:
             return [node.args[0].value]
     return []
 
@@ -293,6 +297,27 @@ def test_the_checker_finds_a_planted_function_local_pipeline_import(tmp_path):
                                                       "src/animegamer/models/steps.py:6"}
 
 
+def test_the_checker_reads_a_named_command_body_as_an_import(tmp_path):
+    """``command_body("module", "name")`` at a command's top is an import kept to the layers: allowed from the
+    cli down to phases, refused up a layer, and inside a function only where LOCAL_IMPORTS says why."""
+    body = "from animegamer.config.compose import command_body\n\nrun = command_body('animegamer.phases.run', 'run')\n"
+    files = {**CLEAN, "src/animegamer/phases/run.py": "STEPS = 1\n", "src/animegamer/config/compose.py": "X = 1\n"}
+    root = _tree(tmp_path / "kept", {**files, "src/animegamer/cli/train.py": body})
+    assert graph_problems(root) == []
+    assert any(e.source == "animegamer.cli.train" and e.target == "animegamer.phases.run" and not e.local
+               for e in import_graph(root))
+    up = body.replace("animegamer.phases.run", "animegamer.cli.train")
+    local = ("from animegamer.config.compose import command_body\n\n\ndef later():\n"
+             "    return command_body('animegamer.contracts.files', 'MANIFEST')\n")
+    root = _tree(tmp_path / "broken", {**files, "src/animegamer/cli/train.py": body,
+                                       "src/animegamer/models/steps.py": up, "src/animegamer/data/later.py": local})
+    assert graph_problems(root) == [
+        "src/animegamer/data/later.py:5: animegamer.data.later imports animegamer.contracts.files in a function: a "
+        "project module is imported at the module's top (or listed in LOCAL_IMPORTS with its reason)",
+        "src/animegamer/models/steps.py:3: animegamer.models.steps imports animegamer.cli.train: up from layer 4 "
+        "(models) to layer 10 (cli)"]
+
+
 def test_the_checker_finds_an_import_up_a_layer_even_under_type_checking(tmp_path):
     planted = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..data.shards import MANIFEST\n")
     root = _tree(tmp_path, {**CLEAN, "src/animegamer/diffusion/frames.py": planted})
@@ -310,5 +335,8 @@ def test_every_unit_of_the_repository_has_a_layer():
 def test_the_repository_keeps_the_import_rules():
     """No breach anywhere: every import of the library and the pipeline keeps the layer table."""
     problems = graph_problems(REPO)
+    named = {(e.source, e.target) for e in import_graph(REPO)}
+    assert ("animegamer.cli.train", "animegamer.phases.run") in named  # the named bodies were read as imports
+    assert ("animegamer.cli.evaluate", "animegamer.evaluation.runner") in named
     assert not problems, f"{len(problems)} import-rule breach(es) (docs/architecture.md, 'Import rules'):\n" + \
         "\n".join(problems)

@@ -17,14 +17,15 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from animegamer.config.compose import compose_config, top_key
+from animegamer.config.compose import command_body, compose_config, top_key
 from animegamer.errors import UserError, exit_on_user_error
-from animegamer.mllm.inspect import describe
-from animegamer.models.encoder import representation_tokens
 
 ROOT = "evaluate"  # the root config whose model the layout is read from
 MODEL = "model"  # the one node of it the layout reads
 DEFAULTS = ("model=paper",)  # the paper's layout (the byte tokenizer of a random build, N = 226) unless overridden
+# The body's parts that load torch: imported once the overrides passed.
+describe = command_body("animegamer.mllm.inspect", "describe")
+representation_tokens = command_body("animegamer.models.encoder", "representation_tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:

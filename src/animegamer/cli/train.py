@@ -8,9 +8,11 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from animegamer.config.compose import config_dir, run_command
+from animegamer.config.compose import command_body, config_dir, run_command
 from animegamer.errors import exit_on_user_error
-from animegamer.phases.run import run
+
+# The body (its pre-flight, then the training): Lightning and the networks load once the overrides passed.
+run = command_body("animegamer.phases.run", "run")
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")

@@ -8,19 +8,22 @@ the pipeline) is refused naming that command. Each root searches its command's o
 (``configs/<folder>/``, e.g. ``configs/train/experiment/``) beside the shared groups, and any folder a caller
 or a ``hydra.searchpath=[...]`` override adds after it. :func:`run_command` is the
 body of ``train.py``, ``evaluate.py`` and ``python -m data_pipeline``: it composes the command line's
-config here, so a refusal is one message and exit code 2, before anything is written.
+config here, so a refusal is one message and exit code 2, before anything is written. A command names its
+body with :func:`command_body` rather than importing it, so that a refused command line costs the
+composition alone, not the import of Lightning and the networks (docs/architecture.md, 'Import rules').
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import functools
+import importlib
 import importlib.resources
 import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -329,6 +332,25 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
             return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
         except HydraException as error:
             raise OverrideError(describe_refusal(error, overrides)) from error
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandBody:
+    """The function ``name`` of the module ``module``, imported when first called: see :func:`command_body`."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
+
+
+def command_body(module: str, name: str) -> CommandBody:
+    """A command's body (or a heavy part of it, e.g. a pre-flight that loads torch), named at the top of the
+    command's module: ``module`` is imported when the command calls it, i.e. once :func:`run_command` has
+    checked the command line, so a refused override never loads Lightning or the networks.
+    tests/test_import_rules.py reads each such literal name as an import of ``module``."""
+    return CommandBody(module, name)
 
 
 def run_command(config_name: str, task: Callable[[DictConfig], T], hydra_main: Callable[[], None]) -> T | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -30,6 +29,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from animegamer.checkpoints.safe_load import load_weights_only
+# The names (re-exported: the trainer's callers read them here).
+from animegamer.contracts.checkpoint_names import (CHECKPOINT_DIR, DEEPSPEED_COMPLETE, PATTERN, STEP_NAME,  # noqa: F401
+                                              checkpoint_name, checkpoint_step, is_complete)
 from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
                                                       set_aside, write_file_record, write_folder_record,
@@ -40,10 +42,6 @@ from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
-PATTERN = "step-{step:07d}"  # ModelCheckpoint's filename template (without .ckpt)
-_STEP = re.compile(r"^step-(\d+)\.ckpt$")
-DEEPSPEED_COMPLETE = "latest"
 KEEP_ALL = -1  # checkpoint.keep_last: never prune
 # Pickle framing and the zip directory on top of the tensors' bytes: a margin, not a measurement.
 SAVE_OVERHEAD = 1.05
@@ -60,10 +58,6 @@ class DiskFullError(UserError, OSError):
     def __init__(self, message: str) -> None:
         super().__init__(message)  # the message alone: no "[Errno 28]" in front of it
         self.errno = errno.ENOSPC
-
-
-def checkpoint_name(step: int) -> str:
-    return PATTERN.format(step=step) + ".ckpt"
 
 
 def tensor_bytes(state: Any) -> int:
@@ -124,24 +118,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         record_path(path).unlink(missing_ok=True)
 
 
-def checkpoint_step(path: str | Path) -> int:
-    """The step in a checkpoint's name (``step-0000060.ckpt`` -> 60)."""
-    match = _STEP.match(Path(path).name)
-    if match is None:
-        raise ValueError(f"{path}: not a checkpoint name like {checkpoint_name(0)}")
-    return int(match.group(1))
-
-
-def is_complete(path: Path) -> bool:
-    if path.is_file():
-        return True
-    return path.is_dir() and (path / DEEPSPEED_COMPLETE).is_file()
-
-
 def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """(step, path) of the complete checkpoints in ``folder``, oldest first (set-aside ones excluded)."""
     paths = folder.iterdir() if folder.is_dir() else ()
-    return sorted((checkpoint_step(p), p) for p in paths if _STEP.match(p.name) and is_complete(p))
+    return sorted((checkpoint_step(p), p) for p in paths if STEP_NAME.match(p.name) and is_complete(p))
 
 
 def resume_checkpoint(folder: str | Path, set_aside_damaged: bool | None = None) -> Path | None:
@@ -153,7 +133,7 @@ def resume_checkpoint(folder: str | Path, set_aside_damaged: bool | None = None)
         return None
     set_aside_damaged = is_global_zero() if set_aside_damaged is None else set_aside_damaged
     for path in folder.iterdir():
-        if _STEP.match(path.name) and not is_complete(path):
+        if STEP_NAME.match(path.name) and not is_complete(path):
             log.warning("ignoring incomplete checkpoint %s (interrupted while writing)", path)
     newest_damaged = None
     for step, path in reversed(complete_checkpoints(folder)):
