@@ -6,9 +6,16 @@ JSON requests on stdin, one a line, and answers one JSON line each on stdout:
 * ``{"op": "start", "overrides": [...], "log": path, ...faults}`` forks a child that runs
   ``animegamer.phases.run.run`` on ``compose_config("train", overrides)`` exactly as ``train.py``
   does (stdout and stderr to ``log``); answers ``{"pid": pid}``.
-* ``{"op": "wait", "pid": pid}`` answers ``{"rc": code}`` (negative: killed by that signal).
+* ``{"op": "start", "script": path, "args": [...], "log": path, "session": bool}`` forks a child that runs
+  the script as ``python path args...`` would (``sys.argv`` set, run as ``__main__``), in a session of its
+  own if asked (a process-group kill then reaches what it starts); answers ``{"pid": pid}``. A process
+  the script launches itself (Lightning's rank 1 of ``train.py``) is a fresh interpreter, as ever.
+* ``{"op": "wait", "pid": pid, "timeout": s}`` answers ``{"rc": code, "timed_out": bool}`` (negative:
+  killed by that signal); past the optional timeout the child (its session, if it has one) is SIGKILLed.
 
-Forking from a process that has already imported everything saves the ~5 s import of every run,
+:class:`Driver` is the test side (importing this module is cheap: the heavy imports are in ``main``).
+
+Forking from a process that has already imported everything saves the import of every run (seconds),
 which keeps the suite fast enough for CI; the child is an ordinary process that a SIGKILL ends with
 no chance to clean up. Faults (none of them touches the library, only this child's copy of it):
 
@@ -27,12 +34,79 @@ from __future__ import annotations
 import io
 import json
 import os
+import runpy
 import signal
+import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Driver:
+    """This module in a subprocess: ``start``/``launch`` fork a run, ``wait`` reaps it."""
+
+    def __init__(self) -> None:
+        path = filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join(path)}
+        self.proc = subprocess.Popen([sys.executable, __file__], cwd=ROOT, env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.logs: dict[int, Path] = {}
+        self.timed_out: set[int] = set()
+
+    def _ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"fault driver died (rc {self.proc.poll()})"
+        return json.loads(line)
+
+    def start(self, output: Path, overrides: list[str], **faults) -> int:
+        """A training run of ``animegamer.phases.run.run`` into ``output``, with the given faults."""
+        output.mkdir(parents=True, exist_ok=True)
+        log = output.parent / f"{output.name}.{len(list(output.parent.glob(output.name + '.*.log')))}.log"
+        request = {"op": "start", "overrides": [*overrides, f"output_dir={output}"], "log": str(log), **faults}
+        pid = self._ask(request)["pid"]
+        self.logs[pid] = log
+        return pid
+
+    def launch(self, script: Path, args: list[str], log: Path, session: bool = False) -> int:
+        """``python script args...``, its stdout and stderr to ``log``."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        pid = self._ask({"op": "start", "script": str(script), "args": args, "log": str(log),
+                         "session": session})["pid"]
+        self.logs[pid] = log
+        return pid
+
+    def wait(self, pid: int, timeout: float | None = None) -> int:
+        """The child's exit code; one killed past ``timeout`` is noted in ``timed_out``."""
+        answer = self._ask({"op": "wait", "pid": pid, "timeout": timeout})
+        if answer["timed_out"]:
+            self.timed_out.add(pid)
+        return answer["rc"]
+
+    def run(self, output: Path, overrides: list[str], expect: int = 0, **faults) -> str:
+        pid = self.start(output, overrides, **faults)
+        rc = self.wait(pid)
+        text = self.logs[pid].read_text()
+        assert rc == expect, f"exit {rc}, expected {expect}:\n{text[-4000:]}"
+        return text
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def running(pid: int) -> bool:
+    """The driver's child has not exited (a zombie until the driver reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _fault_callback(kill: dict | None, pause: dict | None, ready: str):
@@ -120,11 +194,19 @@ def _child(request: dict) -> None:
         sys.stdin.close()
         # as launched from a terminal, whatever the test runner's own SIGINT disposition (a background job ignores it)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from animegamer.config.compose import compose_config
-        from animegamer.phases.run import run
+        if request.get("session"):
+            os.setsid()
+        if "script" in request:
+            # as the interpreter runs a script: its folder first on the path, no module spec
+            sys.argv = [request["script"], *request["args"]]
+            sys.path.insert(0, os.path.dirname(request["script"]))
+            runpy.run_path(request["script"], run_name="__main__")
+        else:
+            from animegamer.config.compose import compose_config
+            from animegamer.phases.run import run
 
-        _install_faults(request)
-        run(compose_config("train", request["overrides"]))
+            _install_faults(request)
+            run(compose_config("train", request["overrides"]))
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
@@ -141,6 +223,7 @@ def main() -> None:
     import lightning  # noqa: F401
     import torch  # noqa: F401
 
+    import animegamer.cli.train  # noqa: F401
     import animegamer.config.compose  # noqa: F401
     import animegamer.data.phase_a  # noqa: F401
     import animegamer.data.phase_b  # noqa: F401
@@ -149,6 +232,15 @@ def main() -> None:
     import animegamer.phases.phase_b  # noqa: F401
     import animegamer.phases.phase_c  # noqa: F401
     import animegamer.phases.run  # noqa: F401
+    # What the networks import when first built (the phases import them lazily): about a second of
+    # every run otherwise.
+    from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler,  # noqa: F401
+                           CogVideoXTransformer3DModel)
+    from diffusers.models.embeddings import TimestepEmbedding, Timesteps  # noqa: F401
+    from diffusers.utils.torch_utils import randn_tensor  # noqa: F401
+    from peft import LoraConfig, get_peft_model  # noqa: F401
+    from transformers import ByT5Tokenizer, DynamicCache, T5EncoderModel  # noqa: F401
+    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer  # noqa: F401
 
     answer = lambda value: (sys.stdout.write(json.dumps(value) + "\n"), sys.stdout.flush())
     for line in sys.stdin:
@@ -160,8 +252,16 @@ def main() -> None:
                 _child(request)
             answer({"pid": pid})
         elif request["op"] == "wait":
-            _, status = os.waitpid(request["pid"], 0)
-            answer({"rc": os.waitstatus_to_exitcode(status)})
+            pid, timeout = request["pid"], request.get("timeout")
+            deadline = None if timeout is None else time.monotonic() + timeout
+            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+            while not done and time.monotonic() < deadline:
+                time.sleep(0.05)
+                done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+            answer({"rc": os.waitstatus_to_exitcode(status), "timed_out": not done})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """Two gloo ranks on CPU wrap a tiny phase network with FSDP, as the ``fsdp`` preset does, and check
 ``animegamer.training.fsdp_gather``: the gathered state, the export written from it, and the
 checkpoint round trip through Lightning's loader. tests/test_fsdp_gather.py runs
-``python tests/fsdp_gather_driver.py OUT PHASE`` (PHASE ``b`` or ``c``) and reads ``OUT/rank<R>.json``.
+``python tests/fsdp_gather_driver.py OUT PHASE...`` (each PHASE ``b`` or ``c``) and reads
+``OUT/PHASE/rank<R>.json``.
 
-The ranks meet through a file in OUT (no port to pick and release), and end as training runs end
+The ranks are forked once the driver has imported what they use (the import, not the check, is most of a
+rank's time), and check the phases one after the other, each in a process group of its own. The ranks
+meet through a file in OUT/PHASE (no port to pick and release), and end each group as training runs end
 (``animegamer.training.process_group.end_process_group``): the report says how many of gloo's threads
 are still alive afterwards, which must be none (a live worker can abort the interpreter's exit).
 
@@ -118,14 +121,16 @@ def gloo_threads() -> int:
     return sum((task / "comm").read_text().strip() in GLOO_THREADS for task in tasks.iterdir())
 
 
-def _rank(rank: int, out: Path, phase: str) -> None:
+def _rank(rank: int, out: Path, phases: list[str]) -> None:
     from animegamer.training.process_group import end_process_group
 
-    dist.init_process_group("gloo", init_method=(out / RENDEZVOUS).as_uri(), rank=rank, world_size=WORLD)
-    report = _check(rank, out, phase)  # its FSDP wrappers are garbage once it returns
-    end_process_group(synchronize=True)
-    report["gloo_threads_after_teardown"] = gloo_threads()
-    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    for phase in phases:
+        folder = out / phase
+        dist.init_process_group("gloo", init_method=(folder / RENDEZVOUS).as_uri(), rank=rank, world_size=WORLD)
+        report = _check(rank, folder, phase)  # its FSDP wrappers are garbage once it returns
+        end_process_group(synchronize=True)
+        report["gloo_threads_after_teardown"] = gloo_threads()
+        (folder / f"rank{rank}.json").write_text(json.dumps(report))
 
 
 def _check(rank: int, out: Path, phase: str) -> dict:
@@ -184,13 +189,34 @@ def _check(rank: int, out: Path, phase: str) -> dict:
     }
 
 
-def main(out: Path, phase: str) -> None:
-    (out / RENDEZVOUS).unlink(missing_ok=True)  # a FileStore's file must be new
-    mp.spawn(_rank, args=(out, phase), nprocs=WORLD)
+def _import_what_ranks_use() -> None:
+    """Before the fork: no rank imports anything of its own (importing starts no thread to fork)."""
+    import diffusers.models.transformers.cogvideox_transformer_3d  # noqa: F401
+    import lightning.fabric.strategies.model_parallel  # noqa: F401
+    import test_mllm_model  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import transformers.models.mistral.modeling_mistral  # noqa: F401
+
+    import animegamer.config.compose  # noqa: F401
+    import animegamer.mllm.tokens  # noqa: F401
+    import animegamer.phases.common  # noqa: F401
+    import animegamer.phases.phase_b  # noqa: F401
+    import animegamer.phases.phase_c  # noqa: F401
+    import animegamer.training.callbacks  # noqa: F401
+    import animegamer.training.fsdp_gather  # noqa: F401
+    import animegamer.training.process_group  # noqa: F401
+
+
+def main(out: Path, phases: list[str]) -> None:
+    for phase in phases:
+        (out / phase).mkdir(parents=True, exist_ok=True)
+        (out / phase / RENDEZVOUS).unlink(missing_ok=True)  # a FileStore's file must be new
+    _import_what_ranks_use()
+    mp.start_processes(_rank, args=(out, phases), nprocs=WORLD, start_method="fork")
 
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parent / "src")]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2:])

@@ -6,14 +6,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from fault_driver import Driver, running
 from phase_a_helpers import logged_losses, write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
@@ -50,47 +52,46 @@ def _command(data_root: Path, output: Path, phase_overrides: list[str], devices:
     return [sys.executable, str(ROOT / "train.py"), *overrides]
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+@pytest.fixture(scope="module")
+def launcher():
+    """Runs ``python train.py ...`` by forking it from tests/fault_driver.py, which imported Lightning and
+    the phases once: each run pays no import of its own. What ``train.py`` starts (Lightning's rank 1) is a
+    fresh interpreter, as ever."""
+    driver = Driver()
+    yield driver
+    driver.close()
 
 
-def _start(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
-           global_batch: int = GLOBAL_BATCH) -> tuple[subprocess.Popen, Path]:
-    """The run started, its stderr going to a file beside its folder (a pipe left unread while another run
-    is waited for would fill and stall it). ``global_batch``: samples per micro-batch over all processes."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    log = output.with_name(output.name + ".stderr")
-    with open(log, "w") as stderr:
-        run = subprocess.Popen(_command(data_root, output, phase_overrides, devices, global_batch), cwd=ROOT,
-                               env=ENV, stdout=subprocess.DEVNULL, stderr=stderr)
-    return run, log
+def _start(launcher: Driver, data_root: Path, output: Path, phase_overrides: list[str], devices: int,
+           global_batch: int = GLOBAL_BATCH, session: bool = False) -> int:
+    """The run started (its pid), its output going to a file beside its folder. ``global_batch``: samples
+    per micro-batch over all processes; ``session``: in a session of its own (a process-group kill)."""
+    command = _command(data_root, output, phase_overrides, devices, global_batch)
+    return launcher.launch(Path(command[1]), command[2:], output.with_name(output.name + ".log"), session=session)
 
 
-def _finished(*started: tuple[subprocess.Popen, Path]) -> None:
+def _finished(launcher: Driver, *pids: int) -> None:
     """Every run waited for (killed past the limit) before any is judged, so none outlives the test."""
-    for run, _ in started:
-        try:
-            run.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
-    for run, log in started:
-        assert run.returncode == 0, log.read_text()[-4000:]
+    codes = [launcher.wait(pid, timeout=600) for pid in pids]
+    for pid, code in zip(pids, codes):
+        assert code == 0 and pid not in launcher.timed_out, launcher.logs[pid].read_text()[-4000:]
 
 
-def _train(data_root: Path, output: Path, phase_overrides: list[str], devices: int,
+def _train(launcher: Driver, data_root: Path, output: Path, phase_overrides: list[str], devices: int,
            global_batch: int = GLOBAL_BATCH) -> None:
-    _finished(_start(data_root, output, phase_overrides, devices, global_batch))
+    _finished(launcher, _start(launcher, data_root, output, phase_overrides, devices, global_batch))
 
 
 @pytest.mark.parametrize(("phase", "accumulate"), [(p, 1) for p in sorted(PHASES)] + [("a_joint", 2)])
-def test_two_process_ddp_matches_single_process(phase, accumulate, tmp_path):
+def test_two_process_ddp_matches_single_process(phase, accumulate, launcher, tmp_path):
     overrides, make_data = PHASES[phase]
     overrides = overrides + [f"trainer.accumulate_grad_batches={accumulate}"]
     data_root = make_data(tmp_path / "data")
     # The two runs are independent: side by side, the single process uses what the two ranks leave idle.
-    single = _start(data_root, tmp_path / "single", overrides, devices=1, global_batch=GLOBAL_BATCH // accumulate)
-    ddp = _start(data_root, tmp_path / "ddp", overrides, devices=2, global_batch=GLOBAL_BATCH // accumulate)
-    _finished(single, ddp)
+    single = _start(launcher, data_root, tmp_path / "single", overrides, devices=1,
+                    global_batch=GLOBAL_BATCH // accumulate)
+    ddp = _start(launcher, data_root, tmp_path / "ddp", overrides, devices=2, global_batch=GLOBAL_BATCH // accumulate)
+    _finished(launcher, single, ddp)
 
     ranks = [json.loads((tmp_path / "ddp" / name).read_text())
              for name in ("loss_history.json", "loss_history.rank1.json")]
@@ -114,51 +115,51 @@ STOPPED_STEPS = ["phase=a_joint", "phase.lr=1e-3", "phase.val_clips=0", "phase.m
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(launcher, tmp_path_factory):
     """(data root, reference): the uninterrupted 2-process run every stopped run must equal, trained once.
     It runs in the background beside the first stopped run (gloo's waits leave the cores half idle);
     ``reference()`` waits for it and returns its folder."""
     root = tmp_path_factory.mktemp("uninterrupted")
     data_root = _features(root / "data")
-    started = _start(data_root, root / "reference", STOPPED_STEPS, devices=2, global_batch=2)
+    pid = _start(launcher, data_root, root / "reference", STOPPED_STEPS, devices=2, global_batch=2)
+    waited = []
 
     def reference() -> Path:
-        _finished(started)
+        if not waited:
+            waited.append(pid)
+            _finished(launcher, pid)
         return root / "reference"
 
     yield data_root, reference
-    if started[0].poll() is None:  # a test failed before it waited: the run ends with the module
-        started[0].kill()
-        started[0].wait()
+    if not waited:  # a test failed before it waited: the run ends with the module
+        os.kill(pid, signal.SIGKILL)
+        launcher.wait(pid)
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how, uninterrupted):
+def test_ddp_run_stopped_after_a_checkpoint_resumes_exactly(tmp_path, how, launcher, uninterrupted):
     """Both ranks SIGKILLed (the whole process group), or preempted with SIGTERM, a moment after a
     checkpoint, then restarted: the trained weights and every rank's loss history equal the
     uninterrupted 2-process run's, bitwise."""
-    import signal
-    import time
-
     data_root, uninterrupted_run = uninterrupted
-    command = _command(data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
-    run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           start_new_session=True, text=True)
+    pid = _start(launcher, data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2, session=True)
     checkpoint = tmp_path / "killed" / "checkpoints" / "step-0000020.ckpt"
     deadline = time.monotonic() + 300
-    while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
+    while not checkpoint.exists() and running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert checkpoint.exists(), "no step-20 checkpoint before the kill (run ended or 300 s passed)"
-    os.killpg(run.pid, getattr(signal, how))
-    _, stderr = run.communicate(timeout=120)
+    os.killpg(pid, getattr(signal, how))
+    code = launcher.wait(pid, timeout=120)
+    stderr = launcher.logs[pid].read_text()
+    assert pid not in launcher.timed_out, f"still running 120 s after {how}: {stderr[-3000:]}"
     if how == "SIGTERM":  # preempted: a checkpoint at a step boundary past step 20, exit code 143
-        assert run.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
+        assert code == PREEMPTED_EXIT_CODE, stderr[-3000:]
         assert "preempted at step" in stderr
     else:
-        assert run.returncode == -signal.SIGKILL, stderr[-3000:]
+        assert code == -signal.SIGKILL, stderr[-3000:]
     assert not (tmp_path / "killed" / "export" / "export.json").exists() or \
         json.loads((tmp_path / "killed" / "export" / "export.json").read_text()).get("step", 0) < 60
-    _train(data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
+    _train(launcher, data_root, tmp_path / "killed", STOPPED_STEPS, devices=2, global_batch=2)
 
     reference = uninterrupted_run()
     for name in ("loss_history.json", "loss_history.rank1.json"):

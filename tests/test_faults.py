@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from fault_driver import HOOKS as KILL_HOOKS
+from fault_driver import Driver, running
 from phase_a_helpers import write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
@@ -35,7 +36,6 @@ from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_pa
 from animegamer.training.faults import LOSS_HISTORY, PREEMPTED_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
-DRIVER = Path(__file__).with_name("fault_driver.py")
 STEPS, EVERY = 8, 2
 COMMON = ["model=tiny", "trainer=cpu", "logger=none", f"phase.max_steps={STEPS}", "phase.warmup_steps=1",
           "phase.batch_size=2", "phase.val_every_n_steps=1000", f"checkpoint.every_n_steps={EVERY}",
@@ -48,47 +48,6 @@ PHASES = {  # overrides, data writer, seed of the random fault schedule
 
 
 # ------------------------------------------------------------------------------------------ driver
-class Driver:
-    """tests/fault_driver.py in a subprocess: ``start`` forks a training run, ``wait`` reaps it."""
-
-    def __init__(self) -> None:
-        path = filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")])
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(path)}
-        self.proc = subprocess.Popen([sys.executable, str(DRIVER)], cwd=ROOT, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.logs: dict[int, Path] = {}
-
-    def _ask(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"fault driver died (rc {self.proc.poll()})"
-        return json.loads(line)
-
-    def start(self, output: Path, overrides: list[str], **faults) -> int:
-        output.mkdir(parents=True, exist_ok=True)
-        log = output.parent / f"{output.name}.{len(list(output.parent.glob(output.name + '.*.log')))}.log"
-        request = {"op": "start", "overrides": [*overrides, f"output_dir={output}"], "log": str(log), **faults}
-        pid = self._ask(request)["pid"]
-        self.logs[pid] = log
-        return pid
-
-    def wait(self, pid: int) -> int:
-        return self._ask({"op": "wait", "pid": pid})["rc"]
-
-    def run(self, output: Path, overrides: list[str], expect: int = 0, **faults) -> str:
-        pid = self.start(output, overrides, **faults)
-        rc = self.wait(pid)
-        text = self.logs[pid].read_text()
-        assert rc == expect, f"exit {rc}, expected {expect}:\n{text[-4000:]}"
-        return text
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def driver():
     d = Driver()
@@ -146,14 +105,6 @@ def _assert_same_result(output: Path, reference: Path) -> None:
     assert history == json.loads((reference / LOSS_HISTORY).read_text())  # every micro-batch, exactly
     assert history[-1][0] == STEPS
     assert not list((output / "checkpoints").glob(f"*{PARTIAL}"))
-
-
-def _running(pid: int) -> bool:
-    """The driver's child has not exited (a zombie until the driver reaps it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _step(path: Path | None) -> int:
@@ -223,7 +174,7 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     pid = driver.start(output, overrides, pause=pause)
     ready = Path(str(driver.logs[pid]) + ".ready")
     deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline and _running(pid):
+    while not ready.exists() and time.monotonic() < deadline and running(pid):
         time.sleep(0.01)
     assert ready.exists(), driver.logs[pid].read_text()[-4000:]
     os.kill(pid, getattr(signal, pause.get("signal", "SIGTERM")))  # from outside, as a scheduler (or a terminal) does

@@ -23,15 +23,24 @@ from animegamer.training.strategies import is_fsdp_strategy
 DRIVER = Path(__file__).with_name("fsdp_gather_driver.py")
 
 
-@pytest.fixture(scope="module", params=["b", "c"])
-def two_ranks(request, tmp_path_factory) -> list[dict]:
-    """Phase (b): Mistral blocks, LoRA and a frozen extra inside a block; phase (c): CogVideoX blocks,
-    the decoder's LoRA folder and the frozen encoder (``export_extra``) in the root unit."""
-    out = tmp_path_factory.mktemp(f"fsdp_gather_{request.param}")
-    done = subprocess.run([sys.executable, str(DRIVER), str(out), request.param], capture_output=True, text=True,
+PHASES = ["b", "c"]
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory) -> Path:
+    """One driver run checks every phase (its two ranks import once); the folder of its reports."""
+    out = tmp_path_factory.mktemp("fsdp_gather")
+    done = subprocess.run([sys.executable, str(DRIVER), str(out), *PHASES], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return out
+
+
+@pytest.fixture(scope="module", params=PHASES)
+def two_ranks(request, driven) -> list[dict]:
+    """Phase (b): Mistral blocks, LoRA and a frozen extra inside a block; phase (c): CogVideoX blocks,
+    the decoder's LoRA folder and the frozen encoder (``export_extra``) in the root unit."""
+    return [json.loads((driven / request.param / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
 def test_rank0_gets_the_kept_weights_under_fsdps_full_state_dict_names(two_ranks):
