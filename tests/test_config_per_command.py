@@ -166,3 +166,19 @@ def test_rank_takes_its_keys_as_overrides_and_its_options_win(monkeypatch, capsy
         main(["rank", "ranking.prt=1"])
     assert stopped.value.code == USER_ERROR_EXIT_CODE
     assert "ranking (RankingConfig) has no key 'prt'; did you mean ranking.port?" in capsys.readouterr().err
+
+
+def test_schemas_are_registered_once_per_store_and_again_in_a_reset_one(monkeypatch):
+    from hydra.core.config_store import ConfigStore
+
+    from animegamer.config.schema import register_configs
+
+    store = ConfigStore.instance()
+    register_configs()
+    stored = []
+    monkeypatch.setattr(store, "store", lambda *args, **kwargs: stored.append(kwargs.get("name")))
+    register_configs()
+    assert stored == []  # already there: nothing converted again
+    monkeypatch.setattr(store, "repo", {})
+    register_configs()
+    assert {"train_schema", "model_schema", "phase_a_schema", "trainer_schema"} <= set(stored)

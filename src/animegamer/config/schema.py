@@ -661,8 +661,14 @@ PHASE_SCHEMAS = {"phase_a_schema": PhaseAConfig, "phase_b_schema": PhaseBConfig,
 
 
 def register_configs() -> None:
-    """Register every schema; idempotent so tests and entry points may both call it."""
+    """Register every schema in Hydra's ConfigStore, once per store: every composition asks for them, and
+    storing converts each dataclass into a config again, which costs more than the composition's own work.
+    A store that lacks them (a new process, a store reset since) gets them; so tests and entry points may
+    both call it."""
     cs = ConfigStore.instance()
+    if all(f"{root}{SCHEMA_SUFFIX}.yaml" in cs.repo for root in COMMANDS) and \
+            all(f"{name}.yaml" in cs.repo.get("phase", {}) for name in PHASE_SCHEMAS):
+        return
     for root, command in COMMANDS.items():
         cs.store(name=f"{root}{SCHEMA_SUFFIX}", node=command.schema)
     cs.store(group="model", name="model_schema", node=ModelConfig)
