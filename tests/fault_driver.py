@@ -232,8 +232,8 @@ def main() -> None:
     import animegamer.phases.phase_b  # noqa: F401
     import animegamer.phases.phase_c  # noqa: F401
     import animegamer.phases.run  # noqa: F401
-    # What the networks import when first built (the phases import them lazily): about a second of
-    # every run otherwise.
+    # What the networks import when first built (the phases import them lazily): imported here once, so
+    # that no forked run imports them again.
     from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXDPMScheduler,  # noqa: F401
                            CogVideoXTransformer3DModel)
     from diffusers.models.embeddings import TimestepEmbedding, Timesteps  # noqa: F401
@@ -259,7 +259,10 @@ def main() -> None:
                 time.sleep(0.05)
                 done, status = os.waitpid(pid, os.WNOHANG)
             if not done:
-                os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+                if os.getpgid(pid) == pid:  # a session of its own: what it started goes too
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
                 _, status = os.waitpid(pid, 0)
             answer({"rc": os.waitstatus_to_exitcode(status), "timed_out": not done})
 

@@ -30,8 +30,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from animegamer.checkpoints.safe_load import load_weights_only
 # The names (re-exported: the trainer's callers read them here).
-from animegamer.contracts.checkpoint_names import (CHECKPOINT_DIR, DEEPSPEED_COMPLETE, PATTERN, STEP_NAME,  # noqa: F401
-                                              checkpoint_name, checkpoint_step, is_complete)
+from animegamer.contracts.checkpoint_names import (CHECKPOINT_DIR, PATTERN, STEP_NAME, checkpoint_name,  # noqa: F401
+                                              checkpoint_step, is_complete)
 from animegamer.errors import UserError
 from animegamer.training.checkpoint_integrity import (PARTIAL, RECORD_SUFFIX, damage, fsync_folder, record_path,
                                                       set_aside, write_file_record, write_folder_record,
