@@ -128,6 +128,65 @@ def rule_violations(rule: Rule) -> list[Violation]:
     return found
 
 
+# --------------------------------------------------------------------------- the statement checker
+# ``violations_in`` reads one file's statements against forbidden packages (test_bottom_layers builds its rules on
+# it); the graph below reads the same statements through ``names_of``.
+VIOLATING = '''\
+from __future__ import annotations
+import animegamer.phases.phase_b
+from animegamer.phases import common
+from animegamer import phases
+from ..phases.phase_a import PhaseA
+from .. import phases as p
+from . import mllm
+
+
+def build():
+    from animegamer.phases.common import step_seed
+    import importlib
+    return importlib.import_module("animegamer.phases.phase_c"), __import__("animegamer.data.shards")
+
+
+from animegamer.phasesx import nothing  # another package that only shares the prefix
+from animegamer.models.encoder import ActionAwareEncoder
+from ..data.split import held_out
+'''
+
+
+def test_the_checker_finds_every_kind_of_import():
+    """Absolute, ``from package import module``, relative, function-local and dynamic imports are
+    caught with their lines; a package that merely shares the prefix, and allowed imports, are not."""
+    found = violations_in(VIOLATING, "snippet.py", "animegamer.models.snippet", (PHASES, DATA))
+    assert [(v.line, v.imported) for v in found] == [
+        (2, "animegamer.phases.phase_b"),
+        (3, "animegamer.phases"),
+        (4, "animegamer.phases"),
+        (5, "animegamer.phases.phase_a"),
+        (6, "animegamer.phases"),
+        (11, "animegamer.phases.common"),
+        (13, "animegamer.phases.phase_c"),
+        (13, "animegamer.data.shards"),
+        (18, "animegamer.data.split"),
+    ]
+    assert str(found[0]) == "snippet.py:2: imports animegamer.phases.phase_b (no animegamer.phases)"
+
+
+def test_relative_imports_resolve_against_the_package():
+    """In a package's ``__init__`` one dot is the package itself; in a module it is the module's package."""
+    assert imported_names("from .phase_a import x", "animegamer.phases", is_package=True)[0] == \
+        (1, "animegamer.phases.phase_a")
+    assert imported_names("from .phase_a import x", "animegamer.models.mllm")[0] == (1, "animegamer.models.phase_a")
+    assert imported_names("from ...data_pipeline import y", "animegamer.models.mllm")[0] == (1, "data_pipeline")
+
+
+def test_every_layer_names_existing_modules():
+    """A moved or renamed folder must not leave a layer entry that checks nothing."""
+    units = {unit_of(m) for m in project_modules(REPO)}
+    assert not set(LAYER_OF) - units, f"layer entries with no module: {sorted(set(LAYER_OF) - units)}"
+    assert module_name(PACKAGE / "models" / "__init__.py") == "animegamer.models"
+    assert module_name(PIPELINE / "captioners" / "base.py") == "data_pipeline.captioners.base"
+
+
 # --------------------------------------------------------------------------- the layers
 # docs/architecture.md's layer table, bottom to top: a unit (``animegamer.<name>``) imports its own
 # layer or lower ones. The pipeline sits beside ``data`` (it builds on the library up to the data
