@@ -208,5 +208,5 @@ def test_a_sweep_without_a_speed_per_level_is_refused_naming_its_file(tmp_path: 
     record["metrics"]["reconstruction"][SWEEP_KEY]["measures"][PIXEL_FLOW]["values"][1].pop()  # one level short
     (evaluation / "metrics.json").write_text(json.dumps(record))
     error = _refused(capsys, folders, tmp_path / "summary")
-    assert f"{evaluation / 'metrics.json'}: its motion sweep's {PIXEL_FLOW} does not give one speed" in error
+    assert f"{evaluation / 'metrics.json'}: its motion sweep's {PIXEL_FLOW} does not give one value" in error
     assert not (tmp_path / "summary").exists()

@@ -19,8 +19,10 @@ from animegamer.evaluation.motion_sweep import (
     HEADLINE,
     LATENT_SHIFT,
     LEVELS,
+    PERSISTENCE,
     PIXEL_FLOW,
     PLOT_FILE,
+    REFERENCE,
     SWEEP_KEY,
     UNITS,
     average_ranks,
@@ -128,6 +130,13 @@ def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_r
     assert all(v >= 0 for row in pixel["values"] for v in row)
     latent = found["measures"][LATENT_SHIFT]
     assert "reason" in latent or np.asarray(latent["values"]).shape == (clips, len(LEVELS))
+    # the detail persistence of every rendering, and of the swept clips' own frames and latents at their levels
+    for name in PERSISTENCE:
+        measure = found["measures"][name]
+        assert np.asarray(measure["values"]).shape == (clips, len(LEVELS))
+        assert all(-1.0 <= v <= 1.0 for row in measure["values"] for v in row)
+        assert len(measure[REFERENCE]["values"]) == len(measure[REFERENCE]["levels"]) == clips
+        assert set(measure[REFERENCE]["levels"]) <= set(LEVELS)
     for folder in (tmp_path / "eval", tmp_path / "eval" / RECONSTRUCTION_FOLDER):
         report = (folder / "report.md").read_text()
         assert "## Motion sweep" in report and f"![motion sweep]({PLOT_FILE})" in report

@@ -33,14 +33,14 @@ import numpy as np
 from animegamer.contracts.files import METRICS_FILE
 from animegamer.errors import InvalidInputError, MissingInputError, UserError, exit_on_user_error
 from animegamer.evaluation.drawing import figure, markdown_row
-from animegamer.evaluation.motion_sweep import LATENT_SHIFT, PIXEL_FLOW, UNITS, find, rank_correlation
+from animegamer.evaluation.motion_sweep import LATENT_SHIFT, PERSISTENCE, PIXEL_FLOW, UNITS, find, rank_correlation
 from animegamer.evaluation.report import read_evaluation
 from animegamer.metrics.baselines import UNTRAINED
 from animegamer.utils.io import read_json_object
 from animegamer.utils.logging import setup_logging
 from benchmarks.known_answer.data import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 from benchmarks.known_answer.driver import RESULT_FILE, Layout
-from benchmarks.known_answer.report import LOWER_IS_BETTER, RECONSTRUCTION, TRAINED, comparisons
+from benchmarks.known_answer.report import LOWER_IS_BETTER, RECONSTRUCTION, comparisons
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ MOTION_SCOPE_OTHER = f"ablation {NO_MOTION_SCOPE}: {RECONSTRUCTION}"
 MOTION_SCOPE_COMPARISON = f"{RECONSTRUCTION}: {SWEEP_RHO}"
 SPREAD_FACTOR = 2.0  # a difference of seed means counts when it exceeds this many seed spreads
 MIN_SEEDS = 2  # a spread needs at least two seeds
-SWEEP_MEASURES = (PIXEL_FLOW, LATENT_SHIFT)  # the plot's rows, when measured
+SWEEP_MEASURES = (PIXEL_FLOW, LATENT_SHIFT, *PERSISTENCE)  # the plot's rows, when measured
 
 
 # --------------------------------------------------------------------------- reading
@@ -130,7 +130,7 @@ def read_sweeps(folder: Path, seed: int) -> dict[str, dict]:
 
 
 def check_sweep(sweep: Mapping[str, Any], path: Path) -> None:
-    """A sweep the plot can draw: a measured speed per requested level flow for every clip, and a mean per level."""
+    """A sweep the plot can draw: a measured value per requested level flow for every clip, and a mean per level."""
     levels = len(sweep.get("requested") or [])
     for name in SWEEP_MEASURES:
         measure = sweep["measures"].get(name) or {}
@@ -138,7 +138,7 @@ def check_sweep(sweep: Mapping[str, Any], path: Path) -> None:
             continue
         rows = [*measure["values"], measure.get("mean_per_level")] if isinstance(measure["values"], list) else [None]
         if any(not isinstance(row, list) or len(row) != levels for row in rows):
-            raise InvalidInputError(f"{path}: its motion sweep's {name} does not give one speed per requested level "
+            raise InvalidInputError(f"{path}: its motion sweep's {name} does not give one value per requested level "
                                     f"({levels}) for every clip and for the mean")
 
 

@@ -25,11 +25,20 @@ from animegamer.metrics.common import available, unavailable
 LEVELS = tuple(range(1, NUM_MOTION_LEVELS + 1))
 PIXEL_FLOW = "pixel_flow"
 LATENT_SHIFT = "latent_shift"
+# Whether the fine detail moves with the content (animegamer.metrics.detail_persistence): near 0 for a pan,
+# near 1 for a still clip or detail fixed to the screen. Beside the speeds, they tell a renderer whose
+# latents move but whose detail stays put from one that does not move at all.
+PIXEL_PERSISTENCE = "detail_persistence"
+LATENT_PERSISTENCE = "latent_detail_persistence"
+PERSISTENCE = (PIXEL_PERSISTENCE, LATENT_PERSISTENCE)
 UNITS = {PIXEL_FLOW: "output px per frame (the pipeline's flow estimator on the decoded frames)",
-         LATENT_SHIFT: "latent px per latent frame (the sideways shift of the latents)"}
+         LATENT_SHIFT: "latent px per latent frame (the sideways shift of the latents)",
+         PIXEL_PERSISTENCE: "correlation of the frames' detail finer than a latent px, first frame to last",
+         LATENT_PERSISTENCE: "correlation of the latents' detail finer than 1 latent px, first frame to last"}
 # Each measure's headline metrics (what the known-answer table shows as columns): correlation, rising share.
 HEADLINE = {PIXEL_FLOW: ("sweep_rho", "sweep_rising"), LATENT_SHIFT: ("sweep_rho_latent", "sweep_rising_latent")}
 SWEEP_KEY = "motion_sweep"  # the detail record, beside the headline metrics
+REFERENCE = "truth"  # in a measure: the same measure on the swept clips' own frames or latents
 PLOT_FILE = "motion_sweep.png"
 
 Rendered = TypeVar("Rendered")
@@ -100,6 +109,21 @@ def sweep(render: Callable[[int, float], Rendered], clips: int, level_flow: Mapp
     return {"levels": list(LEVELS), "requested": requested, "clips": clips, "measures": found}
 
 
+def with_truth(result: dict[str, Any], name: str, levels: Sequence[int], values: Sequence[float]) -> None:
+    """Add to ``result``'s measure ``name`` (if measured) the same measure on the swept clips' own frames or
+    latents, with each clip's level: what a renderer that moves as the clip does would give at that level."""
+    measure = result["measures"].get(name)
+    if measure is not None and "reason" not in measure:
+        measure[REFERENCE] = {"levels": [int(level) for level in levels], "values": [float(v) for v in values]}
+
+
+def truth_per_level(truth: Mapping[str, Sequence]) -> dict[int, float]:
+    """The reference's mean per level, for the levels it has a clip of."""
+    levels = np.asarray(truth["levels"])
+    values = np.asarray(truth["values"], dtype=np.float64)
+    return {int(level): float(values[levels == level].mean()) for level in sorted(set(levels.tolist()))}
+
+
 def headline(result: Mapping[str, Any]) -> dict[str, dict]:
     """The headline metrics of a sweep (:data:`HEADLINE`), each unavailable with its reason where there is
     no value (no clip, a measure that could not measure, or measured speeds all equal)."""
@@ -137,6 +161,10 @@ def plot(result: Mapping[str, Any], path: Path) -> bool:
                 label="mean over clips")
         if name == PIXEL_FLOW:  # the same unit on both axes: where a clip moving as asked would lie
             ax.plot(requested, requested, color="gray", linestyle="--", linewidth=1, label="as requested")
+        if measure.get(REFERENCE):  # the true clips, each at its own level's flow
+            truth = measure[REFERENCE]
+            ax.scatter([requested[level - 1] for level in truth["levels"]], truth["values"], color="gray",
+                       marker="x", label="true clips")
         rho = measure["rank_correlation"]
         ax.set_title(f"{name.replace('_', ' ')}: rho {'n/a' if rho is None else f'{rho:.2f}'}, "
                      f"rising {measure['rising_share']:.2f}", fontsize="medium")
@@ -167,6 +195,11 @@ def markdown(result: Mapping[str, Any], plot_name: str | None) -> list[str]:
                                   f"{measure['rising_share']:.3f}",
                                   " / ".join(f"{v:.2f}" for v in measure["mean_per_level"])))
     lines.append("")
+    truths = [(name, m[REFERENCE]) for name, m in result["measures"].items() if m.get(REFERENCE)]
+    if truths:
+        lines += ["The true clips, each at its own level (mean per level, levels without a clip left out): " + "; ".join(
+            f"{name.replace('_', ' ')} " + " / ".join(f"{level}: {value:.2f}" for level, value in
+                                                     truth_per_level(truth).items()) for name, truth in truths), ""]
     if plot_name:
         lines += [f"![motion sweep]({plot_name})", ""]
     return lines

@@ -14,7 +14,7 @@ import logging
 import statistics
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from animegamer.data.split import consecutive_runs, held_out
 from animegamer.diffusion.step_cache import caching
 from animegamer.evaluation.benchmark import benchmark_problems, read_benchmark, refuse
 from animegamer.evaluation.judge import judge_report_games
-from animegamer.evaluation.motion_sweep import LATENT_SHIFT, PIXEL_FLOW, SWEEP_KEY, headline, sweep
+from animegamer.evaluation.motion_sweep import LATENT_PERSISTENCE, LATENT_SHIFT, PIXEL_FLOW, PIXEL_PERSISTENCE, \
+    SWEEP_KEY, headline, sweep, with_truth
 from animegamer.evaluation.preflight import validate_eval_run
 from animegamer.evaluation.record import forget_record
 from animegamer.evaluation.report import PAPER_TABLE3_RECONSTRUCTION, write_report
@@ -41,6 +42,7 @@ from animegamer.media.captions import STATUS_OK
 from animegamer.metrics.baselines import SHUFFLED, UNTRAINED, derangement, state_baselines
 from animegamer.metrics.clip_scores import try_load_clip
 from animegamer.metrics.common import available, mean_metric, unavailable
+from animegamer.metrics.detail_persistence import frame_persistence, latent_persistence
 from animegamer.metrics.dreamsim import dreamsim_score, try_load_dreamsim
 from animegamer.metrics.latent_motion import clip_speed, latent_motion
 from animegamer.metrics.motion import make_estimator, measure_levels, motion_accuracy
@@ -258,7 +260,9 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     own["latent_motion"] = latent_motion([x[0].float().cpu() for x in own_latents],
                                          [items[i]["latents"].float() for i in range(count)])
     if e.motion_sweep:  # each clip again at every level's flow value: does the motion scope set the speed?
-        own.update(evaluation_sweep(cfg, count, lambda i, flow: reconstructed(i, i, flow), pixels))
+        levels = {meta["key"]: meta["motion"]["level"] for meta in clip_metas(cfg, set(keys))}
+        truth = [(clips[keys[i]], items[i]["latents"], levels[keys[i]]) for i in range(count)]
+        own.update(evaluation_sweep(cfg, count, lambda i, flow: reconstructed(i, i, flow), pixels, truth))
     shuffled = shuffled_reconstruction(cfg, count, lambda order: scored([pixels(reconstructed(i, j)) for i, j in enumerate(order)]))
     with torch.no_grad():  # the clips' own latents through the VAE: what any renderer can give back at best
         ceiling = {"label": VAE_ROUND_TRIP_LABEL, **scored([pixels(items[i]["latents"][None]) for i in range(count)])}
@@ -269,23 +273,39 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
 
 
 def evaluation_sweep(cfg, clips: int, render: Callable[[int, float], Any],
-                     pixels: Callable[[Any], np.ndarray]) -> dict:
+                     pixels: Callable[[Any], np.ndarray], truth: Sequence[tuple[np.ndarray, torch.Tensor, int]]) -> dict:
     """The sweep of an evaluation's reconstruction: ``render(clip, flow)`` gives latents (1, T', C, H, W) of
     held-out clip ``clip`` sampled at motion scope ``flow`` (its representation and noise fixed),
-    ``pixels`` decodes them to uint8 frames (T, H, W, 3). Returns the headline metrics and the detail
-    (:data:`~animegamer.evaluation.motion_sweep.SWEEP_KEY`), with the level flows of ``cfg``'s clip manifest."""
+    ``pixels`` decodes them to uint8 frames (T, H, W, 3); ``truth`` holds each swept clip's own frames, latents
+    (T', C, H, W) and level, measured for the detail persistence's reference. Returns the headline metrics and
+    the detail (:data:`~animegamer.evaluation.motion_sweep.SWEEP_KEY`), with the level flows of ``cfg``'s clip
+    manifest."""
     manifest = clip_manifest(cfg.data.root, cfg.data.clips)
     bins = json.loads(manifest.read_text())["motion_bins"]
     estimator = make_estimator(cfg.pipeline.motion)  # built once (RAFT loads weights)
 
-    def pixel_flows(latents: list) -> list[float]:
-        return measure_levels([pixels(x) for x in latents], bins, cfg.pipeline.motion, estimator)[0]
+    def decoded(clip: int, flow: float) -> tuple[torch.Tensor, np.ndarray]:  # each rendering decoded once
+        latents = render(clip, flow)
+        return latents[0].float().cpu(), pixels(latents)
 
-    def latent_shifts(latents: list) -> list[float]:
-        return [clip_speed(x[0].float().cpu()) for x in latents]
+    def pixel_flows(rendered: list) -> list[float]:
+        return measure_levels([frames for _, frames in rendered], bins, cfg.pipeline.motion, estimator)[0]
 
-    result = sweep(render, clips, read_level_flow(manifest),
-                   {PIXEL_FLOW: pixel_flows, LATENT_SHIFT: latent_shifts})
+    def frame_detail(frames: np.ndarray, latents: torch.Tensor) -> float:
+        return frame_persistence(frames, frames.shape[2] / latents.shape[-1])  # sigma: one latent px, in output px
+
+    result = sweep(decoded, clips, read_level_flow(manifest), {
+        PIXEL_FLOW: pixel_flows,
+        LATENT_SHIFT: lambda rendered: [clip_speed(latents) for latents, _ in rendered],
+        PIXEL_PERSISTENCE: lambda rendered: [frame_detail(frames, latents) for latents, frames in rendered],
+        LATENT_PERSISTENCE: lambda rendered: [latent_persistence(latents) for latents, _ in rendered]})
+    levels = [level for _, _, level in truth]
+    for name, measure in ((PIXEL_PERSISTENCE, lambda frames, latents: frame_detail(frames, latents)),
+                          (LATENT_PERSISTENCE, lambda frames, latents: latent_persistence(latents))):
+        try:
+            with_truth(result, name, levels, [measure(frames, latents.float()) for frames, latents, _ in truth])
+        except ValueError as error:  # a true clip without fine detail: the measure stands without its reference
+            log.warning("motion sweep: no reference for %s: %s", name, error)
     return {**headline(result), SWEEP_KEY: result}
 
 

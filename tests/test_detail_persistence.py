@@ -1,0 +1,121 @@
+"""Fine-detail persistence (``animegamer.metrics.detail_persistence``): a pan loses it, a still clip and detail
+fixed to the screen keep it, on frames and on latents; and the motion sweep's record and report carry it with the
+true clips' values beside the renderings'."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from animegamer.evaluation.motion_sweep import (
+    LEVELS,
+    PIXEL_FLOW,
+    PIXEL_PERSISTENCE,
+    REFERENCE,
+    markdown,
+    plot,
+    sweep,
+    truth_per_level,
+    with_truth,
+)
+from animegamer.metrics.detail_persistence import fine_detail_correlation, frame_persistence, latent_persistence
+
+FRAMES, HEIGHT, WIDTH = 17, 64, 96
+LATENT_PX = 4.0  # output px per latent px, as the small preset's VAE compresses
+
+
+def _canvas(seed: int, width: int = WIDTH * 3) -> np.ndarray:
+    """A textured RGB backdrop (H, width, 3), uint8, with detail at about a pixel and at a few."""
+    rng = np.random.default_rng(seed)
+    fine = cv2.GaussianBlur(rng.standard_normal((HEIGHT, width)).astype(np.float32), (0, 0), 0.8)
+    coarse = cv2.GaussianBlur(rng.standard_normal((HEIGHT, width)).astype(np.float32), (0, 0), 6.0)
+    gray = 128 + 60 * fine / fine.std() + 40 * coarse / coarse.std()
+    return np.repeat(np.clip(gray, 0, 255)[..., None], 3, axis=-1).astype(np.uint8)
+
+
+def _pan(speed: float, seed: int = 0) -> np.ndarray:
+    """(T, H, W, 3): a window sliding over the backdrop at ``speed`` px per frame (whole px, no resampling)."""
+    canvas = _canvas(seed)
+    return np.stack([canvas[:, round(speed * t): round(speed * t) + WIDTH] for t in range(FRAMES)])
+
+
+def _stuck(clip: np.ndarray, sigma: float = LATENT_PX) -> np.ndarray:
+    """The clip's coarse content moving, its detail finer than ``sigma`` held as the first frame has it."""
+    frames = clip.astype(np.float32)
+    coarse = np.stack([cv2.GaussianBlur(f, (0, 0), sigma) for f in frames])
+    return np.clip(coarse + (frames[0] - coarse[0])[None], 0, 255).astype(np.uint8)
+
+
+def test_a_pan_loses_its_fine_detail_and_a_still_clip_keeps_it() -> None:
+    assert frame_persistence(_pan(0.0), LATENT_PX) == pytest.approx(1.0)
+    for speed in (1.0, 2.0, 4.0):
+        assert abs(frame_persistence(_pan(speed), LATENT_PX)) < 0.2, speed
+
+
+def test_detail_fixed_to_the_screen_keeps_it_while_the_content_moves() -> None:
+    """The renderer that moves its coarse content and not its detail: the flow it shows is the still detail's."""
+    for speed in (1.0, 4.0):
+        assert frame_persistence(_stuck(_pan(speed)), LATENT_PX) > 0.9, speed
+    # detail only partly held: in between, ordered
+    moving, stuck = _pan(2.0), _stuck(_pan(2.0))
+    half = ((moving.astype(np.float32) + stuck) / 2).astype(np.uint8)
+    assert frame_persistence(moving, LATENT_PX) < frame_persistence(half, LATENT_PX) < frame_persistence(stuck, LATENT_PX)
+
+
+def test_latents_are_measured_per_channel_first_frame_to_last() -> None:
+    generator = torch.Generator().manual_seed(0)
+    texture = torch.randn(4, 16, 80, generator=generator)
+    moving = torch.stack([texture[..., 3 * t: 3 * t + 24] for t in range(5)])  # (T', C, H, W), 3 latent px a frame
+    still = texture[..., :24].expand(5, -1, -1, -1)
+    assert latent_persistence(still) == pytest.approx(1.0)
+    assert abs(latent_persistence(moving)) < 0.2
+    # one channel still and three moving: a quarter of the detail energy kept, about
+    mixed = moving.clone()
+    mixed[:, 0] = still[:, 0]
+    assert 0.1 < latent_persistence(mixed) < 0.45
+
+
+def test_what_cannot_be_measured_is_refused() -> None:
+    flat = np.full((FRAMES, HEIGHT, WIDTH, 3), 90, dtype=np.uint8)
+    with pytest.raises(ValueError, match="without fine detail"):
+        frame_persistence(flat, LATENT_PX)
+    with pytest.raises(ValueError, match="RGB frames"):
+        frame_persistence(flat[:1], LATENT_PX)
+    with pytest.raises(ValueError, match="one latent clip"):
+        latent_persistence(torch.zeros(1, 4, 8, 8))
+    with pytest.raises(ValueError, match="sigma"):
+        fine_detail_correlation(flat[0, ..., 0], flat[1, ..., 0], 0.0)
+
+
+def test_the_sweep_record_and_report_carry_the_true_clips_beside_the_renderings(tmp_path: Path) -> None:
+    """A renderer whose detail sticks at every level against clips that pan: both in the record, the report
+    line and the plot."""
+    flows = {level: [0.0, 0.5, 1.0, 2.0, 4.0][level - 1] for level in LEVELS}
+    clips = 2
+
+    def render(clip: int, flow: float) -> np.ndarray:
+        return _stuck(_pan(round(flow), seed=clip))
+
+    result = sweep(render, clips, flows, {
+        PIXEL_FLOW: lambda rendered: [float(level) for level in range(len(rendered))],
+        PIXEL_PERSISTENCE: lambda rendered: [frame_persistence(f, LATENT_PX) for f in rendered]})
+    truth_levels = [1, 5]
+    with_truth(result, PIXEL_PERSISTENCE, truth_levels,
+               [frame_persistence(_pan(flows[level], seed=clip), LATENT_PX) for clip, level in enumerate(truth_levels)])
+    measure = result["measures"][PIXEL_PERSISTENCE]
+    assert min(min(row) for row in measure["values"]) > 0.9  # stuck at every level
+    assert measure[REFERENCE]["levels"] == truth_levels
+    assert measure[REFERENCE]["values"][0] == pytest.approx(1.0) and abs(measure[REFERENCE]["values"][1]) < 0.2
+    assert truth_per_level(measure[REFERENCE]) == pytest.approx({1: 1.0, 5: measure[REFERENCE]["values"][1]})
+    assert REFERENCE not in result["measures"][PIXEL_FLOW]
+    # a measure left out is given no reference
+    result["measures"]["unmeasured"] = {"unit": "", "reason": "no clip"}
+    with_truth(result, "unmeasured", [1], [1.0])
+    assert REFERENCE not in result["measures"]["unmeasured"]
+    text = "\n".join(markdown(result, None))
+    assert "The true clips, each at its own level" in text
+    assert f"detail persistence 1: 1.00 / 5: {measure[REFERENCE]['values'][1]:.2f}" in text
+    assert plot(result, tmp_path / "sweep.png") and (tmp_path / "sweep.png").stat().st_size > 0
