@@ -210,6 +210,31 @@ def test_ci_data_set_agrees_with_the_generators_truth(ci_data: tuple[Path, dict]
     assert result["clip_size"] == [17, 32, 64]
 
 
+def test_the_flow_probe_shows_detail_fixed_to_the_screen_hiding_the_pan(ci_data: tuple[Path, dict],
+                                                                     tmp_path: Path) -> None:
+    """On the true clips: blur keeps the levels readable, detail finer than a latent px held still does not, and
+    the detail persistence tells the two apart (benchmarks/known_answer/flow_probe.py)."""
+    from benchmarks.known_answer.flow_probe import LATENT_PX, main
+
+    out, _ = ci_data
+    assert main([str(out / "pipeline"), "--out", str(tmp_path / "probe.json")]) == 0
+    rows = {row["degradation"]: row for row in json.loads((tmp_path / "probe.json").read_text())["rows"]}
+    drawn = rows["as drawn"]
+    fixed = rows[f"detail under {LATENT_PX:g} px (a latent px) fixed to the screen"]
+    moving = [str(level) for level in range(2, NUM_LEVELS + 1)]
+    assert drawn["acc_f"] == 1.0 and drawn["rank_correlation"] > 0.9
+    assert drawn["persistence_per_level"]["1"] == pytest.approx(1.0)  # the still level
+    assert max(drawn["persistence_per_level"][level] for level in moving) < 0.6
+    assert rows["blurred, sigma 1 px"]["acc_f"] >= 0.9
+    assert fixed["acc_f"] <= 0.3
+    assert min(fixed["persistence_per_level"][level] for level in moving) > 0.9
+    fastest = str(NUM_LEVELS)
+    assert fixed["flow_per_level"][fastest] < 0.25 * drawn["flow_per_level"][fastest]
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path / "no_such_pipeline")])
+    assert refused.value.code == 2
+
+
 def test_toy_vae_trains_on_the_ci_clips_and_loads_as_the_frozen_vae(ci_data: tuple[Path, dict], tmp_path: Path) -> None:
     from animegamer.config.schema import EncodersConfig, VAEConfig
     from animegamer.models.frozen_encoders import build_frozen_encoders

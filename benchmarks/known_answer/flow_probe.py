@@ -1,0 +1,150 @@
+"""How the pipeline's flow estimator reads the benchmark's true clips rendered imperfectly: a CPU check of what
+each kind of renderer error does to the measured speed, to read a GPU run's motion sweep against.
+
+Each held-in and held-out clip of a finished data set (``python -m benchmarks.known_answer.data OUT --clips-only``)
+is degraded in one way at a time: blurred (a renderer that loses detail), mixed with its own still mean (one that
+under-shoots the pan), or with its detail finer than ``sigma`` fixed as the first frame has it while the coarser
+content moves (detail painted where the sampling noise put it: "texture sticking"). Per degradation: the PSNR
+against the clip, ACC-F against the clips' levels with the data set's own bins, Spearman's rho of level against
+measured flow, and per level the mean flow and the detail persistence
+(:mod:`animegamer.metrics.detail_persistence`).
+
+    python -m benchmarks.known_answer.flow_probe OUT/pipeline [--latent-px 4] [--out probe.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
+
+import cv2
+import numpy as np
+
+from animegamer.config.schema import MotionConfig
+from animegamer.contracts.files import CLIPS_DIR, MANIFEST
+from animegamer.data.shards import folder_shards, iter_samples
+from animegamer.errors import InvalidInputError, exit_on_user_error
+from animegamer.evaluation.drawing import markdown_row
+from animegamer.evaluation.motion_sweep import LEVELS, rank_correlation
+from animegamer.metrics.detail_persistence import frame_persistence
+from animegamer.metrics.motion import measure_levels
+from animegamer.utils.io import write_json_atomic
+from animegamer.utils.logging import setup_logging
+
+log = logging.getLogger(__name__)
+
+LATENT_PX = 4  # output px per latent px of the known-answer sizes' VAE (the small preset)
+BLUR_SIGMAS = (1.0, 2.0, 3.0)  # output px
+STILL_SHARE = 0.5  # of the clip's mean over time mixed into every frame
+
+Degradation = Callable[[np.ndarray], np.ndarray]
+
+
+def blurred(sigma: float) -> Degradation:
+    return lambda clip: np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in clip])
+
+
+def with_still_mean(share: float) -> Degradation:
+    def degrade(clip: np.ndarray) -> np.ndarray:
+        frames = clip.astype(np.float32)
+        return np.clip((1 - share) * frames + share * frames.mean(axis=0, keepdims=True), 0, 255).astype(np.uint8)
+    return degrade
+
+
+def detail_fixed(sigma: float) -> Degradation:
+    """Each frame's content coarser than ``sigma`` as drawn, its finer detail the first frame's."""
+    def degrade(clip: np.ndarray) -> np.ndarray:
+        frames = clip.astype(np.float32)
+        coarse = np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in frames])
+        return np.clip(coarse + (frames[0] - coarse[0])[None], 0, 255).astype(np.uint8)
+    return degrade
+
+
+def degradations(latent_px: float) -> dict[str, Degradation]:
+    return {"as drawn": lambda clip: clip,
+            **{f"blurred, sigma {s:g} px": blurred(s) for s in BLUR_SIGMAS},
+            f"{STILL_SHARE:.0%} of the still mean mixed in": with_still_mean(STILL_SHARE),
+            f"detail under {latent_px / 2:g} px fixed to the screen": detail_fixed(latent_px / 2),
+            f"detail under {latent_px:g} px (a latent px) fixed to the screen": detail_fixed(latent_px)}
+
+
+def read_clips(pipeline: Path) -> tuple[list[np.ndarray], list[int], dict, MotionConfig]:
+    """The clips (T, H, W, 3) and levels of ``pipeline/clips``, its bins and the motion settings it was cut with."""
+    folder = pipeline / CLIPS_DIR
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        raise InvalidInputError(f"{manifest}: not found; give the pipeline folder of a finished data set")
+    record = json.loads(manifest.read_text(encoding="utf-8"))
+    try:
+        bins, motion = record["motion_bins"], MotionConfig(**record["config"]["pipeline"]["motion"])
+    except (KeyError, TypeError) as error:
+        raise InvalidInputError(f"{manifest}: no motion bins or motion settings ({error})") from None
+    clips, levels = [], []
+    for sample in iter_samples(folder_shards(folder)):
+        clips.append(np.asarray(sample["mp4"]))
+        levels.append(int(sample["json"]["motion"]["level"]))
+    if not clips:
+        raise InvalidInputError(f"{folder}: no clip in its shards")
+    return clips, levels, bins, motion
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float | None:
+    """In dB; None for identical clips."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return None if mse == 0 else 10 * float(np.log10(255.0 ** 2 / mse))
+
+
+def per_level(values: Sequence[float], levels: Sequence[int]) -> dict[int, float]:
+    values, levels = np.asarray(values, dtype=np.float64), np.asarray(levels)
+    return {level: float(values[levels == level].mean()) for level in LEVELS if (levels == level).any()}
+
+
+def probe(pipeline: Path, latent_px: float = LATENT_PX) -> dict:
+    clips, levels, bins, motion = read_clips(pipeline)
+    rows = []
+    for name, degrade in degradations(latent_px).items():
+        degraded = [degrade(clip) for clip in clips]
+        flows, measured = measure_levels(degraded, bins, motion)
+        scores = [p for p in (psnr(d, c) for d, c in zip(degraded, clips)) if p is not None]
+        rows.append({"degradation": name, "psnr": float(np.mean(scores)) if scores else None,
+                     "acc_f": float(np.mean(np.asarray(measured) == np.asarray(levels))),
+                     "rank_correlation": rank_correlation(levels, flows),
+                     "flow_per_level": per_level(flows, levels),
+                     "persistence_per_level": per_level([frame_persistence(d, latent_px) for d in degraded], levels)})
+        log.info("%s: ACC-F %.3f", name, rows[-1]["acc_f"])
+    return {"pipeline": str(pipeline), "clips": len(clips), "latent_px": latent_px, "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    head = " / ".join(map(str, LEVELS))
+    lines = [f"{result['clips']} clips of {result['pipeline']}; a latent px is {result['latent_px']:g} output px.", "",
+             f"| degradation | PSNR (dB) | ACC-F | rho | flow per level ({head}) | detail persistence per level |",
+             "|---|---:|---:|---:|---|---|"]
+    for row in result["rows"]:
+        rho = row["rank_correlation"]
+        lines.append(markdown_row(row["degradation"], "" if row["psnr"] is None else f"{row['psnr']:.1f}",
+                                  f"{row['acc_f']:.3f}", "n/a" if rho is None else f"{rho:.3f}",
+                                  " / ".join(f"{v:.2f}" for v in row["flow_per_level"].values()),
+                                  " / ".join(f"{v:.2f}" for v in row["persistence_per_level"].values())))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.flow_probe",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("pipeline", type=Path, help="the data set's pipeline folder (holding clips/)")
+    parser.add_argument("--latent-px", type=float, default=LATENT_PX, help="output px per latent px")
+    parser.add_argument("--out", type=Path, default=None, help="also write the result here as JSON")
+    args = parser.parse_args(argv)
+    setup_logging("INFO")
+    result = exit_on_user_error(probe)(args.pipeline, args.latent_px)
+    if args.out:
+        write_json_atomic(args.out, result)
+    log.info("flow probe:\n%s", markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
