@@ -30,6 +30,7 @@ from animegamer.evaluation.drawing import markdown_row
 from animegamer.evaluation.motion_sweep import LEVELS, rank_correlation
 from animegamer.metrics.detail_persistence import frame_persistence
 from animegamer.metrics.motion import measure_levels
+from animegamer.metrics.psnr import PSNR_CAP_DB, psnr
 from animegamer.utils.io import write_json_atomic
 from animegamer.utils.logging import setup_logging
 
@@ -90,12 +91,6 @@ def read_clips(pipeline: Path) -> tuple[list[np.ndarray], list[int], dict, Motio
     return clips, levels, bins, motion
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float | None:
-    """In dB; None for identical clips."""
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return None if mse == 0 else 10 * float(np.log10(255.0 ** 2 / mse))
-
-
 def per_level(values: Sequence[float], levels: Sequence[int]) -> dict[int, float]:
     values, levels = np.asarray(values, dtype=np.float64), np.asarray(levels)
     return {level: float(values[levels == level].mean()) for level in LEVELS if (levels == level).any()}
@@ -107,7 +102,7 @@ def probe(pipeline: Path, latent_px: float = LATENT_PX) -> dict:
     for name, degrade in degradations(latent_px).items():
         degraded = [degrade(clip) for clip in clips]
         flows, measured = measure_levels(degraded, bins, motion)
-        scores = [p for p in (psnr(d, c) for d, c in zip(degraded, clips)) if p is not None]
+        scores = [p for p in (psnr(d, c) for d, c in zip(degraded, clips)) if p < PSNR_CAP_DB]  # not the unchanged
         rows.append({"degradation": name, "psnr": float(np.mean(scores)) if scores else None,
                      "acc_f": float(np.mean(np.asarray(measured) == np.asarray(levels))),
                      "rank_correlation": rank_correlation(levels, flows),
