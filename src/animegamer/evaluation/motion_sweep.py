@@ -184,7 +184,9 @@ def markdown(result: Mapping[str, Any], plot_name: str | None) -> list[str]:
              f"{result['clips']} held-out clips, each decoded from its own representation and the same noise at every "
              f"level's flow value (levels {LEVELS[0]}-{LEVELS[-1]}: {flows} px/frame), nothing else changed. Spearman "
              "rho: requested against measured speed over every clip and level (1: the speed follows the motion scope; "
-             "0: it ignores it). Rising: the share of clips whose measured speed never falls and ends higher.", "",
+             "0: it ignores it). Rising: the share of clips whose measured speed never falls and ends higher. The "
+             "detail persistence falls as a clip moves faster, so there a renderer that follows the motion scope "
+             "gives a negative rho and no clip rising.", "",
              "| measure | unit | Spearman rho | rising | mean measured per level |", "|---|---|---|---|---|"]
     for name, measure in result["measures"].items():
         if "reason" in measure:
