@@ -16,7 +16,6 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -399,3 +398,17 @@ def test_the_repository_keeps_the_import_rules():
     assert ("animegamer.cli.evaluate", "animegamer.evaluation.runner") in named
     assert not problems, f"{len(problems)} import-rule breach(es) (docs/architecture.md, 'Import rules'):\n" + \
         "\n".join(problems)
+
+
+def test_the_architecture_page_shows_this_layer_table():
+    """docs/architecture.md's 'Import rules' table names the units of LAYERS, layer by layer (its prose aside)."""
+    import re
+
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| (.+) \|$", page.split("## Import rules", 1)[1], flags=re.MULTILINE)
+    # "the package's own `__init__`" is the unit "" of LAYERS
+    documented = [{"" if unit == "__init__" else unit for unit in re.findall(r"`([\w.]+)`", units)} - {PIPELINE_PACKAGE}
+                  for _, units in rows]
+    assert [int(level) for level, _ in rows] == list(range(len(LAYERS)))
+    assert documented == [set(units) - {PIPELINE_PACKAGE} for units in LAYERS]
+    assert "`data_pipeline`" in rows[LAYER_OF[PIPELINE_PACKAGE]][1]
