@@ -230,6 +230,10 @@ def test_the_flow_probe_shows_detail_fixed_to_the_screen_hiding_the_pan(ci_data:
     assert min(fixed["persistence_per_level"][level] for level in moving) > 0.9
     fastest = str(NUM_LEVELS)
     assert fixed["flow_per_level"][fastest] < 0.25 * drawn["flow_per_level"][fastest]
+    # flicker: the still level reads fast and has lost its detail's persistence
+    flicker = rows[f"detail under {LATENT_PX:g} px (a latent px) drawn afresh every frame"]
+    assert flicker["flow_per_level"]["1"] > 0.5 > drawn["flow_per_level"]["1"]
+    assert max(flicker["persistence_per_level"].values()) < 0.3
     with pytest.raises(SystemExit) as refused:
         main([str(tmp_path / "no_such_pipeline")])
     assert refused.value.code == 2

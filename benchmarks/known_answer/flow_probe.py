@@ -4,7 +4,8 @@ each kind of renderer error does to the measured speed, to read a GPU run's moti
 Each held-in and held-out clip of a finished data set (``python -m benchmarks.known_answer.data OUT --clips-only``)
 is degraded in one way at a time: blurred (a renderer that loses detail), mixed with its own still mean (one that
 under-shoots the pan), or with its detail finer than ``sigma`` fixed as the first frame has it while the coarser
-content moves (detail painted where the sampling noise put it: "texture sticking"). Per degradation: the PSNR
+content moves (detail painted where the sampling noise put it: "texture sticking"), or drawn afresh in every frame
+(flicker). Per degradation: the PSNR
 against the clip, ACC-F against the clips' levels with the data set's own bins, Spearman's rho of level against
 measured flow, and per level the mean flow and the detail persistence
 (:mod:`animegamer.metrics.detail_persistence`).
@@ -63,12 +64,28 @@ def detail_fixed(sigma: float) -> Degradation:
     return degrade
 
 
+def detail_redrawn(sigma: float) -> Degradation:
+    """Each frame's content coarser than ``sigma`` as drawn, its finer detail the first frame's moved to a random
+    place in every frame: detail of the same kind, drawn afresh each frame (flicker)."""
+    def degrade(clip: np.ndarray) -> np.ndarray:
+        frames = clip.astype(np.float32)
+        coarse = np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in frames])
+        detail = frames[0] - coarse[0]
+        rng = np.random.default_rng(0)
+        height, width = detail.shape[:2]
+        moved = [detail] + [np.roll(detail, (int(rng.integers(height)), int(rng.integers(width))), axis=(0, 1))
+                            for _ in range(1, len(frames))]
+        return np.clip(coarse + np.stack(moved), 0, 255).astype(np.uint8)
+    return degrade
+
+
 def degradations(latent_px: float) -> dict[str, Degradation]:
     return {"as drawn": lambda clip: clip,
             **{f"blurred, sigma {s:g} px": blurred(s) for s in BLUR_SIGMAS},
             f"{STILL_SHARE:.0%} of the still mean mixed in": with_still_mean(STILL_SHARE),
             f"detail under {latent_px / 2:g} px fixed to the screen": detail_fixed(latent_px / 2),
-            f"detail under {latent_px:g} px (a latent px) fixed to the screen": detail_fixed(latent_px)}
+            f"detail under {latent_px:g} px (a latent px) fixed to the screen": detail_fixed(latent_px),
+            f"detail under {latent_px:g} px (a latent px) drawn afresh every frame": detail_redrawn(latent_px)}
 
 
 def read_clips(pipeline: Path) -> tuple[list[np.ndarray], list[int], dict, MotionConfig]:
