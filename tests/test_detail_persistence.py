@@ -11,10 +11,13 @@ import pytest
 import torch
 
 from animegamer.evaluation.motion_sweep import (
+    LATENT_PERSISTENCE,
     LEVELS,
+    PERSISTENCE_HEADLINE,
     PIXEL_FLOW,
     PIXEL_PERSISTENCE,
     REFERENCE,
+    headline,
     markdown,
     plot,
     sweep,
@@ -115,7 +118,32 @@ def test_the_sweep_record_and_report_carry_the_true_clips_beside_the_renderings(
     result["measures"]["unmeasured"] = {"unit": "", "reason": "no clip"}
     with_truth(result, "unmeasured", [1], [1.0])
     assert REFERENCE not in result["measures"]["unmeasured"]
+    # the headline: the renderings above the slowest level against the swept clips' own above it
+    found = headline(result)
+    rendered, truth = PERSISTENCE_HEADLINE[PIXEL_PERSISTENCE]
+    assert found[rendered]["value"] == pytest.approx(np.mean([row[1:] for row in measure["values"]]))
+    assert found[truth]["value"] == pytest.approx(measure[REFERENCE]["values"][1])  # the level-5 clip alone
+    assert found[rendered]["value"] > 0.9 > 0.2 > found[truth]["value"]
+    assert not any(found[key]["available"] for key in PERSISTENCE_HEADLINE[LATENT_PERSISTENCE])  # not measured
+    only_still = dict(measure, **{REFERENCE: {"levels": [1], "values": [1.0]}})
+    assert headline({"measures": {PIXEL_PERSISTENCE: only_still}})[truth]["reason"] == \
+        f"no swept clip of its own above level {LEVELS[0]}"
     text = "\n".join(markdown(result, None))
     assert "The true clips, each at its own level" in text
     assert f"detail persistence 1: 1.00 / 5: {measure[REFERENCE]['values'][1]:.2f}" in text
     assert plot(result, tmp_path / "sweep.png") and (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_the_known_answer_table_reads_persistence_lower_is_better_and_its_truth_as_no_score(tmp_path: Path) -> None:
+    from benchmarks.known_answer.report import RECONSTRUCTION, comparisons, write_table
+
+    rendered, truth = PERSISTENCE_HEADLINE[PIXEL_PERSISTENCE]
+    base = f"decoder base: {RECONSTRUCTION}"
+    rows = [{"row": RECONSTRUCTION, "metrics": {rendered: 0.3, truth: 0.15}},
+            {"row": base, "metrics": {rendered: 0.9, truth: 0.15}}]
+    found = comparisons(rows)
+    assert found[f"{RECONSTRUCTION}: {rendered}"][base]["margin"] == pytest.approx(0.6)  # lower: better by 0.6
+    assert f"{RECONSTRUCTION}: {truth}" not in found
+    write_table(tmp_path / "table.md", rows, {"size": "ci", "seed": 0})
+    text = (tmp_path / "table.md").read_text()
+    assert f"Lower is better for {rendered}; higher for the rest but {truth}: the swept clips' own value" in text

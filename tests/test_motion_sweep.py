@@ -20,6 +20,7 @@ from animegamer.evaluation.motion_sweep import (
     LATENT_SHIFT,
     LEVELS,
     PERSISTENCE,
+    PERSISTENCE_HEADLINE,
     PIXEL_FLOW,
     PLOT_FILE,
     REFERENCE,
@@ -137,6 +138,9 @@ def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_r
         assert all(-1.0 <= v <= 1.0 for row in measure["values"] for v in row)
         assert len(measure[REFERENCE]["values"]) == len(measure[REFERENCE]["levels"]) == clips
         assert set(measure[REFERENCE]["levels"]) <= set(LEVELS)
+        rendered, truth = PERSISTENCE_HEADLINE[name]
+        assert reconstruction[rendered]["value"] == pytest.approx(np.mean([row[1:] for row in measure["values"]]))
+        assert reconstruction[truth]["available"] or "above level" in reconstruction[truth]["reason"]
     for folder in (tmp_path / "eval", tmp_path / "eval" / RECONSTRUCTION_FOLDER):
         report = (folder / "report.md").read_text()
         assert "## Motion sweep" in report and f"![motion sweep]({PLOT_FILE})" in report

@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from animegamer.evaluation.drawing import figure
+from animegamer.evaluation.motion_sweep import PERSISTENCE_HEADLINE
 from animegamer.media.video import decode_mp4
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.recipe import step_losses
@@ -20,8 +21,12 @@ from benchmarks.known_answer.data import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRU
 
 TRAINED = "trained game"
 RECONSTRUCTION = "a2 reconstruction (own representation)"
-# Metrics where lower is better; every other metric is better higher.
-LOWER_IS_BETTER = frozenset({"mae_s", "mae_f", "dreamsim"})
+# The sweep's detail persistence beside the swept clips' own (the truth's): not a score of the row but what the
+# metric beside it should reach, so no row is compared on it.
+REFERENCE_METRICS = frozenset(truth for _, truth in PERSISTENCE_HEADLINE.values())
+# Metrics where lower is better; every other metric is better higher. The renderings' detail persistence is
+# better lower down to its truth's (below that is flicker, which the pixel flow then shows as speed).
+LOWER_IS_BETTER = frozenset({"mae_s", "mae_f", "dreamsim", *(key for key, _ in PERSISTENCE_HEADLINE.values())})
 # Each is the share of items (game turns, reconstructed clips) whose speed level came out right: a
 # binomial proportion over few items, so two rows are told apart only against its sampling noise.
 PER_ITEM_SHARES = frozenset({"acc_f"})
@@ -102,7 +107,7 @@ def comparisons(rows: list[dict], items: dict[str, int] | None = None) -> dict[s
         mine_row = next((r for r in rows if r["row"] == reference), {"metrics": {}})
         count = (items or {}).get(reference)
         for key, value in mine_row["metrics"].items():
-            if value is None:
+            if value is None or key in REFERENCE_METRICS:
                 continue
             sign = -1.0 if key in LOWER_IS_BETTER else 1.0
             out.setdefault(f"{reference}: {key}", {})
@@ -130,8 +135,11 @@ def write_table(path: Path, rows: list[dict], about: dict) -> None:
              f"{about.get('reconstruction_clips', '?')} reconstructed clips).", "",
              "| row | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
     lines += [f"| {r['row']} | " + " | ".join(fmt(r["metrics"].get(k)) for k in keys) + " |" for r in rows]
-    lines += ["", "Lower is better for " + ", ".join(sorted(LOWER_IS_BETTER & set(keys))) + "; higher for the rest. "
-              "An empty cell: the metric does not apply to the row (or had no weights)."]
+    references = sorted(REFERENCE_METRICS & set(keys))
+    lines += ["", "Lower is better for " + ", ".join(sorted(LOWER_IS_BETTER & set(keys))) + "; higher for the rest"
+              + (f" but {', '.join(references)}: the swept clips' own value, which the column named without _truth "
+                 "should reach"
+                 if references else "") + ". An empty cell: the metric does not apply to the row (or had no weights)."]
     counts = [(n, what) for n, what in ((about.get("turns"), "game turns"),
                                         (about.get("reconstruction_clips"), "reconstructed clips")) if n]
     if PER_ITEM_SHARES & set(keys) and counts:

@@ -37,6 +37,10 @@ UNITS = {PIXEL_FLOW: "output px per frame (the pipeline's flow estimator on the 
          LATENT_PERSISTENCE: "correlation of the latents' detail finer than 1 latent px, first frame to last"}
 # Each measure's headline metrics (what the known-answer table shows as columns): correlation, rising share.
 HEADLINE = {PIXEL_FLOW: ("sweep_rho", "sweep_rising"), LATENT_SHIFT: ("sweep_rho_latent", "sweep_rising_latent")}
+# Each persistence measure's headline metrics: its mean over the clips at every level above the slowest (where the
+# known-answer films pan), and the same mean over the swept clips' own that are above it (the value to reach).
+PERSISTENCE_HEADLINE = {PIXEL_PERSISTENCE: ("sweep_persistence", "sweep_persistence_truth"),
+                        LATENT_PERSISTENCE: ("sweep_persistence_latent", "sweep_persistence_latent_truth")}
 SWEEP_KEY = "motion_sweep"  # the detail record, beside the headline metrics
 REFERENCE = "truth"  # in a measure: the same measure on the swept clips' own frames or latents
 PLOT_FILE = "motion_sweep.png"
@@ -125,8 +129,9 @@ def truth_per_level(truth: Mapping[str, Sequence]) -> dict[int, float]:
 
 
 def headline(result: Mapping[str, Any]) -> dict[str, dict]:
-    """The headline metrics of a sweep (:data:`HEADLINE`), each unavailable with its reason where there is
-    no value (no clip, a measure that could not measure, or measured speeds all equal)."""
+    """The headline metrics of a sweep (:data:`HEADLINE`, :data:`PERSISTENCE_HEADLINE`), each unavailable with its
+    reason where there is no value (no clip, a measure that could not measure, measured speeds all equal, or no
+    swept clip above the slowest level to give the truth's persistence)."""
     found = {}
     for name, (rho_key, rising_key) in HEADLINE.items():
         measure = result["measures"].get(name) or {"reason": f"{name} not measured"}
@@ -137,6 +142,16 @@ def headline(result: Mapping[str, Any]) -> dict[str, dict]:
         found[rho_key] = (available(rho) if rho is not None else
                           unavailable("every clip at every level measured the same speed: no order to correlate"))
         found[rising_key] = available(measure["rising_share"])
+    for name, (key, truth_key) in PERSISTENCE_HEADLINE.items():
+        measure = result["measures"].get(name) or {"reason": f"{name} not measured"}
+        if "reason" in measure:
+            found.update({key: unavailable(measure["reason"]), truth_key: unavailable(measure["reason"])})
+            continue
+        found[key] = available(float(np.asarray(measure["values"], dtype=np.float64)[:, 1:].mean()))
+        truth = measure.get(REFERENCE) or {"levels": [], "values": []}
+        above = [v for level, v in zip(truth["levels"], truth["values"]) if level > LEVELS[0]]
+        found[truth_key] = (available(float(np.mean(above))) if above else
+                            unavailable(f"no swept clip of its own above level {LEVELS[0]}"))
     return found
 
 
