@@ -300,7 +300,7 @@ def evaluation_sweep(cfg, clips: int, render: Callable[[int, float], Any],
         PIXEL_PERSISTENCE: lambda rendered: [frame_detail(frames, latents) for latents, frames in rendered],
         LATENT_PERSISTENCE: lambda rendered: [latent_persistence(latents) for latents, _ in rendered]})
     levels = [level for _, _, level in truth]
-    for name, measure in ((PIXEL_PERSISTENCE, lambda frames, latents: frame_detail(frames, latents)),
+    for name, measure in ((PIXEL_PERSISTENCE, frame_detail),
                           (LATENT_PERSISTENCE, lambda frames, latents: latent_persistence(latents))):
         try:
             with_truth(result, name, levels, [measure(frames, latents.float()) for frames, latents, _ in truth])
