@@ -508,16 +508,16 @@ def test_window_example_target_is_last_turn(byte):
 
 # --------------------------------------------------------------------------- CLI
 def test_inspect_cli(tmp_path, capsys):
-    from animegamer.mllm.inspect import main
+    from animegamer.cli.inspect import main
 
     game = tmp_path / "game.json"
     game.write_text(json.dumps({"turns": [t.to_dict() for t in make_turns(2)]}))
-    assert main([str(game), "--query-tokens", "3"]) == 0
+    assert main([str(game), "--query-tokens", "3", "--tokenizer", ""]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["num_history"] == 1 and len(out["tokens"]) == len(out["input_ids"]) == out["num_tokens"]
     assert out["label_tokens"][0] == "<Strength_2>" and out["label_tokens"][-1] == "</TURN>"
     assert "[history 0: <frame_00000>..<frame_00002> x3]" in out["compact"]
-    assert main([str(game), "--query-tokens", "3", "--prompt"]) == 0
+    assert main([str(game), "--query-tokens", "3", "--tokenizer", "", "--prompt"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"][-1] == "<ML>" and "labels" not in out
     assert math.isclose(sum(out["query_mask"]), 3)

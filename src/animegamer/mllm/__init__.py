@@ -8,7 +8,7 @@
   matrix, an additive 4-D mask and a FlexAttention block mask.
 - ``collate``: sessions, :class:`WindowSampler`, :func:`collate_sequences` (the batch dict) and the
   model-side :func:`scatter_history` / :func:`gather_queries`.
-- ``inspect``: ``python -m animegamer.mllm.inspect GAME.json`` prints a game's tokens and masks.
+- ``inspect``: a game's tokens and masks, described for ``animegamer inspect GAME.json``.
 """
 from animegamer.mllm.collate import (
     Example,

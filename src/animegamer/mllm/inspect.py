@@ -1,16 +1,11 @@
-"""Show the token layout of a game file: ``python -m animegamer.mllm.inspect GAME.json``.
+"""The token layout of a game file, the body of ``animegamer inspect GAME.json`` (``animegamer.cli.inspect``).
 
 GAME.json is ``{"turns": [{"instruction": ..., "states": {"ML": .., "SC": .., "ET": .., "ST": ..}}, ...]}``
 (a session-shard ``json`` record works too). Every turn but the last is history; the last is the
-target. Prints JSON: the tokens, ids, masks and labels of the training sequence (or, with
+target. The description: the tokens, ids, masks and labels of the training sequence (or, with
 ``--prompt``, of the inference prompt ending in ``<ML>``), plus a compact one-line rendering.
 """
 from __future__ import annotations
-
-import argparse
-import json
-import sys
-from pathlib import Path
 
 from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, Turn, build_prompt, build_sequence
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
@@ -64,21 +59,3 @@ def describe(game: dict, tokenizer_dir: str | None, num_query_tokens: int, promp
         out["labels"] = seq.labels
         out["label_tokens"] = [tok for tok, lab in zip(tokens, seq.labels) if lab != IGNORE_INDEX]
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m animegamer.mllm.inspect", description=__doc__.splitlines()[0])
-    parser.add_argument("game", type=Path, help="game JSON file with a 'turns' list")
-    parser.add_argument("--tokenizer", default="", help="local tokenizer folder ('' = the byte tokenizer)")
-    parser.add_argument("--query-tokens", type=int, default=226, help="N, frame tokens per turn (default 226)")
-    parser.add_argument("--prompt", action="store_true", help="show the inference prompt (ends in <ML>)")
-    parser.add_argument("--indent", type=int, default=None, help="JSON indent (default: one line)")
-    args = parser.parse_args(argv)
-    game = json.loads(args.game.read_text())
-    print(json.dumps(describe(game, args.tokenizer, args.query_tokens, args.prompt), ensure_ascii=False,
-                     indent=args.indent))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
