@@ -33,8 +33,8 @@ LATENT_PERSISTENCE = "latent_detail_persistence"
 PERSISTENCE = (PIXEL_PERSISTENCE, LATENT_PERSISTENCE)
 UNITS = {PIXEL_FLOW: "output px per frame (the pipeline's flow estimator on the decoded frames)",
          LATENT_SHIFT: "latent px per latent frame (the sideways shift of the latents)",
-         PIXEL_PERSISTENCE: "correlation of the frames' detail finer than a latent px, first frame to last",
-         LATENT_PERSISTENCE: "correlation of the latents' detail finer than 1 latent px, first frame to last"}
+         PIXEL_PERSISTENCE: "correlation, first frame to last (of the frames' detail finer than a latent px)",
+         LATENT_PERSISTENCE: "correlation, first frame to last (of the latents' detail finer than 1 latent px)"}
 # Each measure's headline metrics (what the known-answer table shows as columns): correlation, rising share.
 HEADLINE = {PIXEL_FLOW: ("sweep_rho", "sweep_rising"), LATENT_SHIFT: ("sweep_rho_latent", "sweep_rising_latent")}
 # Each persistence measure's headline metrics: its mean over the clips at every level above the slowest (where the
