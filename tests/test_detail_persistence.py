@@ -19,12 +19,13 @@ from animegamer.evaluation.motion_sweep import (
     REFERENCE,
     headline,
     markdown,
+    per_level_means,
     plot,
     sweep,
-    truth_per_level,
     with_truth,
 )
 from animegamer.metrics.detail_persistence import fine_detail_correlation, frame_persistence, latent_persistence
+from benchmarks.known_answer.flow_probe import detail_fixed
 
 FRAMES, HEIGHT, WIDTH = 17, 64, 96
 LATENT_PX = 4.0  # output px per latent px, as the small preset's VAE compresses
@@ -45,13 +46,6 @@ def _pan(speed: float, seed: int = 0) -> np.ndarray:
     return np.stack([canvas[:, round(speed * t): round(speed * t) + WIDTH] for t in range(FRAMES)])
 
 
-def _stuck(clip: np.ndarray, sigma: float = LATENT_PX) -> np.ndarray:
-    """The clip's coarse content moving, its detail finer than ``sigma`` held as the first frame has it."""
-    frames = clip.astype(np.float32)
-    coarse = np.stack([cv2.GaussianBlur(f, (0, 0), sigma) for f in frames])
-    return np.clip(coarse + (frames[0] - coarse[0])[None], 0, 255).astype(np.uint8)
-
-
 def test_a_pan_loses_its_fine_detail_and_a_still_clip_keeps_it() -> None:
     assert frame_persistence(_pan(0.0), LATENT_PX) == pytest.approx(1.0)
     for speed in (1.0, 2.0, 4.0):
@@ -61,9 +55,9 @@ def test_a_pan_loses_its_fine_detail_and_a_still_clip_keeps_it() -> None:
 def test_detail_fixed_to_the_screen_keeps_it_while_the_content_moves() -> None:
     """The renderer that moves its coarse content and not its detail: the flow it shows is the still detail's."""
     for speed in (1.0, 4.0):
-        assert frame_persistence(_stuck(_pan(speed)), LATENT_PX) > 0.9, speed
+        assert frame_persistence(detail_fixed(LATENT_PX)(_pan(speed)), LATENT_PX) > 0.9, speed
     # detail only partly held: in between, ordered
-    moving, stuck = _pan(2.0), _stuck(_pan(2.0))
+    moving, stuck = _pan(2.0), detail_fixed(LATENT_PX)(_pan(2.0))
     half = ((moving.astype(np.float32) + stuck) / 2).astype(np.uint8)
     assert frame_persistence(moving, LATENT_PX) < frame_persistence(half, LATENT_PX) < frame_persistence(stuck, LATENT_PX)
 
@@ -100,7 +94,7 @@ def test_the_sweep_record_and_report_carry_the_true_clips_beside_the_renderings(
     clips = 2
 
     def render(clip: int, flow: float) -> np.ndarray:
-        return _stuck(_pan(round(flow), seed=clip))
+        return detail_fixed(LATENT_PX)(_pan(round(flow), seed=clip))
 
     result = sweep(render, clips, flows, {
         PIXEL_FLOW: lambda rendered: [float(level) for level in range(len(rendered))],
@@ -112,7 +106,8 @@ def test_the_sweep_record_and_report_carry_the_true_clips_beside_the_renderings(
     assert min(min(row) for row in measure["values"]) > 0.9  # stuck at every level
     assert measure[REFERENCE]["levels"] == truth_levels
     assert measure[REFERENCE]["values"][0] == pytest.approx(1.0) and abs(measure[REFERENCE]["values"][1]) < 0.2
-    assert truth_per_level(measure[REFERENCE]) == pytest.approx({1: 1.0, 5: measure[REFERENCE]["values"][1]})
+    assert per_level_means(truth_levels, measure[REFERENCE]["values"]) == \
+        pytest.approx({1: 1.0, 5: measure[REFERENCE]["values"][1]})
     assert REFERENCE not in result["measures"][PIXEL_FLOW]
     # a measure left out is given no reference
     result["measures"]["unmeasured"] = {"unit": "", "reason": "no clip"}

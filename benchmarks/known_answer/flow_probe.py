@@ -28,7 +28,7 @@ from animegamer.contracts.files import CLIPS_DIR, MANIFEST
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.errors import InvalidInputError, exit_on_user_error
 from animegamer.evaluation.drawing import markdown_row
-from animegamer.evaluation.motion_sweep import LEVELS, rank_correlation
+from animegamer.evaluation.motion_sweep import LEVELS, per_level_means, rank_correlation
 from animegamer.metrics.detail_persistence import frame_persistence
 from animegamer.metrics.motion import measure_levels
 from animegamer.metrics.psnr import PSNR_CAP_DB, psnr
@@ -44,8 +44,13 @@ STILL_SHARE = 0.5  # of the clip's mean over time mixed into every frame
 Degradation = Callable[[np.ndarray], np.ndarray]
 
 
+def _blur(frames: np.ndarray, sigma: float) -> np.ndarray:
+    """Each frame (T, H, W, 3) blurred apart, in its own dtype."""
+    return np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in frames])
+
+
 def blurred(sigma: float) -> Degradation:
-    return lambda clip: np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in clip])
+    return lambda clip: _blur(clip, sigma)
 
 
 def with_still_mean(share: float) -> Degradation:
@@ -59,7 +64,7 @@ def detail_fixed(sigma: float) -> Degradation:
     """Each frame's content coarser than ``sigma`` as drawn, its finer detail the first frame's."""
     def degrade(clip: np.ndarray) -> np.ndarray:
         frames = clip.astype(np.float32)
-        coarse = np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in frames])
+        coarse = _blur(frames, sigma)
         return np.clip(coarse + (frames[0] - coarse[0])[None], 0, 255).astype(np.uint8)
     return degrade
 
@@ -69,7 +74,7 @@ def detail_redrawn(sigma: float) -> Degradation:
     place in every frame: detail of the same kind, drawn afresh each frame (flicker)."""
     def degrade(clip: np.ndarray) -> np.ndarray:
         frames = clip.astype(np.float32)
-        coarse = np.stack([cv2.GaussianBlur(frame, (0, 0), sigma) for frame in frames])
+        coarse = _blur(frames, sigma)
         detail = frames[0] - coarse[0]
         rng = np.random.default_rng(0)
         height, width = detail.shape[:2]
@@ -108,11 +113,6 @@ def read_clips(pipeline: Path) -> tuple[list[np.ndarray], list[int], dict, Motio
     return clips, levels, bins, motion
 
 
-def per_level(values: Sequence[float], levels: Sequence[int]) -> dict[int, float]:
-    values, levels = np.asarray(values, dtype=np.float64), np.asarray(levels)
-    return {level: float(values[levels == level].mean()) for level in LEVELS if (levels == level).any()}
-
-
 def probe(pipeline: Path, latent_px: float = LATENT_PX) -> dict:
     clips, levels, bins, motion = read_clips(pipeline)
     rows = []
@@ -123,8 +123,8 @@ def probe(pipeline: Path, latent_px: float = LATENT_PX) -> dict:
         rows.append({"degradation": name, "psnr": float(np.mean(scores)) if scores else None,
                      "acc_f": float(np.mean(np.asarray(measured) == np.asarray(levels))),
                      "rank_correlation": rank_correlation(levels, flows),
-                     "flow_per_level": per_level(flows, levels),
-                     "persistence_per_level": per_level([frame_persistence(d, latent_px) for d in degraded], levels)})
+                     "flow_per_level": per_level_means(levels, flows),
+                     "persistence_per_level": per_level_means(levels, [frame_persistence(d, latent_px) for d in degraded])})
         log.info("%s: ACC-F %.3f", name, rows[-1]["acc_f"])
     return {"pipeline": str(pipeline), "clips": len(clips), "latent_px": latent_px, "rows": rows}
 

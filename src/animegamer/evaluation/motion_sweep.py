@@ -121,10 +121,9 @@ def with_truth(result: dict[str, Any], name: str, levels: Sequence[int], values:
         measure[REFERENCE] = {"levels": [int(level) for level in levels], "values": [float(v) for v in values]}
 
 
-def truth_per_level(truth: Mapping[str, Sequence]) -> dict[int, float]:
-    """The reference's mean per level, for the levels it has a clip of."""
-    levels = np.asarray(truth["levels"])
-    values = np.asarray(truth["values"], dtype=np.float64)
+def per_level_means(levels: Sequence[int], values: Sequence[float]) -> dict[int, float]:
+    """The mean of ``values`` per level of ``levels`` (each value's), for the levels that have one, in order."""
+    levels, values = np.asarray(levels), np.asarray(values, dtype=np.float64)
     return {int(level): float(values[levels == level].mean()) for level in sorted(set(levels.tolist()))}
 
 
@@ -216,7 +215,8 @@ def markdown(result: Mapping[str, Any], plot_name: str | None) -> list[str]:
     if truths:
         lines += ["The true clips, each at its own level (mean per level, levels without a clip left out): " + "; ".join(
             f"{name.replace('_', ' ')} " + " / ".join(f"{level}: {value:.2f}" for level, value in
-                                                     truth_per_level(truth).items()) for name, truth in truths), ""]
+                                                     per_level_means(truth["levels"], truth["values"]).items())
+            for name, truth in truths), ""]
     if plot_name:
         lines += [f"![motion sweep]({plot_name})", ""]
     return lines

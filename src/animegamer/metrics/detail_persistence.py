@@ -33,12 +33,12 @@ def fine_detail_correlation(first: np.ndarray, last: np.ndarray, sigma: float) -
         raise ValueError(f"expected two equally shaped image stacks (..., H, W), got {first.shape} and {last.shape}")
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
-    a = np.stack([_fine(x, sigma) for x in first.reshape(-1, *first.shape[-2:])])
-    b = np.stack([_fine(x, sigma) for x in last.reshape(-1, *last.shape[-2:])])
-    scale = float(np.sqrt((a.astype(np.float64) ** 2).sum() * (b.astype(np.float64) ** 2).sum()))
+    a, b = (np.stack([_fine(x, sigma) for x in stack.reshape(-1, *stack.shape[-2:])]).astype(np.float64)
+            for stack in (first, last))
+    scale = float(np.sqrt((a ** 2).sum() * (b ** 2).sum()))
     if scale == 0:
         raise ValueError("a frame without fine detail: its persistence is undefined")
-    return float((a.astype(np.float64) * b).sum() / scale)
+    return float((a * b).sum() / scale)
 
 
 def frame_persistence(frames: np.ndarray, sigma: float) -> float:
