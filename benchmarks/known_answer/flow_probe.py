@@ -113,20 +113,31 @@ def read_clips(pipeline: Path) -> tuple[list[np.ndarray], list[int], dict, Motio
     return clips, levels, bins, motion
 
 
+def frames_row(name: str, rendered: list[np.ndarray], clips: list[np.ndarray], levels: list[int], bins: dict,
+               motion: MotionConfig, latent_px: float) -> dict:
+    """How the flow estimator and the detail persistence read ``rendered``, the clips (T, H, W, 3) made
+    another way: PSNR against the true ``clips``, ACC-F against their ``levels``, rho, and per level the
+    mean flow and persistence."""
+    flows, measured = measure_levels(rendered, bins, motion)
+    scores = [p for p in (psnr(r, c) for r, c in zip(rendered, clips)) if p < PSNR_CAP_DB]  # not the unchanged
+    row = {"degradation": name, "psnr": float(np.mean(scores)) if scores else None,
+           "acc_f": float(np.mean(np.asarray(measured) == np.asarray(levels))),
+           "rank_correlation": rank_correlation(levels, flows),
+           "flow_per_level": per_level_means(levels, flows),
+           "persistence_per_level": per_level_means(levels, [frame_persistence(r, latent_px) for r in rendered])}
+    log.info("%s: ACC-F %.3f", name, row["acc_f"])
+    return row
+
+
 def probe(pipeline: Path, latent_px: float = LATENT_PX) -> dict:
     clips, levels, bins, motion = read_clips(pipeline)
-    rows = []
-    for name, degrade in degradations(latent_px).items():
-        degraded = [degrade(clip) for clip in clips]
-        flows, measured = measure_levels(degraded, bins, motion)
-        scores = [p for p in (psnr(d, c) for d, c in zip(degraded, clips)) if p < PSNR_CAP_DB]  # not the unchanged
-        rows.append({"degradation": name, "psnr": float(np.mean(scores)) if scores else None,
-                     "acc_f": float(np.mean(np.asarray(measured) == np.asarray(levels))),
-                     "rank_correlation": rank_correlation(levels, flows),
-                     "flow_per_level": per_level_means(levels, flows),
-                     "persistence_per_level": per_level_means(levels, [frame_persistence(d, latent_px) for d in degraded])})
-        log.info("%s: ACC-F %.3f", name, rows[-1]["acc_f"])
+    rows = [frames_row(name, [degrade(clip) for clip in clips], clips, levels, bins, motion, latent_px)
+            for name, degrade in degradations(latent_px).items()]
     return {"pipeline": str(pipeline), "clips": len(clips), "latent_px": latent_px, "rows": rows}
+
+
+def per_level_text(values: dict) -> str:
+    return " / ".join(f"{v:.2f}" for v in values.values())
 
 
 def markdown(result: dict) -> str:
@@ -134,13 +145,16 @@ def markdown(result: dict) -> str:
     lines = [f"{result['clips']} clips of {result['pipeline']}; a latent px is {result['latent_px']:g} output px.", "",
              f"| degradation | PSNR (dB) | ACC-F | rho | flow per level ({head}) | detail persistence per level |",
              "|---|---:|---:|---:|---|---|"]
-    for row in result["rows"]:
-        rho = row["rank_correlation"]
-        lines.append(markdown_row(row["degradation"], "" if row["psnr"] is None else f"{row['psnr']:.1f}",
-                                  f"{row['acc_f']:.3f}", "n/a" if rho is None else f"{rho:.3f}",
-                                  " / ".join(f"{v:.2f}" for v in row["flow_per_level"].values()),
-                                  " / ".join(f"{v:.2f}" for v in row["persistence_per_level"].values())))
+    lines += [markdown_row(*frames_cells(row)) for row in result["rows"]]
     return "\n".join(lines) + "\n"
+
+
+def frames_cells(row: dict) -> list[str]:
+    """A row's name, PSNR, ACC-F, rho, flow and persistence per level as table cells."""
+    rho = row["rank_correlation"]
+    return [row["degradation"], "" if row["psnr"] is None else f"{row['psnr']:.1f}", f"{row['acc_f']:.3f}",
+            "n/a" if rho is None else f"{rho:.3f}", per_level_text(row["flow_per_level"]),
+            per_level_text(row["persistence_per_level"])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
