@@ -142,3 +142,24 @@ def test_the_known_answer_table_reads_persistence_lower_is_better_and_its_truth_
     write_table(tmp_path / "table.md", rows, {"size": "ci", "seed": 0})
     text = (tmp_path / "table.md").read_text()
     assert f"Lower is better for {rendered}; higher for the rest but {truth}: the swept clips' own value" in text
+
+
+def test_the_latent_probe_degrades_latents_as_it_says() -> None:
+    """benchmarks/known_answer/latent_probe.py: detail fixed to the latent grid keeps the latents' coarse pan and
+    their detail's persistence; blur and the still mean keep each frame's mean; the round trip changes nothing."""
+    from benchmarks.known_answer.latent_probe import FINE_SIGMA, latent_degradations
+    from animegamer.metrics.latent_motion import clip_speed
+
+    generator = torch.Generator().manual_seed(0)
+    texture = torch.randn(4, 16, 80, generator=generator)
+    moving = torch.stack([texture[..., 2 * t: 2 * t + 32] for t in range(5)])  # (T', C, H, W), 2 latent px a frame
+    rows = latent_degradations()
+    assert torch.equal(rows["as encoded (the VAE round trip)"](moving), moving)
+    fixed = rows[f"latent detail under {FINE_SIGMA:g} latent px fixed to the grid"](moving)
+    assert torch.allclose(fixed[0], moving[0], atol=1e-5)  # the first latent frame as encoded
+    assert latent_persistence(fixed) > 0.9 > 0.2 > abs(latent_persistence(moving))
+    assert clip_speed(moving) == pytest.approx(2.0, abs=0.1)
+    for name, degrade in rows.items():
+        out = degrade(moving)
+        assert out.shape == moving.shape, name
+        assert torch.allclose(out.mean(dim=(-2, -1)), moving.mean(dim=(-2, -1)), atol=0.05) or "still" in name, name
