@@ -20,6 +20,18 @@ source scripts/known_answer_env.sh
 export CUDA_VISIBLE_DEVICES=0
 left() { echo $((BUDGET_S - ($(date +%s) - STARTED))); }
 
+# The latent probe (benchmarks/known_answer/latent_probe.py) on the first variant's clips and VAE, in the
+# background once the VAE is written (host CPUs and a little GPU beside the decoder bases): what the VAE makes
+# of latents that move, for reading the sweeps' frames against. LATENT_PROBE=0 leaves it out.
+latent_probe() {  # WORK PID: the variant's folder and process
+  [ "${LATENT_PROBE:-1}" = 1 ] || return 0
+  local work=$1 pid=$2
+  (while [ ! -f "$work/vae/training.json" ] && kill -0 "$pid" 2>/dev/null; do sleep 3; done  # no VAE of its own (--vae-from): none
+   [ -f "$work/vae/training.json" ] && [ ! -f "$work/latent_probe.json" ] && [ "$(left)" -gt 0 ] && \
+     timeout "$(left)" python3 -m benchmarks.known_answer.latent_probe "$work/pipeline" --vae "$work/vae" \
+       --device cuda --out "$work/latent_probe.json" > "$work/latent_probe.log" 2>&1) &
+}
+
 first=""
 names=()
 for spec in "$@"; do
@@ -43,7 +55,7 @@ for spec in "$@"; do
   # shellcheck disable=SC2086  # the variant's arguments are words
   timeout "$(left)" python3 -m benchmarks.known_answer "$work" --size gpu pipeline.workers="$WORKERS" $args \
     > "$ROOT/$name.log" 2>&1 &
-  [ "$first" = "$name" ] && [ -z "${first_pid:-}" ] && first_pid=$!
+  if [ "$first" = "$name" ] && [ -z "${first_pid:-}" ]; then first_pid=$!; latent_probe "$work" "$first_pid"; fi
   names+=("$name")
 done
 wait
@@ -60,7 +72,8 @@ for name in "${names[@]}"; do
   cp "$work/vae/training.json" "$work/vae_training.json" 2>/dev/null
   # Every evaluation's metrics and motion-sweep plot too (the renderers' and ablations' folders under seed_N/).
   (cd "$work" && tar czf "$OUT/$name.tgz" --ignore-failed-read known_answer.json known_answer.md curves.png gallery.png \
-    eval_metrics.json eval_report.md reconstruction_metrics.json vae_training.json run.log \
+    eval_metrics.json eval_report.md reconstruction_metrics.json vae_training.json run.log latent_probe.json \
+    latent_probe.log \
     $(find seed_* \( -name metrics.json -o -name motion_sweep.png \) -size -4M 2>/dev/null) 2>/dev/null)
 done
 ls -la "$OUT"
