@@ -163,3 +163,11 @@ def test_the_latent_probe_degrades_latents_as_it_says() -> None:
         out = degrade(moving)
         assert out.shape == moving.shape, name
         assert torch.allclose(out.mean(dim=(-2, -1)), moving.mean(dim=(-2, -1)), atol=0.05) or "still" in name, name
+
+
+def test_the_latent_probe_refuses_a_folder_without_a_vae_before_reading_clips(tmp_path: Path) -> None:
+    from benchmarks.known_answer.latent_probe import main
+
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path / "no_such_pipeline"), "--vae", str(tmp_path)])
+    assert refused.value.code == 2

@@ -157,20 +157,28 @@ def frames_cells(row: dict) -> list[str]:
             per_level_text(row["persistence_per_level"])]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.flow_probe",
-                                     description=__doc__.split("\n")[0])
+def probe_parser(module: str, doc: str) -> argparse.ArgumentParser:
+    """The probes' command line: the data set's pipeline folder and ``--out``; each adds its own options."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0])
     parser.add_argument("pipeline", type=Path, help="the data set's pipeline folder (holding clips/)")
-    parser.add_argument("--latent-px", type=float, default=LATENT_PX, help="output px per latent px")
     parser.add_argument("--out", type=Path, default=None, help="also write the result here as JSON")
-    args = parser.parse_args(argv)
-    setup_logging("INFO")
-    result = exit_on_user_error(probe)(args.pipeline, args.latent_px)
-    if args.out:
-        write_json_atomic(args.out, result)
-    log.info("flow probe:\n%s", markdown(result))
+    return parser
+
+
+def report(title: str, result: dict, out: Path | None, table: Callable[[dict], str]) -> int:
+    """Writes a probe's ``result`` to ``out`` (when given) and logs its ``table``."""
+    if out:
+        write_json_atomic(out, result)
+    log.info("%s:\n%s", title, table(result))
     return 0
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = probe_parser(__spec__.name if __spec__ else __name__, __doc__)
+    parser.add_argument("--latent-px", type=float, default=LATENT_PX, help="output px per latent px")
+    args = parser.parse_args(argv)
+    setup_logging("INFO")
+    return report("flow probe", exit_on_user_error(probe)(args.pipeline, args.latent_px), args.out, markdown)
 
 if __name__ == "__main__":
     raise SystemExit(main())

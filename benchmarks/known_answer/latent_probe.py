@@ -14,7 +14,6 @@ round trip every other row reads against.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,9 +29,16 @@ from animegamer.evaluation.motion_sweep import LEVELS, per_level_means
 from animegamer.metrics.detail_persistence import latent_persistence
 from animegamer.metrics.latent_motion import clip_speed
 from animegamer.models.frozen_vae import FrozenVAE
-from animegamer.utils.io import write_json_atomic
 from animegamer.utils.logging import setup_logging
-from benchmarks.known_answer.flow_probe import STILL_SHARE, frames_cells, frames_row, per_level_text, read_clips
+from benchmarks.known_answer.flow_probe import (
+    STILL_SHARE,
+    frames_cells,
+    frames_row,
+    per_level_text,
+    probe_parser,
+    read_clips,
+    report,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +78,9 @@ def latent_degradations() -> dict[str, LatentDegradation]:
             f"latent detail under {FINE_SIGMA:g} latent px fixed to the grid": latent_detail_fixed(FINE_SIGMA)}
 
 
-def load_vae(folder: Path, device: str) -> FrozenVAE:
+def check_vae_folder(folder: Path) -> None:
     if not (folder / "config.json").is_file():
         raise InvalidInputError(f"{folder}: no config.json; give a trained VAE folder (python -m animegamer.toy_vae)")
-    return FrozenVAE(VAEConfig(path=str(folder))).to(device).eval()
 
 
 def decode(vae: FrozenVAE, latents: torch.Tensor) -> np.ndarray:
@@ -85,10 +90,11 @@ def decode(vae: FrozenVAE, latents: torch.Tensor) -> np.ndarray:
 
 
 def probe(pipeline: Path, vae_folder: Path, device: str = "cpu", max_clips: int | None = None) -> dict:
+    check_vae_folder(vae_folder)  # before the clips are read
     clips, levels, bins, motion = read_clips(pipeline)
     if max_clips is not None:  # every level keeps its share: the clips are in the shards' order, not by level
         clips, levels = clips[:max_clips], levels[:max_clips]
-    vae = load_vae(vae_folder, device)
+    vae = FrozenVAE(VAEConfig(path=str(vae_folder))).to(device).eval()
     latents = [vae.encode(clip[None])[0].float().cpu() for clip in clips]  # (T', C, H, W) each, posterior mode
     latent_px = clips[0].shape[2] / latents[0].shape[-1]
     rows = []
@@ -114,21 +120,14 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.latent_probe",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("pipeline", type=Path, help="the data set's pipeline folder (holding clips/)")
+    parser = probe_parser(__spec__.name if __spec__ else __name__, __doc__)
     parser.add_argument("--vae", type=Path, required=True, help="the VAE folder trained on those clips")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clips", type=int, default=None, help="only the first N clips")
-    parser.add_argument("--out", type=Path, default=None, help="also write the result here as JSON")
     args = parser.parse_args(argv)
     setup_logging("INFO")
     result = exit_on_user_error(probe)(args.pipeline, args.vae, args.device, args.clips)
-    if args.out:
-        write_json_atomic(args.out, result)
-    log.info("latent probe:\n%s", markdown(result))
-    return 0
-
+    return report("latent probe", result, args.out, markdown)
 
 if __name__ == "__main__":
     raise SystemExit(main())
