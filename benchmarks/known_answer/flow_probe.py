@@ -180,5 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging("INFO")
     return report("flow probe", exit_on_user_error(probe)(args.pipeline, args.latent_px), args.out, markdown)
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -26,6 +26,7 @@ from animegamer.config.schema import VAEConfig
 from animegamer.errors import InvalidInputError, exit_on_user_error
 from animegamer.evaluation.drawing import markdown_row
 from animegamer.evaluation.motion_sweep import LEVELS, per_level_means
+from animegamer.game.render import decode_frames
 from animegamer.metrics.detail_persistence import latent_persistence
 from animegamer.metrics.latent_motion import clip_speed
 from animegamer.models.frozen_vae import FrozenVAE
@@ -66,7 +67,8 @@ def latent_detail_fixed(sigma: float) -> LatentDegradation:
 
 def latent_still_mean(share: float) -> LatentDegradation:
     def degrade(latents: torch.Tensor) -> torch.Tensor:
-        return (1 - share) * latents.float() + share * latents.float().mean(dim=0, keepdim=True)
+        values = latents.float()
+        return (1 - share) * values + share * values.mean(dim=0, keepdim=True)
     return degrade
 
 
@@ -83,12 +85,6 @@ def check_vae_folder(folder: Path) -> None:
         raise InvalidInputError(f"{folder}: no config.json; give a trained VAE folder (python -m animegamer.toy_vae)")
 
 
-def decode(vae: FrozenVAE, latents: torch.Tensor) -> np.ndarray:
-    """uint8 frames (T, H, W, 3) of one latent clip (T', C, H, W)."""
-    video = vae.decode(latents[None])[0]  # (T, H, W, 3) in [0, 1]
-    return (video * 255).round().to(torch.uint8).cpu().numpy()
-
-
 def probe(pipeline: Path, vae_folder: Path, device: str = "cpu", max_clips: int | None = None) -> dict:
     check_vae_folder(vae_folder)  # before the clips are read
     clips, levels, bins, motion = read_clips(pipeline)
@@ -100,7 +96,7 @@ def probe(pipeline: Path, vae_folder: Path, device: str = "cpu", max_clips: int 
     rows = []
     for name, degrade in latent_degradations().items():
         degraded = [degrade(z) for z in latents]
-        row = frames_row(name, [decode(vae, z) for z in degraded], clips, levels, bins, motion, latent_px)
+        row = frames_row(name, [decode_frames(vae, z[None])[0] for z in degraded], clips, levels, bins, motion, latent_px)
         row["latent_speed_per_level"] = per_level_means(levels, [clip_speed(z) for z in degraded])
         row["latent_persistence_per_level"] = per_level_means(levels, [latent_persistence(z) for z in degraded])
         rows.append(row)
