@@ -123,6 +123,29 @@ def test_a_commands_module_loads_its_body_only_when_it_runs():
     assert loaded.stdout.strip() == ""
 
 
+# Command lines refused by their run's checks (a missing folder, a bad value), past the override check: the
+# pre-flight loads torch and the configs but not Lightning, the trainer's import, which only a run that
+# trains pays.
+PREFLIGHT_REFUSED = {
+    "train": ["train", "data.root=no_shards"],
+    "eval": ["eval", "data.root=no_shards"],
+    "quickstart": ["quickstart", "phase.max_steps=-1"],
+    "finetune": ["finetune", "--film", "film.mp4", "--captions", "film.jsonl", "--from", "no_run", "--out", "out"],
+}
+
+
+@pytest.mark.parametrize("name", PREFLIGHT_REFUSED)
+def test_a_run_refused_by_its_checks_never_loads_lightning(tmp_path, name):
+    probe = ("import sys\nfrom animegamer.cli import main\n"
+             f"try:\n    code = main({PREFLIGHT_REFUSED[name]!r})\nexcept SystemExit as stop:\n    code = stop.code\n"
+             "print('exit', code, 'lightning' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                          env={**env, **NO_GPU, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
+    assert done.stdout.strip().splitlines()[-1] == f"exit {USER_ERROR_EXIT_CODE} False", (done.stdout, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("local_rank, says", [(None, True), ("0", True), ("1", False)])
 def test_a_user_error_is_said_once_per_node(monkeypatch, capsys, local_rank, says):
     """Under torchrun every process of a node refuses the same config: its first one (LOCAL_RANK 0) says why,

@@ -104,6 +104,13 @@ def test_every_phase_yaml_composes_into_its_specs_schema():
         assert type(_typed(cfg).phase) is spec.config
 
 
+def test_every_phase_has_its_builder():
+    from animegamer.phases.builders import BUILDERS
+    from animegamer.phases.specs import PHASES
+
+    assert BUILDERS.keys() == PHASES.keys()
+
+
 @pytest.mark.parametrize("phase, override, schema", [
     ("a_joint", "phase.pack_tokens=1024", "PhaseAConfig"),
     ("a_warmup", "phase.pad_to_multiple=8", "PhaseAConfig"),

@@ -30,10 +30,10 @@ from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import lineage, trained_clip_size, trained_preset
 from animegamer.config.compose import compose_config
 from animegamer.config.disk_checks import read_json_object
+from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.errors import MissingInputError, UserError, exit_on_user_error
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
 from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe, stage_overrides
-from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)

@@ -35,10 +35,11 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
-from animegamer.config.compose import carried_over, compose_config, overrides_for
+from animegamer.config.compose import carried_over, command_body, compose_config, overrides_for
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
-from animegamer.contracts.files import CLIPS_DIR
+from animegamer.contracts.exports import TRAIN_SECONDS
+from animegamer.contracts.files import CLIPS_DIR, LOSS_HISTORY
 from animegamer.contracts.steps import CLIP_STEPS
 from animegamer.data.split_checks import (captions_problems, counts_of, held_out_problems, options_of,
                                          session_problems, split_suggestion, training_problems, validation_gap)
@@ -54,16 +55,17 @@ from animegamer.game.writer import GAME_FILE, INDEX_FILE
 from animegamer.media.fingerprint import fingerprint
 from animegamer.models.decoder import BASE_FOLDER
 from animegamer.phases.preflight import check_training
-from animegamer.phases import run as train_command
 from animegamer.pipeline_port import load_pipeline
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining, ensure_trained, init_link
-from animegamer.training.callbacks import TRAIN_SECONDS
-from animegamer.training.faults import LOSS_HISTORY
 from animegamer.training.run_record import RunFolderChanged, only_data_changed
 from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
 from animegamer.utils.io import first_free, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
+
+# A stage's training, in this process (what train.py runs after its checks): loaded when the first stage
+# trains, so a recipe refused by its checks never loads Lightning.
+train_run = command_body("animegamer.phases.run", "run")
 
 
 @dataclass
@@ -131,14 +133,14 @@ def train_stage(overrides: list[str], new_folder: str = "") -> dict:
     command that runs the stage trains into another folder (empty: ``train.py``'s ``output_dir``)."""
     composed = compose_config("train", overrides)
     try:
-        return train_command.run(composed)
+        return train_run(composed)
     except RunFolderChanged as changed:
         if not only_data_changed(changed):
             raise (changed.advising(new_folder) if new_folder else changed) from None
         kept = supersede(Path(composed.output_dir), composed.lock_wait_seconds)
         log.warning("%s: the shards it trained on changed since its checkpoints (%s); the stage starts afresh, its "
                     "earlier run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
-        return train_command.run(composed)
+        return train_run(composed)
 
 
 def supersede(folder: Path, wait_seconds: float) -> Path:

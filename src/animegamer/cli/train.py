@@ -11,8 +11,15 @@ from omegaconf import DictConfig
 from animegamer.config.compose import command_body, config_dir, run_command
 from animegamer.errors import exit_on_user_error
 
-# The body (its pre-flight, then the training): Lightning and the networks load once the overrides passed.
-run = command_body("animegamer.phases.run", "run")
+# The body, loaded once the overrides passed: its pre-flight (no Lightning, so a refused run stops early),
+# then the training, which loads Lightning and the networks.
+prepare = command_body("animegamer.phases.preflight", "prepare_train_run")
+train_checked = command_body("animegamer.phases.run", "train_checked")
+
+
+def run(cfg: DictConfig) -> dict:
+    """Check the composed config (every problem at once), then train it."""
+    return train_checked(prepare(cfg))
 
 
 @hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")

@@ -43,6 +43,11 @@ def local_folder(key: str, path: str) -> list[str]:
     return []
 
 
+def check_bad_sample_budget(budget: int) -> list[str]:
+    """``data.bad_sample_budget``: how many bad samples a run may skip (training/bad_data.py), so >= 0."""
+    return [] if budget >= 0 else [f"data.bad_sample_budget={budget} must be >= 0"]
+
+
 def check_encoders(enc: EncodersConfig, which: tuple[str, ...] = ("t5", "clip", "vae")) -> list[str]:
     problems = []
     for name in which:

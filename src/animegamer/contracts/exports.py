@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 A_BASE, A_WARMUP, A_JOINT, PHASE_B, PHASE_C = "a_base", "a_warmup", "a_joint", "b", "c"
 TOKENIZER_DIR = "tokenizer"  # a phase (b) export's copy of the tokenizer it trained with
+TRAIN_SECONDS = "train_seconds"  # export.json: wall seconds of training so far, resumed runs' included
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ SHOTS_FILE = "shots.json"  # beside the clip shards: each clip's shot
 SESSIONS_FILE = "sessions.json"
 # A training run's folder and an evaluation's.
 RECORD_FILE = "run_config.json"  # the config and data digests a resume is checked against
+LOSS_HISTORY = "loss_history.json"  # a run folder's [step, seconds, loss] rows, resumed attempts' included
 EXPORT_DIR = "export"
 METRICS_FILE = "metrics.json"
 SHARD_SUFFIX = ".tar"  # every shard set is tar files of webdataset records

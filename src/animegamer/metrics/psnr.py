@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torchmetrics.functional.image import peak_signal_noise_ratio
 
 from animegamer.metrics.common import Metric, available, unavailable
 
@@ -28,6 +27,10 @@ def psnr(frames: np.ndarray, truth: np.ndarray) -> float:
     for name, clip in (("generated", frames), ("truth", truth)):
         if clip.dtype != np.uint8:
             raise TypeError(f"PSNR reads 8-bit frames: the {name} clip is {clip.dtype}")
+    # Imported here: torchmetrics' functional package loads scipy and transformers, seconds that a command
+    # refused by its checks should not pay.
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
     # float64: the difference of uint8 tensors would wrap around.
     value = peak_signal_noise_ratio(torch.from_numpy(frames).double(), torch.from_numpy(truth).double(),
                                     data_range=PIXEL_RANGE)

@@ -20,15 +20,10 @@ from animegamer.models.decoder import BASE_FOLDER
 from animegamer.models.reconstruction import ReconstructionModel, build_reconstruction
 from animegamer.phases.common import (clip_gradients, compute_dtype, init_exports, keep_trained, make_optimizer,
                                       micro_step, set_trainable, trainable_names)
+from animegamer.phases.groups import ADALN, DECODER, ENCODER, LORA, MOTION_SCOPE
 from animegamer.training.throughput import transformer_forward_flops
 from animegamer.utils.randomness import SampleRandom, sample_positions
 from animegamer.utils.state import submodule_state
-
-# Parameter groups of the reconstruction model (encoder + decoder) that a phase trains (its spec's
-# ``trains``), resolved to parameter names by :func:`trained_parameters`; a phase that trains the
-# decoder's LoRA also adds it. DECODER is every parameter of the decoder's transformer (pre-training a
-# base, no LoRA).
-ENCODER, MOTION_SCOPE, ADALN, LORA, DECODER = "encoder", "motion_scope", "adaln", "lora", "decoder"
 
 # Validation timesteps: fixed, so the validation loss is comparable from step to step.
 VAL_TIMESTEPS = (100, 300, 500, 700, 900)

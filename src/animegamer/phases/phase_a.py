@@ -13,22 +13,10 @@ from pathlib import Path
 import torch
 
 from animegamer.config.schema import RunConfig
-from animegamer.contracts.exports import A_BASE, A_JOINT, A_WARMUP
 from animegamer.models.reconstruction import ClipBatch, ReconstructionModel
-from animegamer.phases.denoising import (ADALN, DECODER, ENCODER, LORA, MOTION_SCOPE, Denoiser, DenoisingPhase,
-                                         export_denoising, trained_parameters)
+from animegamer.phases.denoising import Denoiser, DenoisingPhase, export_denoising, trained_parameters
+from animegamer.phases.groups import STAGE_GROUPS
 from animegamer.utils.randomness import SampleRandom
-
-# stage -> the parameter groups it trains (its spec's ``trains``).
-STAGE_GROUPS = {
-    # The whole decoder and the encoder, the stand-in of CogVideoX's text-to-video pre-training (the
-    # encoder plays the text encoder and is discarded).
-    A_BASE: (ENCODER, DECODER),
-    # Encoder branches and the motion-scope embedder; the decoder stays as loaded (LoRA merged).
-    A_WARMUP: (ENCODER, MOTION_SCOPE),
-    # + the decoder's LoRA and every block's AdaLN modulation linear.
-    A_JOINT: (ENCODER, MOTION_SCOPE, ADALN, LORA),
-}
 
 
 def stage_trainable(model: ReconstructionModel, stage: str) -> list[str]:

@@ -13,12 +13,9 @@ import torch
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.exports import PHASE_C
 from animegamer.models.reconstruction import ReconstructionModel
-from animegamer.phases.denoising import (ADALN, LORA, MOTION_SCOPE, Denoiser, DenoisingPhase, export_denoising,
-                                         trained_parameters)
+from animegamer.phases.denoising import Denoiser, DenoisingPhase, export_denoising, trained_parameters
+from animegamer.phases.groups import ADAPTATION_GROUPS
 from animegamer.utils.randomness import SampleRandom
-
-# The parameter groups phase (c) trains (its spec's ``trains``): the decoder's motion scope, AdaLN and LoRA.
-ADAPTATION_GROUPS = (MOTION_SCOPE, ADALN, LORA)
 
 
 def adaptation_trainable(model: ReconstructionModel) -> list[str]:

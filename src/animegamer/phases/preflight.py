@@ -3,8 +3,9 @@ encoders and sample shards), the sizes between the networks, the kernels, the tr
 it starts from, every problem at once, before any model is built.
 
 Each component checks its own settings in its module (the networks', ``training/strategies.py``,
-``training/profiling.py``, ``training/bad_data.py``, ``phases/common.py``, each phase's spec); this
-module composes them for ``train.py``, the recipes and the ablations.
+``training/profiling.py``, ``phases/common.py``, each phase's spec); this module composes them for
+``train.py``, the recipes and the ablations. It loads no Lightning: a refused run stops in the time of
+its imports of torch and the config, before the trainer's.
 """
 from __future__ import annotations
 
@@ -16,17 +17,19 @@ from omegaconf import DictConfig, OmegaConf
 from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
-from animegamer.config.validate import ConfigError, check_encoders, check_gpu_available, choice, local_folder, positive
+from animegamer.config.validate import (ConfigError, check_bad_sample_budget, check_encoders, check_gpu_available, choice,
+                                        local_folder, positive)
 from animegamer.data.shapes import check_shard_shapes
 from animegamer.data.storage import check_remote_settings, data_source, is_url
 from animegamer.models.checks import check_kernels, check_model_sizes
 from animegamer.models.encoder import check_encoder_config
 from animegamer.phases.common import check_schedule
 from animegamer.phases.specs import PHASES
-from animegamer.training.bad_data import check_bad_sample_budget
 from animegamer.training.loggers import LOGGERS
 from animegamer.training.profiling import check_profiler
 from animegamer.training.strategies import check_strategy
+from animegamer.training.sweep import job_output_dir
+from animegamer.utils.logging import setup_logging
 
 
 def _schema_of(node) -> type:
@@ -138,3 +141,12 @@ def validate_train_run(cfg, machine: bool = False) -> None:
     problems = check_training(cfg) + (check_gpu_available(cfg.trainer) if machine else [])
     if problems:
         raise ConfigError(problems)
+
+
+def prepare_train_run(cfg: DictConfig) -> DictConfig:
+    """What ``train.py`` does before Lightning or any network loads: logging, a ``--multirun`` job's own
+    sub-folder, then every problem of the run at once (:class:`ConfigError`). Returns ``cfg``."""
+    setup_logging(cfg.log_level)
+    cfg.output_dir = job_output_dir(cfg.output_dir)
+    validate_train_run(cfg, machine=True)
+    return cfg

@@ -1,7 +1,8 @@
 """``animegamer train``'s body: typed config in, a fitted phase out (checkpoints, export, logs).
 
 The generic trainer (``animegamer.training``) knows no phase: this module gives it what the configured
-phase's spec says (its FSDP wrapping unit, the folder of its samples, its builder).
+phase's spec and builder say (its FSDP wrapping unit, the folder of its samples, its module and data). The
+pre-flight that runs first is :mod:`animegamer.phases.preflight`, which loads no Lightning.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.files import EXPORT_DIR
-from animegamer.phases.preflight import validate_train_run
-from animegamer.phases.specs import BuiltPhase, spec_for
+from animegamer.phases.builders import BuiltPhase, builder_for
+from animegamer.phases.preflight import prepare_train_run
+from animegamer.phases.specs import spec_for
 from animegamer.training import strategies
 from animegamer.training.bad_data import BadDataBudget
 from animegamer.training.callbacks import ExportCallback, RecordOnSave, ResumeSettings, StepProgressBar
@@ -36,19 +38,18 @@ from animegamer.training.profiling import make_profiler, summarise_traces
 from animegamer.training.run_record import check_run_folder
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, module_init
-from animegamer.training.sweep import job_output_dir
 from animegamer.training.sync_sites import SyncSites
 from animegamer.training.throughput import Throughput
 from animegamer.utils.folder_lock import folder_lock
-from animegamer.utils.logging import DropPrefix, is_global_zero, setup_logging
+from animegamer.utils.logging import DropPrefix, is_global_zero
 from animegamer.utils.threads import use_threads
 
 log = logging.getLogger(__name__)
 
 
 def block_types(cfg: RunConfig) -> set[type]:
-    """The transformer block classes of the phase's trained network: FSDP's wrapping unit (its spec's)."""
-    return spec_for(cfg).wrap_blocks()
+    """The transformer block classes of the phase's trained network: FSDP's wrapping unit (its builder's)."""
+    return builder_for(cfg).wrap_blocks()
 
 
 def make_strategy(cfg: RunConfig):
@@ -57,10 +58,9 @@ def make_strategy(cfg: RunConfig):
 
 
 def build_phase(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    """(module, datamodule, export function, extra callbacks) of the configured phase (its spec's
-    builder); modules are built inside ``init()`` (the trainer's: random weights of 7B parameters
-    straight on the GPU)."""
-    return spec_for(cfg).build(cfg, init)
+    """(module, datamodule, export function, extra callbacks) of the configured phase (its builder's);
+    modules are built inside ``init()`` (the trainer's: random weights of 7B parameters straight on the GPU)."""
+    return builder_for(cfg).build(cfg, init)
 
 
 def plugins(cfg: RunConfig) -> list:
@@ -189,8 +189,10 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Validate a composed config (every problem at once) and train; what ``train.py`` calls."""
-    setup_logging(cfg.log_level)
-    cfg.output_dir = job_output_dir(cfg.output_dir)  # a --multirun job trains into its own sub-folder
-    validate_train_run(cfg, machine=True)
+    """Validate a composed config (every problem at once) and train; what ``train.py`` does."""
+    return train_checked(prepare_train_run(cfg))
+
+
+def train_checked(cfg: DictConfig) -> dict:
+    """Train a composed config that :func:`animegamer.phases.preflight.prepare_train_run` passed."""
     return train(OmegaConf.to_object(cfg), cfg)

@@ -1,54 +1,31 @@
-"""Each training phase in one place: its config, its module and data, what it trains and exports, the
-shards it reads, its FSDP wrap unit and its own checks.
+"""Each training phase in one place: its config, what it trains and exports, the shards it reads, the
+weights and frozen encoders it loads, and its own checks. How a phase is built (its module and data, its
+FSDP wrapping unit) is in :mod:`animegamer.phases.builders`, so the pre-flight reads this table without
+loading Lightning or the networks.
 
 Whatever depends on which phase runs (the train command, the pre-flight, the recipes) asks
 :func:`spec_for` or :data:`PHASES`, and hands the generic trainer (``animegamer.training``) what it
-needs of the spec as arguments (the FSDP wrapping unit, the folder of the samples, whether the export
-writes a LoRA adapter). Each phase's module owns what it trains (its parameter groups); this table
-composes the phases, above their modules. What an export holds, which the game and the evaluation read,
-is in ``animegamer.contracts.exports``.
+needs of the spec as arguments (the folder of the samples, whether the export writes a LoRA adapter).
+The parameter groups a phase trains are named in :mod:`animegamer.phases.groups`, which its module
+resolves to parameters. What an export holds, which the game and the evaluation read, is in
+``animegamer.contracts.exports``.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Mapping, NamedTuple, Optional
-
-import torch
+from typing import Callable, Mapping, Optional
 
 from animegamer.config.schema import PhaseAConfig, PhaseBConfig, PhaseCConfig, PhaseConfig, RunConfig
 from animegamer.config.validate import choice
 from animegamer.contracts.exports import A_BASE, A_JOINT, A_WARMUP, EXPORTS, PHASE_B, PHASE_C, ExportContract
 from animegamer.contracts.shards import IMAGE, LATENTS, PRED_REP, REPS, TEXT
 from animegamer.data import phase_a as data_a
-from animegamer.data import phase_b as data_b
-from animegamer.data.phase_c import adaptation_dataset
 from animegamer.mllm.collate import check_window_weights
 from animegamer.models.checks import check_tokenizer
 from animegamer.models.encoder import representation_tokens
-from animegamer.models.frozen_encoders import build_frozen_encoders
 from animegamer.models.mllm import check_mllm
-from animegamer.phases import phase_a, phase_b, phase_c
-from animegamer.phases.common import cast_frozen
-from animegamer.training.callbacks import ValidationVideos
-from animegamer.training.shard_data import ShardData, clip_lookup
+from animegamer.phases.groups import ADAPTATION_GROUPS, MLLM, STAGE_GROUPS
 from animegamer.training.strategies import BF16_MIXED, FSDP, is_deepspeed
-
-log = logging.getLogger(__name__)
-
-# The game-state MLLM's own trainable set (LoRA, and per model.mllm its norms and embeddings, the projections).
-MLLM = "mllm"
-
-
-class BuiltPhase(NamedTuple):
-    """What the runner fits: the module, its data, how it exports, the phase's own callbacks."""
-
-    module: Any
-    data: Any
-    export: Callable
-    callbacks: list
 
 
 @dataclass(frozen=True)
@@ -64,8 +41,6 @@ class PhaseSpec:
     sample_shapes: Callable[[RunConfig], dict[str, tuple]]  # .npy members it reads (None = any size)
     weights: tuple[str, ...]  # model weight folders it loads (config.disk_checks.check_weight_folders parts)
     frozen_encoders: Callable[[RunConfig], tuple[str, ...]]  # frozen encoders a run builds
-    build: Callable[..., BuiltPhase]  # (cfg, init) -> module, data, export, callbacks
-    wrap_blocks: Callable[[], set[type]]  # FSDP's wrapping unit: its trained network's blocks
     checks: tuple[Callable[[RunConfig], list[str]], ...]  # its own config fields and what only it needs
 
     def sample_key(self, phase: PhaseConfig | Mapping) -> str:
@@ -109,59 +84,6 @@ def _reconstruction_encoders(cfg: RunConfig) -> tuple[str, ...]:
 
 def _no_encoders(cfg: RunConfig) -> tuple[str, ...]:
     return ()
-
-
-# --------------------------------------------------------------------------- FSDP units
-def _decoder_blocks() -> set[type]:
-    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
-
-    return {CogVideoXBlock}
-
-
-def _mllm_blocks() -> set[type]:
-    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
-
-    return {MistralDecoderLayer}
-
-
-# --------------------------------------------------------------------------- builders
-def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    frozen = build_frozen_encoders(cfg.model.encoders) if cfg.phase.input == data_a.CLIPS else None
-    data = ShardData(data_a.phase_a_dataset(cfg, "train"), data_a.phase_a_dataset(cfg, "val"),
-                     partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
-    callbacks = []
-    if cfg.phase.val_clips > 0 and len(data.val_set):
-        lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
-        callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
-                                          cfg.phase.val_clips, cfg.phase.val_sampling_steps))
-    with init():
-        module = phase_a.PhaseA(cfg, frozen)
-    return BuiltPhase(module, data, phase_a.export_phase_a, callbacks)
-
-
-def _build_game_state(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    # Indexed before the MLLM is built (minutes at 7B): an empty training split fails in seconds.
-    train_sessions, val_sessions = data_b.session_shards(cfg, "train"), data_b.session_shards(cfg, "val")
-    with init():
-        module = phase_b.PhaseB(cfg)
-        if frozen_bf16_applies(cfg):  # autocast (bf16-mixed) computes with the bf16 base and float32 trainables
-            count = cast_frozen(module.model, torch.bfloat16)
-            log.info("phase.frozen_bf16: %d frozen tensors held in bfloat16", count)
-    tokenizer, ids = module.tokenizer, module.ids
-    data = ShardData(
-        data_b.SessionWindows(train_sessions, tokenizer, ids, cfg.data.window_weights, cfg.seed),
-        data_b.FullSessions(val_sessions, tokenizer, ids),
-        lambda dataset, *position: data_b.train_loader(cfg, dataset, ids.pad, *position),
-        lambda dataset: data_b.val_loader(cfg, dataset, ids.pad))
-    return BuiltPhase(module, data, phase_b.export_phase_b, [])
-
-
-def _build_adaptation(cfg: RunConfig, init: Callable = contextlib.nullcontext) -> BuiltPhase:
-    data = ShardData(adaptation_dataset(cfg, "train"), adaptation_dataset(cfg, "val"),
-                     partial(data_a.train_loader, cfg), partial(data_a.val_loader, cfg))
-    with init():
-        module = phase_c.PhaseC(cfg)
-    return BuiltPhase(module, data, phase_c.export_phase_c, [])
 
 
 # --------------------------------------------------------------------------- each phase's own checks
@@ -233,26 +155,24 @@ def check_adaptation_phase(cfg: RunConfig) -> list[str]:
 
 # --------------------------------------------------------------------------- the phases
 _RECONSTRUCTION = dict(config=PhaseAConfig, samples=None, sample_shapes=_feature_shapes, weights=("decoder",),
-                       frozen_encoders=_reconstruction_encoders, build=_build_reconstruction,
-                       wrap_blocks=_decoder_blocks, checks=(check_reconstruction_phase,))
+                       frozen_encoders=_reconstruction_encoders, checks=(check_reconstruction_phase,))
 
 PHASES: dict[str, PhaseSpec] = {spec.name: spec for spec in (
-    # Phase (a)'s stages on its samples (each trains its phase_a.STAGE_GROUPS). The base's export also
+    # Phase (a)'s stages on its samples (each trains its groups.STAGE_GROUPS). The base's export also
     # holds the transformer as a diffusers folder that later stages load as model.decoder.path.
-    PhaseSpec(A_BASE, trains=phase_a.STAGE_GROUPS[A_BASE], exports=EXPORTS[A_BASE],
+    PhaseSpec(A_BASE, trains=STAGE_GROUPS[A_BASE], exports=EXPORTS[A_BASE],
               **{**_RECONSTRUCTION, "checks": (check_reconstruction_phase, check_base_phase)}),
-    PhaseSpec(A_WARMUP, trains=phase_a.STAGE_GROUPS[A_WARMUP], exports=EXPORTS[A_WARMUP], **_RECONSTRUCTION),
-    PhaseSpec(A_JOINT, trains=phase_a.STAGE_GROUPS[A_JOINT], exports=EXPORTS[A_JOINT], **_RECONSTRUCTION),
+    PhaseSpec(A_WARMUP, trains=STAGE_GROUPS[A_WARMUP], exports=EXPORTS[A_WARMUP], **_RECONSTRUCTION),
+    PhaseSpec(A_JOINT, trains=STAGE_GROUPS[A_JOINT], exports=EXPORTS[A_JOINT], **_RECONSTRUCTION),
     PhaseSpec(PHASE_B, config=PhaseBConfig, trains=(MLLM,),
               exports=EXPORTS[PHASE_B],
               samples="sessions", sample_shapes=_session_shapes, weights=("mllm",), frozen_encoders=_no_encoders,
-              build=_build_game_state, wrap_blocks=_mllm_blocks, checks=(check_game_state_phase,)),
+              checks=(check_game_state_phase,)),
     # The decoder (encoder bypassed) on the MLLM's predicted representations; the export carries the encoder.
-    PhaseSpec(PHASE_C, config=PhaseCConfig, trains=phase_c.ADAPTATION_GROUPS,
+    PhaseSpec(PHASE_C, config=PhaseCConfig, trains=ADAPTATION_GROUPS,
               exports=EXPORTS[PHASE_C],
               samples="adaptation", sample_shapes=_adaptation_shapes, weights=("decoder",),
-              frozen_encoders=_no_encoders, build=_build_adaptation, wrap_blocks=_decoder_blocks,
-              checks=(check_adaptation_phase,)),
+              frozen_encoders=_no_encoders, checks=(check_adaptation_phase,)),
 )}
 
 

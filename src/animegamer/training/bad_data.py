@@ -13,17 +13,13 @@ from typing import Any, Iterable, Mapping
 
 from lightning.pytorch.callbacks import Callback
 
+from animegamer.config.validate import check_bad_sample_budget
 from animegamer.contracts.shards import SKIPPED
 from animegamer.training.host_values import host_scalar
 
 log = logging.getLogger(__name__)
 
 SHOWN = 5  # bad items named in the error
-
-
-def check_bad_sample_budget(budget: int) -> list[str]:
-    """``data.bad_sample_budget``: how many bad samples may be skipped, so >= 0."""
-    return [] if budget >= 0 else [f"data.bad_sample_budget={budget} must be >= 0"]
 
 
 class BadDataBudget(Callback):

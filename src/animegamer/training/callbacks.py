@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from animegamer.checkpoints.export import FINISHED
-from animegamer.contracts.files import EXPORT_DIR
+from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.media.video import encode_mp4  # PyAV and OpenCV load only when a video is encoded
 from animegamer.models.frozen_encoders import build_frozen_encoders  # diffusers loads only when one is built
 from animegamer.training.run_record import write_record
@@ -22,7 +22,6 @@ from animegamer.utils.randomness import step_generator
 
 log = logging.getLogger(__name__)
 
-TRAIN_SECONDS = "train_seconds"  # export.json: wall seconds of training so far, resumed runs' included
 TRAIN_BAR = "steps"  # the training bar's description
 
 

@@ -13,12 +13,12 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from animegamer.contracts.files import LOSS_HISTORY
 from animegamer.training.checkpointing import checkpoint_name, save_checkpoint
 
 log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect of a job stopped by a signal
-LOSS_HISTORY = "loss_history.json"
 INTERRUPT_NOTE = (b"\nCtrl-C: saving a checkpoint at the end of this optimizer step, then exiting "
                   b"(press Ctrl-C again to stop at once without it)\n")
 
