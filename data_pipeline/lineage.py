@@ -1,64 +1,22 @@
-"""Lineage of the derived folders: what each was made from, and whether it is still current.
+"""The pipeline steps' side of the derived folders' lineage (:mod:`animegamer.data.lineage`: what each was
+made from, and whether it is still current).
 
-Every derived artefact (features, sessions, representations, session and adaptation shards) records
-in its manifest ``made_from`` (the content digests of the artefacts it read) and ``fingerprint``
-(those digests plus the settings, weights and exports of its step). A step reuses its previous output
-only when the fingerprint is unchanged; a step that reads an artefact made from inputs that have
-changed since refuses to run, naming the step to re-run.
+Every derived artefact records in its manifest ``made_from`` (the content digests of the artefacts it
+read) and ``fingerprint`` (those digests plus the settings, weights and exports of its step). A step
+reuses its previous output only when the fingerprint is unchanged; a step that reads an artefact made
+from inputs that have changed since refuses to run, naming the step to re-run.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from animegamer.contracts.files import MANIFEST, SESSIONS_FILE
+from animegamer.data.lineage import INDEX_FILES, SOURCES, index, made_from, stale_reason
 from animegamer.data.storage import ShardSource
-from animegamer.media.fingerprint import FINGERPRINT, fingerprint, shards_digest
-from animegamer.utils.io import read_json_if_exists
+from animegamer.media.fingerprint import FINGERPRINT, fingerprint
 from data_pipeline.fingerprint import reuse_counts
 
 log = logging.getLogger(__name__)
-
-MADE_FROM = "made_from"
-# artefact -> its index file under the pipeline output folder
-INDEX_FILES = {
-    "clips": f"clips/{MANIFEST}",
-    "features": f"features/{MANIFEST}",
-    "sessions": SESSIONS_FILE,
-    "representations": f"representations/{MANIFEST}",
-    "session_shards": f"session_shards/{MANIFEST}",
-    "adaptation": f"adaptation/{MANIFEST}",
-}
-# artefact -> the artefacts its step reads
-SOURCES = {
-    "features": ("clips",),
-    "sessions": ("clips",),
-    "representations": ("features",),
-    "session_shards": ("sessions", "representations"),
-    "adaptation": ("session_shards", "features"),
-}
-# artefact -> the pipeline step that writes it
-PRODUCER = {"clips": "finalize", "features": "precompute", "sessions": "sessions", "representations": "representations",
-            "session_shards": "session_shards", "adaptation": "adaptation"}
-
-
-def index(root: str | Path, name: str) -> dict | None:
-    return read_json_if_exists(Path(root) / INDEX_FILES[name])
-
-
-def digest(root: str | Path, name: str) -> str | None:
-    """Content identity of an artefact: its shards' hashes, or for sessions the session list."""
-    data = index(root, name)
-    if data is None:
-        return None
-    if name == "sessions":
-        return fingerprint(data["sessions"])
-    return shards_digest(data)
-
-
-def made_from(root: str | Path, name: str) -> dict[str, str | None]:
-    """The current digests of the artefacts that ``name``'s step reads."""
-    return {source: digest(root, source) for source in SOURCES[name]}
 
 
 def reusable(root: str | Path, name: str, step_fingerprint: str) -> dict | None:
@@ -78,21 +36,6 @@ def shards_problem(root: str | Path, name: str) -> str | None:
     if data is None or "shards" not in data:
         return None
     return ShardSource((Path(root) / INDEX_FILES[name]).parent).shards_problem(data)
-
-
-def stale_reason(root: str | Path, name: str) -> str | None:
-    """Why ``name`` (or something it was made from, recursively) is missing or out of date, or None."""
-    data = index(root, name)
-    if data is None:
-        return f"{Path(root) / INDEX_FILES[name]} does not exist: run pipeline.steps=[{PRODUCER[name]}] first"
-    for source, recorded in data.get(MADE_FROM, {}).items():
-        reason = stale_reason(root, source)
-        if reason is not None:
-            return reason
-        if recorded != digest(root, source):
-            return (f"{Path(root) / INDEX_FILES[name]} was made from other {source} than the current ones: "
-                    f"run pipeline.steps=[{PRODUCER[name]}] again")
-    return None
 
 
 def output_path(root: str | Path, name: str) -> Path:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, FEATURES_DIR, MANIFEST
 from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
+from animegamer.data.lineage import MADE_FROM, made_from
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.storage import Shard
 from animegamer.media.captions import STATUS_OK
@@ -31,7 +32,6 @@ from animegamer.models.frozen_encoders import build_frozen_encoders
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, reuse_counts
-from data_pipeline.lineage import MADE_FROM, made_from
 from data_pipeline.writer import write_shard
 
 log = logging.getLogger(__name__)

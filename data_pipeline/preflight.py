@@ -22,13 +22,14 @@ from pathlib import Path
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import CAPTION_STEPS, ConfigError
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST
+from animegamer.data.lineage import PRODUCER, SOURCES, stale_reason
 from animegamer.media.fingerprint import file_identity
 from animegamer.utils.io import read_json
 from data_pipeline.captioners.base import BACKEND_JSONL
 from data_pipeline.captioners.jsonl import LISTED_BAD_LINES, CaptionFileError, caption_files, listed, read_file_records
 from data_pipeline.captioners.registry import build_captioner
 from data_pipeline.ingest import find_inputs
-from data_pipeline.lineage import PRODUCER, SOURCES, shards_problem, stale_reason
+from data_pipeline.lineage import shards_problem
 from data_pipeline.staging import Staging
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS, ConfigError
+from animegamer.data.lineage import INDEX_FILES, SOURCES, stale_reason
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
@@ -26,7 +27,6 @@ from data_pipeline.captioners.probe import probe_problems, probed
 from data_pipeline.clips import short_shots_warning
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
 from data_pipeline.ingest import film_ids, find_inputs, split_part
-from data_pipeline.lineage import INDEX_FILES, SOURCES, stale_reason
 from data_pipeline.precompute import precompute
 from data_pipeline.preflight import check_run, early_problems
 from data_pipeline.process import film_from_plan, plan_film, run_task

@@ -14,6 +14,7 @@ from pathlib import Path
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SESSIONS_FILE
 from animegamer.contracts.shards import CAPTIONER, FILM, JSON, KEY, LEVEL, MOTION, NAME, SHOT, STATUS
+from animegamer.data.lineage import MADE_FROM, index
 from animegamer.data.shards import folder_shards, iter_samples, read_manifest
 from animegamer.data.split import consecutive_runs, shot_id
 from animegamer.media.captions import STATUS_OK
@@ -21,7 +22,7 @@ from animegamer.media.fingerprint import FINGERPRINT
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import sha256_file, write_json_atomic
 from data_pipeline.captioners.failures import ADVICE
-from data_pipeline.lineage import MADE_FROM, built_summary, index, reused_summary, step_fingerprint
+from data_pipeline.lineage import built_summary, reused_summary, step_fingerprint
 
 log = logging.getLogger(__name__)
 

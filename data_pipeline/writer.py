@@ -14,6 +14,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SHOTS_FILE
 from animegamer.contracts.shards import CAPTIONER, FILM, FLOW, JSON, KEY, LEVEL, MOTION, MP4, SHOT, SOURCE, STATUS
+from animegamer.data.lineage import MADE_FROM
 from animegamer.data.split import shot_id
 from animegamer.errors import UserError
 from animegamer.media.captions import STATUS_OK
@@ -22,7 +23,7 @@ from animegamer.media.motion_bins import LEVELS, MotionBins, compute_bins
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import plan_fingerprint, task_fingerprints
-from data_pipeline.lineage import MADE_FROM, built_summary, output_path
+from data_pipeline.lineage import built_summary, output_path
 from data_pipeline.staging import Staging
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
 """Bad configurations fail in validation, before any model is built, with every problem listed.
 
-One test per fault of issue 7 item 4: sizes that disagree between encoder, decoder, MLLM, weights
+One test per fault: sizes that disagree between encoder, decoder, MLLM, weights
 folders, exports and data; token counts that do not match the tokenizer; missing weight folders;
-trainer strategies that cannot produce the phase's export. Each checks the message.
+trainer strategies that cannot produce the phase's export; samples made from data the pipeline has
+remade since. Each checks the message.
 """
 from __future__ import annotations
 
@@ -256,6 +257,31 @@ def test_devices_and_nodes_must_be_positive(data_root):
                                                          "trainer.num_nodes=0"))
     assert problems == ["trainer.devices=0 must be >= 1 (or -1: every visible device)",
                         "trainer.num_nodes=0 must be >= 1"]
+
+
+def test_session_shards_made_from_other_sessions_are_refused(tmp_path):
+    """The pipeline cut the films again (new sessions.json) but could not remake the session shards: phase (b)
+    would train on the old sessions and split held-out clips by the new ones. Refused, naming the step."""
+    from animegamer.data.lineage import MADE_FROM, digest
+
+    root = tmp_path / "pipeline"
+    write_synthetic_sessions(root, sessions=2)
+    sessions = root / "sessions.json"
+    sessions.write_text(json.dumps({"sessions": [["film-000001", "film-000002"]]}))
+    manifest = root / "session_shards" / "manifest.json"
+    made = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**made, MADE_FROM: {"sessions": digest(root, "sessions")}}))
+    assert reported(validate_train_run, train_cfg(root, "b")) == []
+
+    sessions.write_text(json.dumps({"sessions": [["film-000001", "film-000002"], ["film-000003"]]}))
+    text = only_problem(validate_train_run, train_cfg(root, "b"))
+    assert text == (f"data.root='{root}': {manifest} was made from other sessions than the current ones: run "
+                    f"pipeline.steps=[session_shards] again")
+
+
+def test_an_unknown_accelerator_is_refused_before_lightning_sees_it(data_root):
+    text = only_problem(validate_train_run, train_cfg(data_root, "a_warmup", "trainer.accelerator=gpux"))
+    assert text == "trainer.accelerator='gpux' is not one of ('cpu', 'gpu', 'cuda')"
 
 
 def test_padding_multiple_and_mllm_attention_kernels_are_checked(data_root):

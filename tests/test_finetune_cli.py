@@ -142,3 +142,156 @@ def test_a_refusal_to_resume_names_out_not_output_dir(start, tmp_path, monkeypat
         recipe.train_stage(["phase=b", f"output_dir={folder}"], made.new_folder)
     assert f"train into a new folder ({OUT_NEW_FOLDER})" in str(error.value) and "output_dir" not in str(error.value)
     assert "phase.lr: 1 (recorded) -> 2 (now)" in str(error.value)
+
+
+# --------------------------------------------------------------------------- the command line's own checks
+def test_help_names_every_preset_and_the_overrides(capsys):
+    """The presets are configs/model/'s (small included), --captions may be left out for a captioning
+    backend, and the usage line shows the key=value overrides."""
+    with pytest.raises(SystemExit):
+        finetune.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[--model {paper,small,tiny}]" in text and "[--captions CAPTIONS]" in text
+    assert "[--constrained-states] [key=value ...]" in text and "key=value: a Hydra override for every stage" in text
+    assert "--from RUN" in text
+
+
+def _refusal(monkeypatch, capsys, argv: list[str]) -> str:
+    """The message of the command's exit 2, checked to come before the recipe runs."""
+    recipes = _run(monkeypatch, argv, {})
+    with pytest.raises(SystemExit) as done:
+        finetune.cli()
+    assert done.value.code == 2 and not recipes
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return " ".join(err.split())
+
+
+HARD_PATHS = ["Howl's Castle.mp4", "a\\'b\\", "x${y}z [1], {2} (3) = \"4\"", "Château d'été.mp4"]
+
+
+@pytest.mark.parametrize("name", HARD_PATHS)
+def test_any_film_and_caption_path_reaches_the_pipeline_as_it_is(start, tmp_path, name):
+    film, captions = tmp_path / name, tmp_path / f"{name}.jsonl"
+    made = finetune_recipe(str(film), str(captions), start, tmp_path / "ft", "tiny", (1, 1, 1),
+                           official_mllm=str(tmp_path / name))
+    cfg = compose_config("pipeline", made.pipeline)
+    assert list(cfg.pipeline.inputs) == [str(film)] and cfg.pipeline.caption.path == str(captions)
+    assert compose_config("train", made.phase_b).model.mllm.official_checkpoint == str(tmp_path / name)
+
+
+@pytest.mark.parametrize("option", ["--out", "--from"])
+def test_an_out_or_from_folder_the_stages_cannot_take_is_refused_naming_the_character(start, tmp_path, monkeypatch,
+                                                                                      capsys, option):
+    """The recipe passes the folders under --out and --from on as plain override values."""
+    folders = {"--from": str(start), "--out": str(tmp_path / "ft")}
+    folders[option] = str(tmp_path / "Howl's")
+    before = sorted(tmp_path.rglob("*"))
+    err = _refusal(monkeypatch, capsys, ["--film", "f.mp4", "--captions", "f.jsonl", "--from", folders["--from"],
+                                         "--out", folders["--out"]])
+    assert f"{option} \"{tmp_path / 'Howl'}'s\": " in err and "cannot hold the character(s) ': name a folder" in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_captions_are_left_out_for_a_captioning_backend(start, tmp_path, monkeypatch, capsys):
+    argv = ["--film", "f.mp4", "--from", str(start), "--out", str(tmp_path / "ft")]
+    err = _refusal(monkeypatch, capsys, argv)
+    assert "--captions: missing: name the film's caption file" in err and "pipeline.caption.backend=vlm" in err
+    err = _refusal(monkeypatch, capsys, [*argv, "--captions", "f.jsonl", "pipeline.caption.backend=vlm"])
+    assert "--captions 'f.jsonl' is a caption import, but pipeline.caption.backend=vlm captions the clips" in err
+    recipes = _run(monkeypatch, [*argv, "pipeline.caption.backend=vlm"], {})
+    finetune.cli()
+    [recipe] = recipes
+    assert not any(o.startswith("pipeline.caption.path") for o in recipe.pipeline)
+    cfg = compose_config("pipeline", [*recipe.pipeline, *recipe.extra])
+    assert cfg.pipeline.caption.backend == "vlm" and cfg.pipeline.caption.path == ""
+
+
+def test_the_frozen_folders_the_exports_were_trained_over_are_loaded(tmp_path, monkeypatch):
+    """A small preset's exports fit the VAE and decoder base they trained over; an override still wins."""
+    export = write_export(tmp_path / "small" / A_JOINT / "export", A_JOINT, 40, None)
+    record = json.loads((export / "export.json").read_text())
+    record["config"]["model"] = {"name": "small", "encoders": {"vae": {"path": "/runs/vae"}},
+                                 "decoder": {"path": "/runs/base/transformer"}}
+    (export / "export.json").write_text(json.dumps(record))
+    assert finetune.frozen_folder_overrides(export.parent.parent, "small", []) == [
+        "model.encoders.vae.path='/runs/vae'", "model.decoder.path='/runs/base/transformer'"]
+    assert finetune.frozen_folder_overrides(export.parent.parent, "small", ["model.decoder.path=/mine"]) == [
+        "model.encoders.vae.path='/runs/vae'"]
+
+
+# --------------------------------------------------------------------------- the held-out split of --from's films
+def trained_on(tmp_path: Path, films: list[Path], val_fraction: float = 0.2, root: Path | None = None) -> Path:
+    """A --from run folder whose a_joint export (started from an a_warmup export) and b export trained on
+    ``films`` in the data folder ``root`` (another run's pipeline output by default)."""
+    from animegamer.utils.io import sha256_file
+
+    root = root or tmp_path / "earlier" / "pipeline"
+    if not (root / "clips" / "manifest.json").exists():
+        (root / "clips").mkdir(parents=True)
+        (root / "clips" / "manifest.json").write_text(json.dumps({"sources": [
+            {"film_id": f.stem, "path": str(f), "sha256": sha256_file(f), "size": f.stat().st_size} for f in films]}))
+    run = tmp_path / "earlier_run"
+    data = {"root": str(root), "clips": "clips", "val_fraction": val_fraction}
+    warmup = write_export(run / "a_warmup" / "export", "a_warmup", 10, None)
+    for phase, init in ((A_JOINT, str(warmup)), (PHASE_B, ""), (PHASE_C, "")):
+        write_export(run / phase / "export", phase, 40, 4.0, init_from=init)
+    for folder in (warmup, *(run / p / "export" for p in (A_JOINT, PHASE_B, PHASE_C))):
+        record = json.loads((folder / "export.json").read_text())
+        record["config"]["data"] = data
+        record["trained_data"] = {"root": str(root), "clips": "clips", "clip_size": CLIP_SIZE}
+        (folder / "export.json").write_text(json.dumps(record))
+    return run
+
+
+@pytest.fixture
+def films(tmp_path) -> Path:
+    folder = tmp_path / "films"
+    folder.mkdir()
+    for name, body in (("bikes.mp4", b"bikes" * 100), ("carphone.mp4", b"carphone" * 100)):
+        (folder / name).write_bytes(body)
+    return folder
+
+
+def test_films_the_start_trained_on_elsewhere_are_refused_before_anything_is_cut(tmp_path, films, monkeypatch,
+                                                                                 capsys):
+    """Another data folder split them otherwise: the evaluation would play shots the model trained on. One
+    problem names every export that trained there (the a_warmup one a_joint started from too)."""
+    run = trained_on(tmp_path, sorted(films.iterdir()))
+    err = _refusal(monkeypatch, capsys, ["--film", str(films), "--captions", "f.jsonl", "--from", str(run),
+                                         "--out", str(tmp_path / "ft")])
+    assert "error: 1 configuration problem(s):" in err
+    exports = ", ".join(str(run / p / "export") for p in (A_JOINT, "a_warmup", PHASE_B))
+    assert f"--from '{run}': {exports} trained on {films / 'bikes.mp4'}, {films / 'carphone.mp4'} (--film) in " \
+           f"data.root='{tmp_path / 'earlier' / 'pipeline'}'" in err
+    assert "leave them out of --film" in err and not (tmp_path / "ft").exists()
+    # phase (b) from the official MLLM: --from's b export is not started from
+    err = _refusal(monkeypatch, capsys, ["--film", str(films / "bikes.mp4"), "--captions", "f.jsonl", "--from",
+                                         str(run), "--out", str(tmp_path / "ft"), "--official-mllm", "m.bin"])
+    assert f"{run / A_JOINT / 'export'}, {run / 'a_warmup' / 'export'} trained on {films / 'bikes.mp4'} (--film)" in err
+    assert "leave it out of --film" in err
+
+
+def test_new_footage_passes(tmp_path, films, monkeypatch):
+    other = tmp_path / "other.mp4"
+    other.write_bytes(b"bikes" * 100 + b"!")  # the size of no trained film
+    same_size = tmp_path / "same_size.mp4"
+    same_size.write_bytes(b"B" * 500)  # the size of bikes.mp4, other bytes
+    run = trained_on(tmp_path, sorted(films.iterdir()))
+    for film in (other, same_size):
+        recipes = _run(monkeypatch, ["--film", str(film), "--captions", "f.jsonl", "--from", str(run),
+                                     "--out", str(tmp_path / "ft")], {})
+        finetune.cli()
+        assert len(recipes) == 1
+
+
+def test_a_start_trained_in_the_same_data_folder_holds_out_as_much(tmp_path, films, monkeypatch, capsys):
+    out = tmp_path / "ft"
+    run = trained_on(tmp_path, sorted(films.iterdir()), val_fraction=0.1, root=out / "pipeline")
+    argv = ["--film", str(films), "--captions", "f.jsonl", "--from", str(run), "--out", str(out)]
+    err = _refusal(monkeypatch, capsys, argv)
+    assert "holding out data.val_fraction=0.1, but the fine-tune holds out data.val_fraction=0.2" in err
+    assert "set data.val_fraction=0.1 (or lower)" in err
+    recipes = _run(monkeypatch, [*argv, "data.val_fraction=0.1"], {})
+    finetune.cli()
+    assert len(recipes) == 1

@@ -200,7 +200,7 @@ LAYERS = (
     ("metrics", "training"),
     ("phases",),
     ("game", "evaluation", "pages", "ranking", "pipeline_port"),
-    ("recipe", "finetune", "ablations", "quickstart", "toy_vae"),
+    ("recipe", "finetune", "finetune_checks", "ablations", "quickstart", "toy_vae"),
     ("cli", "__main__"),
 )
 # Project modules a function may import (each import of one is otherwise at the module's top), and why.

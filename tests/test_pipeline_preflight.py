@@ -90,7 +90,7 @@ def test_unwritable_output_is_reported_before_the_toy_film_is_written(tmp_path):
 def test_a_step_refuses_inputs_made_from_older_ones(tmp_path):
     """Representations made from features that have been recomputed since are refused, naming the step."""
     from animegamer.media.fingerprint import shards_digest
-    from data_pipeline.lineage import MADE_FROM, stale_reason
+    from animegamer.data.lineage import MADE_FROM, stale_reason
 
     output = tmp_path / "pipeline"
     clips = {"sources": [], "shards": _shards("a")}

@@ -64,7 +64,7 @@ def test_the_first_pipeline_call_leaves_the_steps_that_read_exports_to_the_recip
     """Over representations of features since recomputed (a caption edit), the pipeline's default
     session-shard step would warn that they are stale, seconds before the recipe makes them afresh."""
     from animegamer.quickstart import QUICKSTART
-    from data_pipeline.lineage import INDEX_FILES
+    from animegamer.data.lineage import INDEX_FILES
 
     output = tmp_path / "pipeline"
     (output / INDEX_FILES["representations"]).parent.mkdir(parents=True)

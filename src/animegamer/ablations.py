@@ -1,8 +1,10 @@
 """Table 3 of the paper in one command: every tokenizer/de-tokenizer variant trained as its own model,
 then scored with the reconstruction metrics into one comparison table.
 
-    python -m animegamer.ablations [--out outputs/paper/table3] [--only addition no_warmup ...] \\
+    animegamer ablate [--out outputs/paper/table3] [--only addition no_warmup ...] \\
         [--steps A1 A2] [hydra overrides for every stage]
+
+(``python -m animegamer.ablations`` takes the same arguments.)
 
 The variants are the baseline (``paper_a_joint``) and every ``configs/train/experiment/ablation_a_*.yaml``.
 For each, phase (a1) (the warm-up) then phase (a2) train into ``<out>/<variant>/a_warmup`` and
@@ -25,6 +27,7 @@ scored with (evaluation settings, held-out data, seed, sampling steps: :func:`sc
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import sys
@@ -38,7 +41,7 @@ from animegamer.checkpoints.trained_data import clip_manifest_sha256
 from animegamer.config.compose import compose_config, group_options
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import METRICS_FILE, TRAINED_FILE
-from animegamer.errors import exit_on_user_error
+from animegamer.errors import UserError, exit_on_user_error
 from animegamer.evaluation.preflight import check_evaluated_exports
 from animegamer.evaluation.report import METRIC_INFO, PAPER_TABLE3_RECONSTRUCTION
 from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER, Scorers, write_reconstruction
@@ -48,6 +51,7 @@ from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import A_JOINT, A_WARMUP
 from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_of, stage_overrides, train_stage
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
+from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
@@ -273,9 +277,9 @@ def write_table(out: Path, rows: dict[str, dict], variants: list[Variant]) -> di
 
 def run_table3(out: Path, names: list[str], extra: list[str], steps: tuple[int, int] = (0, 0)) -> dict:
     """Train what is missing, score every variant and write the comparison table; returns its content."""
-    out.mkdir(parents=True, exist_ok=True)
     variants = plan(names, out, extra)
     preflight(variants, extra, steps)
+    out.mkdir(parents=True, exist_ok=True)  # only once every stage passed its checks: a refusal writes nothing
     rows: dict[str, dict] = {}
     by_name = {v.name: v for v in variants}
     for v in variants:
@@ -292,8 +296,35 @@ def run_table3(out: Path, names: list[str], extra: list[str], steps: tuple[int, 
     return json.loads(files["json"].read_text())
 
 
+def _closest(word: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {match[0]!r}? " if match else ""
+
+
+def check_command_line(prog: str, parser: argparse.ArgumentParser, only: list[str] | None,
+                       overrides: list[str]) -> None:
+    """An unknown option or variant, or a word that is neither an option nor an override (Hydra would read it as a
+    malformed override), refused before anything runs."""
+    known = variant_names()
+    for word in overrides:
+        if word.startswith("-"):
+            options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+            raise UserError(f"{prog}: unknown option {word!r}; {_closest(word.split('=')[0], options)}"
+                            f"options: {', '.join(options)}")
+        if "=" not in word and not word.startswith("~"):  # ~key (Hydra's deletion) is the one override without '='
+            hint = f"variants go after --only ({prog} --only {word}); " if word in known else ""
+            raise UserError(f"{prog}: {word!r} is neither an option nor a key=value override; {hint}"
+                            f"see {prog} --help")
+    if only == []:
+        raise UserError(f"{prog}: --only names no variant; variants: {', '.join(known)}")
+    for name in only or []:
+        if name not in known:
+            raise UserError(f"{prog}: no Table 3 variant {name!r}; {_closest(name, known)}variants: {', '.join(known)}")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m animegamer.ablations", description=__doc__,
+    prog = program_name("animegamer.ablations")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="one folder per variant, and the table")
     parser.add_argument("--only", nargs="+", default=None, metavar="VARIANT",
@@ -301,8 +332,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, nargs=2, default=(0, 0), metavar=("A1", "A2"),
                         help="phase.max_steps of the warm-up and joint stages (0: the experiments')")
     args, overrides = parser.parse_known_args(argv)
+    # --only takes every word up to the next option, so overrides written after its variants land in it
+    only = None if args.only is None else [n for n in args.only if "=" not in n]
+    overrides = [*(n for n in args.only or [] if "=" in n), *overrides]
+    check_command_line(prog, parser, only, overrides)
     setup_logging("INFO")
-    return run_table3(args.out, args.only or variant_names(), overrides, tuple(args.steps))
+    return run_table3(args.out, only or variant_names(), overrides, tuple(args.steps))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,21 @@
 """Fine-tune a trained game on a new film, from existing exports (your own, or the official MLLM).
 
     python -m animegamer.finetune --film new_film.mp4 --captions new_film.jsonl --from outputs/paper \\
-        --out outputs/new_film [--model paper] [--steps A2 B C] [hydra overrides...]
+        --out outputs/new_film [--model paper] [--steps A2 B C] [key=value ...]
 
 ``--from`` is a run folder holding ``a_joint/export`` and ``b/export`` (the quick start's or the paper
 experiments' layout); ``--official-mllm`` starts phase (b) from the official release instead. The
 new film goes through the pipeline, then phases (a2), (b) and (c) train with shorter schedules from
 those weights (no phase (a1) warm-up: the encoder is already trained). The film's clips are cut at the
-size (frames, height, width, fps) those exports were trained at, read from ``a_joint/export``.
+size (frames, height, width, fps) those exports were trained at, read from ``a_joint/export``, and the
+stages load the frozen weight folders (VAE, decoder base, text and image encoders, MLLM base) those
+exports were trained over, unless an override names them. ``--captions`` is the film's caption import;
+with ``pipeline.caption.backend`` naming a captioning model (vlm, http) it is left out. Every
+``key=value`` after the options is an override for every stage (each takes those its command reads).
+
+Before anything is cut or trained, the fine-tune refuses a film that the ``--from`` exports (or the
+exports they were started from) were trained on in another data folder: that folder's held-out shots
+are not the fine-tune's, so its evaluation would play shots the model trained on.
 
 Without ``--steps``, each phase trains a share of the steps its ``--from`` export trained (at least one
 step; the phase's configured ``phase.max_steps`` where ``--from`` has no export for it): thousands of
@@ -28,10 +36,13 @@ from pathlib import Path
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import lineage, trained_clip_size, trained_preset
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import compose_config, group_options
 from animegamer.config.disk_checks import read_json_object
+from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.errors import MissingInputError, UserError, exit_on_user_error
+from animegamer.finetune_checks import (caption_problems, film_inputs, frozen_folder_overrides, quoted,
+                                         trained_film_problems, unquoted_path_problems)
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
 from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe, stage_overrides
 from animegamer.utils.logging import setup_logging
@@ -43,7 +54,6 @@ FINETUNED = (A_JOINT, PHASE_B, PHASE_C)  # the phases a fine-tune trains, in the
 # encoder and decoder that already reconstruct clips and meets only the film's look; phases (b) and (c)
 # meet its states and the new MLLM's outputs.
 STEP_SHARES = {A_JOINT: Fraction(1, 40), PHASE_B: Fraction(1, 10), PHASE_C: Fraction(1, 10)}
-PRESETS = ("tiny", "paper")
 PAPER = "paper"
 # The run finished but its game played nothing: a failed result, not a bad input (which exits with 2).
 NOTHING_PLAYED_EXIT_CODE = 1
@@ -58,6 +68,11 @@ def preset_for(model: str | None, start: Path) -> str:
         raise UserError(f"--model {model}, but {start / A_JOINT / 'export'} was trained with model={trained}: "
                         f"its weights fit only that preset (leave --model out to use it)")
     return model or trained or PAPER
+
+
+def presets() -> list[str]:
+    """The model presets a stage can be trained with (configs/model/)."""
+    return group_options("model", "train")
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,9 @@ def schedules(start: Path, model: str, official_mllm: str = "", steps: tuple[int
 
 def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
+    """The fine-tune's stages; ``captions``: the caption import's file ("": the captions come from the
+    backend an override of ``extra`` names). The film, caption and checkpoint paths are passed quoted (any
+    character reads back); ``start`` and ``out`` are checked by :func:`unquoted_path_problems` first."""
     start_a = start / A_JOINT / "export"
     size = trained_clip_size(start_a)
     if size is None:
@@ -128,10 +146,10 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
     start_b = "" if official_mllm else str(start / "b" / "export")
     phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
     if official_mllm:
-        phase_b.append(f"model.mllm.official_checkpoint={official_mllm}")
+        phase_b.append(f"model.mllm.official_checkpoint={quoted(official_mllm)}")
     return Recipe(  # each command takes the common settings it reads
-        pipeline=[*stage_overrides("pipeline", common), f"pipeline.inputs=['{film}']",
-                  f"pipeline.caption.path='{captions}'"],
+        pipeline=[*stage_overrides("pipeline", common), f"pipeline.inputs=[{quoted(film)}]",
+                  *([f"pipeline.caption.path={quoted(captions)}"] if captions else [])],
         phase_a=[*common, f"phase.max_steps={steps[0]}"],
         phase_b=phase_b,
         phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
@@ -146,11 +164,14 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--film", required=True, help="the new film, or a folder of films")
-    parser.add_argument("--captions", required=True, help="caption-import JSONL of the film (docs/pipeline.md)")
-    parser.add_argument("--from", dest="start", type=Path, required=True, help="run folder with a_joint/ and b/ exports")
+    parser.add_argument("--captions", default="",
+                        help="caption-import JSONL of the film (docs/pipeline.md); left out when "
+                             "pipeline.caption.backend names a captioning model (vlm, http)")
+    parser.add_argument("--from", dest="start", metavar="RUN", type=Path, required=True,
+                        help="run folder with a_joint/ and b/ exports")
     parser.add_argument("--out", type=Path, required=True,
                         help="the fine-tune's run folder (pipeline/, one folder per phase, eval/, game/)")
-    parser.add_argument("--model", default=None, choices=PRESETS,
+    parser.add_argument("--model", default=None, choices=presets(),
                         help="model preset (default: the one --from's exports were trained with, else paper)")
     shares = ", ".join(f"{STEP_SHARES[phase]} ({phase})" for phase in FINETUNED)
     parser.add_argument("--steps", type=int, nargs=3, default=None, metavar=("A2", "B", "C"),
@@ -161,6 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--constrained-states", action="store_true",
                         help="evaluate and play with state decoding constrained to the layout (default: free "
                              "decoding, which a briefly trained MLLM may leave malformed)")
+    parser.usage = parser.format_usage().removeprefix("usage: ").rstrip() + " [key=value ...]"
+    parser.epilog = ("key=value: a Hydra override for every stage, each taking those its command reads (e.g. "
+                     "pipeline.sessions.turns=2 data.val_fraction=0.5 pipeline.caption.backend=vlm)")
     args, overrides = parser.parse_known_args(argv)
     options = [o for o in overrides if o.startswith("-")]  # the rest are Hydra overrides (key=value)
     if options:
@@ -168,12 +192,24 @@ def main(argv: list[str] | None = None) -> dict:
     for root in ROOTS:  # each stage takes those its command reads: an unknown key or value refused before any work
         compose_config(root, stage_overrides(root, overrides))
     setup_logging("INFO")
+    problems = unquoted_path_problems("--from", args.start) + unquoted_path_problems("--out", args.out)
+    film_run = compose_config("pipeline", ["experiment=finetune_film", *stage_overrides("pipeline", overrides)])
+    problems += caption_problems(args.captions, str(film_run.pipeline.caption.backend), overrides)
+    if problems:
+        raise ConfigError(problems)
     model = preset_for(args.model, args.start)
     plan = schedules(args.start, model, args.official_mllm, args.steps)
+    extra = (*frozen_folder_overrides(args.start, model, overrides), *overrides)
     recipe = finetune_recipe(args.film, args.captions, args.start, args.out, model, tuple(s.steps for s in plan),
-                             args.official_mllm, tuple(overrides))
+                             args.official_mllm, extra)
     if args.constrained_states:
         recipe.evaluation.append("model.mllm.constrained_states=true")
+    evaluated = compose_config("evaluate", [*recipe.evaluation, *stage_overrides("evaluate", list(extra))])
+    exports = [args.start / A_JOINT / "export", *([] if args.official_mllm else [args.start / PHASE_B / "export"])]
+    films = film_inputs(args.film, film_run.pipeline.ingest.extensions)
+    problems = trained_film_problems(films, args.start, exports, evaluated)
+    if problems:
+        raise ConfigError(problems)
     known = [s.seconds for s in plan if s.seconds is not None]
     total = f"; about {duration(sum(known))} of training in all" if len(known) == len(plan) else ""
     log.info("fine-tune schedule (--steps A2 B C sets it): %s%s", "; ".join(s.describe() for s in plan), total)

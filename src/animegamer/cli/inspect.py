@@ -1,7 +1,8 @@
 """Show the token layout of a game file: ``animegamer inspect GAME.json [--prompt] [key=value ...]``.
 
-GAME.json is ``{"turns": [{"instruction": ..., "states": {"ML": .., "SC": .., "ET": .., "ST": ..}}, ...]}``
-(a session-shard ``json`` record works too). Every turn but the last is history; the last is the
+GAME.json is the ``game.json`` that ``animegamer play`` writes (a turn's states: those its MLLM generated),
+or ``{"turns": [{"instruction": ..., "states": {"ML": .., "SC": .., "ET": .., "ST": ..}}, ...]}`` as a
+session-shard ``json`` record holds them. Every turn but the last is history; the last is the
 target. Prints JSON: the tokens, ids, masks and labels of the training sequence (or, with
 ``--prompt``, of the inference prompt ending in ``<ML>``), plus a compact one-line rendering. The layout
 is the model's: ``key=value`` overrides of the evaluate root's ``model`` (``model=tiny``,
@@ -18,7 +19,7 @@ from typing import Optional, Sequence
 from omegaconf import OmegaConf
 
 from animegamer.config.compose import command_body, compose_config, top_key
-from animegamer.errors import UserError, exit_on_user_error
+from animegamer.errors import InvalidInputError, UserError, exit_on_user_error
 
 ROOT = "evaluate"  # the root config whose model the layout is read from
 MODEL = "model"  # the one node of it the layout reads
@@ -30,7 +31,9 @@ representation_tokens = command_body("animegamer.models.encoder", "representatio
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="animegamer inspect", description=__doc__.split("\n\n")[0].replace("``", ""))
-    parser.add_argument("game", type=Path, help="game JSON file with a 'turns' list")
+    parser.add_argument("game", type=Path,
+                        help="game JSON file with a 'turns' list: the game.json animegamer play writes, or turns "
+                             "with 'instruction' and 'states'")
     parser.add_argument("--tokenizer", default=None,
                         help="local tokenizer folder (default: model.mllm.tokenizer; '' = the byte tokenizer)")
     parser.add_argument("--query-tokens", type=int, default=None,
@@ -63,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tokens = representation_tokens(model.encoder) if args.query_tokens is None else args.query_tokens
     try:
         described = describe(read_game(args.game), tokenizer, tokens, args.prompt)
-    except (KeyError, TypeError, AttributeError) as error:  # a turn without its instruction or states
-        raise UserError(f"{args.game}: a turn lacks its instruction or states ({error!r})") from error
+    except InvalidInputError as error:  # a turn without its instruction or states, or with a value out of range
+        raise InvalidInputError(f"{args.game}: {error}") from None
     sys.stdout.write(json.dumps(described, ensure_ascii=False, indent=args.indent) + "\n")
     return 0

@@ -172,6 +172,7 @@ CAPTION_STEPS = ("process", "finalize")
 
 # Lightning's accelerators that need CUDA. Several CPU processes train with the cpu preset and DDP instead.
 GPU_ACCELERATORS = ("gpu", "cuda")
+ACCELERATORS = ("cpu", *GPU_ACCELERATORS)  # what the strategies and the GPU check know (no TPU, no MPS)
 LOCAL_PROCESSES_ENV = "LOCAL_WORLD_SIZE"  # processes per node, set by torchrun
 CPU_PROCESSES = 2  # processes per node suggested where the config asks for every visible GPU (devices=-1)
 

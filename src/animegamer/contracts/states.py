@@ -16,3 +16,6 @@ STATE_LABELS: dict[str, str] = {SOCIAL: "Social", ENTERTAINMENT: "Entertainment"
 # always spent (-1) or recovered (+1), never unchanged.
 STATE_ALLOWED_VALUES: dict[str, tuple[int, ...]] = {SOCIAL: (0, 1), ENTERTAINMENT: (0, 1), STAMINA: (-1, 1)}
 ML_RANGE = (1, NUM_MOTION_LEVELS)
+# A played turn's record in game.json: the states its MLLM generated (ML and the deltas, what a training
+# turn's ``states`` hold); its bars before and after the turn are kept beside them.
+PLAYED_STATES = "predicted"

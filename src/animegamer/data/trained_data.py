@@ -58,6 +58,7 @@ def split_problems(cfg, exports: list[tuple[str, str]]) -> list[str]:
     problems: list[str] = []
     for key, folder in exports:
         smallest: tuple[float, str] | None = None  # the smallest fraction this data was trained with, and where
+        said: set[Path] = set()  # other data folders already named for this export: its ancestors' once
         for source, config in (lineage(folder) if folder else []):
             data = config.get("data") or {}
             if "root" not in data or "val_fraction" not in data:
@@ -74,7 +75,8 @@ def split_problems(cfg, exports: list[tuple[str, str]]) -> list[str]:
                     problems.append(f"{where} was trained on data.root={str(trained)!r}, which cannot be compared "
                                     f"with this evaluation's data.root={str(root)!r} (no clip manifest): evaluate "
                                     f"with data.root={str(trained)!r}")
-            elif theirs & mine:
+            elif theirs & mine and trained.resolve() not in said:
+                said.add(trained.resolve())
                 problems.append(f"{where} was trained on the same film(s) from data.root={str(trained)!r}, whose "
                                 f"held-out split is not this one's: evaluate with data.root={str(trained)!r}")
         if smallest is not None and fraction > smallest[0]:

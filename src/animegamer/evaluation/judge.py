@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import jinja2
 import numpy as np
+from omegaconf import OmegaConf
 from PIL import Image
 
 from animegamer.config.compose import compose_config
@@ -46,6 +47,7 @@ from animegamer.metrics.common import available, unavailable
 from animegamer.pages import TEMPLATE_FOLDER, TEMPLATE_PACKAGE
 from animegamer.utils.http import (ERROR_DETAIL_CHARS, IMAGE, RETRY_BACKOFF_S, TEXT, ContentPart, OpenAIChatClient,
                                    answer_with_retries, api_key_from_env, client_setting_problems, redact)
+from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("animegamer.evaluation.judge")  # the same name under ``python -m``
@@ -336,13 +338,39 @@ def check_judge(judge) -> list[str]:
     return problems
 
 
+HELP_OPTIONS = ("-h", "--help")
+JUDGE_USAGE = ("{prog} EVAL_FOLDER evaluation.judge.url=URL evaluation.judge.model_name=NAME "
+               "[evaluation.judge.*=...]")
+JUDGE_HELP = """usage: {usage}
+
+Judge the games of a finished evaluation again (another judge, more samples) without playing them: each
+game is scored from 1 to 10 in six dimensions (the paper's Table 2) by an OpenAI-compatible chat endpoint
+with image input, and EVAL_FOLDER's metrics.json (its judge record) and report.md are rewritten.
+
+  EVAL_FOLDER  a folder written by `animegamer eval` (its evaluation.out)
+  key=value    overrides of the evaluate root; evaluation.judge.url and evaluation.judge.model_name are
+               needed; the API key is read from the environment variable evaluation.judge.api_key_env names
+
+Keys (evaluation.judge.*, with their defaults):
+{keys}"""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m animegamer.evaluation.judge EVAL_FOLDER evaluation.judge.url=... [overrides]``."""
+    """``animegamer judge EVAL_FOLDER evaluation.judge.url=... [overrides]`` (or ``python -m
+    animegamer.evaluation.judge``)."""
     def run() -> int:
         args = list(sys.argv[1:] if argv is None else argv)
+        prog = program_name("animegamer.evaluation.judge")
+        usage = JUDGE_USAGE.format(prog=prog)
+        if any(a in HELP_OPTIONS for a in args):
+            keys = OmegaConf.to_yaml(compose_config("evaluate").evaluation.judge)
+            sys.stdout.write(JUDGE_HELP.format(usage=usage, keys=keys))
+            return 0
+        options = [a for a in args if a.startswith("-")]
+        if options:  # the judge takes no option: a folder and key=value overrides
+            raise UserError(f"{prog}: unknown option {options[0]!r}; usage: {usage} ({prog} --help says more)")
         if not args or "=" in args[0]:
-            raise UserError("usage: python -m animegamer.evaluation.judge EVAL_FOLDER evaluation.judge.url=URL "
-                            "evaluation.judge.model_name=NAME [evaluation.judge.*=...]")
+            raise UserError(f"usage: {usage}")
         setup_logging("INFO")
         cfg = compose_config("evaluate", args[1:]).evaluation.judge
         problems = check_judge(cfg) + ([] if cfg.url else ["evaluation.judge.url is empty: name the judge's endpoint"])

@@ -11,6 +11,7 @@ from animegamer.checkpoints.export_checks import check_export_role, check_export
 from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.validate import ConfigError, check_encoders
 from animegamer.contracts.files import EXPORT_FILE, MANIFEST, TRAINED_FILE
+from animegamer.data.lineage import stale_folder_problems
 from animegamer.data.split_checks import captions_problems, counts_of, held_out_problems
 from animegamer.data.trained_data import clip_size_problems, split_problems
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
@@ -49,6 +50,8 @@ def check_evaluation(cfg, made: bool = True) -> list[str]:
     for folder in (cfg.data.clips, cfg.data.sessions) if made else ():
         if not (root / folder / MANIFEST).exists():
             problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
+        else:
+            problems += stale_folder_problems(root, root / folder)
     if e.games <= 0 or e.turns <= 0:
         problems.append("evaluation.games and evaluation.turns must be > 0")
     problems += check_batch_games("evaluation.batch_games", e.batch_games)

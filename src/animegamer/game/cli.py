@@ -22,6 +22,7 @@ from animegamer.game.models import load_game_models, read_level_flow
 from animegamer.game.preflight import input_problems
 from animegamer.game.scheduler import play_game
 from animegamer.game.writer import INDEX_FILE
+from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("animegamer.game")  # the same name under ``python -m animegamer.game``
@@ -48,27 +49,33 @@ def stdin_instructions(stream=None, prompt: bool = True) -> Iterable[str]:
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m animegamer.game",
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or program_name("animegamer.game"),
                                      description=animegamer.game.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mllm", default="", help="phase (b) export folder")
+    parser.add_argument("--mllm", default="",
+                        help="phase (b) export folder (required unless model.mllm.official_checkpoint is set)")
     parser.add_argument("--renderer", action="append", default=[],
-                        help="phase (c) export folder (or phase (a)); repeat to load several in order")
+                        help="phase (c) export folder (or phase (a)); repeat to load several in order (required "
+                             "unless model.decoder.official_checkpoint is set)")
     parser.add_argument("--clips-manifest", required=True,
                         help="pipeline manifest.json (or its folder) with motion_bins.level_flow")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--instructions", help="text file, one instruction per line")
     source.add_argument("--interactive", action="store_true", help="read instructions from stdin")
-    parser.add_argument("--out", required=True, help="output folder (clips, game.json, index.html)")
+    parser.add_argument("--out", required=True,
+                        help="output folder (clips, game.json, index.html); created, never a file")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: the config's seed)")
     parser.add_argument("--max-turns", type=int, default=0,
                         help="stop after this many turns (default 0: play every instruction, or until an empty line)")
-    parser.add_argument("--window-turns", type=int, default=0,
-                        help="turns the MLLM sees, the new one included: the last N-1 played turns are its history "
-                             "(default K, the number of window lengths phase (b) trained on: data.window_weights)")
-    parser.add_argument("--sampling-steps", type=int, default=0, help="DPM++ steps (default from the config)")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--window-turns", type=int, default=None,
+                        help="turns the MLLM sees, the new one included, >= 1: the last N-1 played turns are its "
+                             "history (default K, the number of window lengths phase (b) trained on: "
+                             "data.window_weights)")
+    parser.add_argument("--sampling-steps", type=int, default=None,
+                        help="DPM++ steps, >= 1 (default: model.diffusion.sampling_steps)")
+    parser.add_argument("--device", default=None,
+                        help="cuda, cuda:N or cpu (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
                         help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--constrained-states", action="store_true",
@@ -83,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 @exit_on_user_error
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns 0, or 1 when a malformed generation stopped the game. A wrong input
-    (path, override, an --out that holds a game) exits with code 2 and its message, no traceback."""
+    (path, override, option value, device, an --out that holds a game or is a file) exits with code 2 and
+    its message before any model is built, no traceback."""
     args = build_parser().parse_intermixed_args(argv)
     overrides = preset_overrides(list(args.overrides), [args.mllm, *args.renderer])
     if args.constrained_states:
@@ -104,8 +112,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               device=args.device, dtype=DTYPES[args.dtype])
     seed = cfg.seed if args.seed is None else args.seed
     try:
+        # Game's 0 steps: the config's; the pre-flight refused a given value below 1.
+        sampling_steps = 0 if args.sampling_steps is None else args.sampling_steps
         record = play_game(models, islice(script, args.max_turns or None), args.out, seed,
-                           window_turns=args.window_turns or None, sampling_steps=args.sampling_steps,
+                           window_turns=args.window_turns, sampling_steps=sampling_steps,
                            overwrite=args.overwrite,
                            extra={"turn_limit": args.max_turns or None})
     except ValueError as error:

@@ -96,6 +96,18 @@ def _as_list(exports: str | Path | Sequence[str | Path] | None) -> list[str]:
     return [str(e) for e in exports if str(e)]
 
 
+def weights_problems(cfg: RunConfig, mllm_exports: Sequence[str], renderer_exports: Sequence[str]) -> list[str]:
+    """A network with neither an export nor an official checkpoint to load: refused before anything is
+    built (a random network would play noise)."""
+    problems = []
+    if not mllm_exports and not cfg.model.mllm.official_checkpoint:
+        problems.append("no MLLM weights: give a phase (b) export or set model.mllm.official_checkpoint")
+    if not renderer_exports and not cfg.model.decoder.official_checkpoint:
+        problems.append("no renderer weights: give a phase (c) or (a) export or set "
+                        "model.decoder.official_checkpoint")
+    return problems
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -164,16 +176,13 @@ def load_game_models(cfg: RunConfig, mllm_export: str | Path | None,
     dtype = dtype or play_dtype(device)
     refuse(check_play_fp8(cfg.model.decoder, branch_devices or [device], dtype))  # nothing to check when off
     level_flow = check_level_flow(level_flow)
-    cfg = at_clip_size(cfg, renderer_clip_size(_as_list(renderer_export)))  # render at the trained clip size
+    mllm_exports, renderer_exports = _as_list(mllm_export), _as_list(renderer_export)
+    problems = weights_problems(cfg, mllm_exports, renderer_exports)
+    if problems:
+        raise ConfigError(problems)
+    cfg = at_clip_size(cfg, renderer_clip_size(renderer_exports))  # render at the trained clip size
 
-    mllm_exports = _as_list(mllm_export)
-    if not mllm_exports and not cfg.model.mllm.official_checkpoint:
-        raise ValueError("no MLLM weights: give a phase (b) export or set model.mllm.official_checkpoint")
     mllm = load_game_mllm(cfg, mllm_exports, device, dtype)
-
-    renderer_exports = _as_list(renderer_export)
-    if not renderer_exports and not cfg.model.decoder.official_checkpoint:
-        raise ValueError("no renderer weights: give a phase (a) export or set model.decoder.official_checkpoint")
     renderer = build_reconstruction(cfg, renderer_exports, play=True)
     renderer, replica = renderer_for_play(renderer, device, dtype, branch_devices[1] if branch_devices else None)
 

@@ -3,19 +3,56 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Optional
+
+import torch
 
 from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.files import MANIFEST
-from animegamer.game.writer import GAME_FILE
+from animegamer.game.writer import GAME_FILE, out_dir_problem
+
+
+def device_problems(device: Optional[str], option: str = "--device") -> list[str]:
+    """A device torch cannot name, or a CUDA one where torch sees no such GPU: refused before any model is
+    built (torch would stop at the first tensor moved there), naming the CPU setting as the training
+    check does (animegamer.config.validate.check_gpu_available)."""
+    if device is None:  # the default: CUDA when torch sees a GPU, else the CPU
+        return []
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        return [f"{option} {device}: not a device torch knows (cuda, cuda:N or cpu)"]
+    if parsed.type != "cuda":
+        return []
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not visible:
+        return [f"{option} {device} needs a CUDA GPU, and torch sees none on this machine: play on the CPU with "
+                f"{option} cpu (or leave {option} out: CUDA when available, else the CPU)"]
+    if parsed.index is not None and parsed.index >= visible:
+        return [f"{option} {device}: torch sees {visible} CUDA device(s) on this machine (cuda:0 to "
+                f"cuda:{visible - 1}; CUDA_VISIBLE_DEVICES)"]
+    return []
 
 
 def input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
     """Every missing or mismatched input of the command line, found before any model is built."""
     problems = []
-    if args.max_turns < 0 or args.window_turns < 0:
-        problems.append(f"--max-turns {args.max_turns} / --window-turns {args.window_turns}: must be >= 0")
+    if args.max_turns < 0:
+        problems.append(f"--max-turns {args.max_turns}: must be >= 0 (0: play every instruction)")
+    if args.window_turns is not None and args.window_turns < 1:
+        problems.append(f"--window-turns {args.window_turns}: must be >= 1, the new turn included (leave it out "
+                        f"for K, the {len(cfg.data.window_weights)} window lengths phase (b) trained on)")
+    if args.sampling_steps is not None and args.sampling_steps < 1:
+        problems.append(f"--sampling-steps {args.sampling_steps}: must be >= 1 (leave it out for "
+                        f"model.diffusion.sampling_steps, {cfg.model.diffusion.sampling_steps})")
+    if not args.mllm and not cfg.model.mllm.official_checkpoint:
+        problems.append("--mllm: no MLLM weights; give a phase (b) export folder (--mllm DIR) or set "
+                        "model.mllm.official_checkpoint")
+    if not args.renderer and not cfg.model.decoder.official_checkpoint:
+        problems.append("--renderer: no renderer weights; give a phase (c) or (a) export folder (--renderer DIR) or "
+                        "set model.decoder.official_checkpoint")
     exports = [("--mllm", args.mllm, "mllm")] if args.mllm else []
     exports += [("--renderer", folder, "renderer") for folder in args.renderer]
     for option, folder, role in exports:
@@ -26,6 +63,10 @@ def input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
         problems.append(f"--clips-manifest {manifest}: no such {MANIFEST} (run the pipeline first)")
     if args.instructions and not Path(args.instructions).is_file():
         problems.append(f"--instructions {args.instructions}: no such file")
-    if (Path(args.out) / GAME_FILE).exists() and not args.overwrite:
+    out_problem = out_dir_problem(args.out)
+    if out_problem:
+        problems.append(f"--out {out_problem}; choose another folder")
+    elif (Path(args.out) / GAME_FILE).exists() and not args.overwrite:
         problems.append(f"--out {args.out} already holds a game ({GAME_FILE}); choose another folder or --overwrite")
+    problems += device_problems(args.device)
     return problems

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 
-from animegamer.contracts.states import CHARACTER_STATES
+from animegamer.contracts.states import CHARACTER_STATES, PLAYED_STATES
 
 if TYPE_CHECKING:  # the state rule is read without torch (the judge and the ranking page use it)
     import torch
@@ -46,7 +46,7 @@ class TurnResult:
     def to_record(self) -> dict:
         """What game.json keeps of the turn (no frames, no representation)."""
         return {"index": self.index, "instruction": self.instruction, "video": clip_name(self.index),
-                "tokens": list(self.tokens), "token_text": self.token_text, "predicted": dict(self.predicted),
+                "tokens": list(self.tokens), "token_text": self.token_text, PLAYED_STATES: dict(self.predicted),
                 "states_before": dict(self.states_before), "states_after": dict(self.states_after),
                 "motion_level": self.motion_level, "flow": self.flow, "seed": self.seed,
                 "frames": list(self.frames.shape), "timings": {k: round(v, 4) for k, v in self.timings.items()}}

@@ -20,12 +20,24 @@ INDEX_FILE = "index.html"
 GAME_FORMAT_VERSION = 2  # 2: "window_turns" (was "max_turns"), a poster (turn_NNN.jpg) beside each clip
 
 
+def out_dir_problem(out_dir: str | Path) -> Optional[str]:
+    """Why ``out_dir`` cannot become a game folder (it, or a folder it would sit in, is a file), or None."""
+    path = Path(out_dir)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or existing.is_dir():
+        return None
+    return f"{path} is a file, not a folder" if existing == path else f"{path}: {existing} is a file, not a folder"
+
+
 class GameWriter:
     """The output folder of a game, brought up to date after every turn (clips, game.json, index.html)."""
 
     def __init__(self, game: Game, out_dir: str | Path, overwrite: bool = False, extra: Optional[dict] = None):
         self.game, self.out_dir = game, Path(out_dir)
         self.extra = dict(extra or {})
+        problem = out_dir_problem(self.out_dir)
+        if problem:
+            raise OutputExistsError(f"{problem}; choose another output folder")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if (self.out_dir / GAME_FILE).exists():
             if not overwrite:

@@ -1,12 +1,18 @@
 """The token layout of a game file, the body of ``animegamer inspect GAME.json`` (``animegamer.cli.inspect``).
 
-GAME.json is ``{"turns": [{"instruction": ..., "states": {"ML": .., "SC": .., "ET": .., "ST": ..}}, ...]}``
-(a session-shard ``json`` record works too). Every turn but the last is history; the last is the
+GAME.json is the ``game.json`` that ``animegamer play`` writes (each turn's states are the ones its MLLM
+generated, ``predicted``), or ``{"turns": [{"instruction": ..., "states": {"ML": .., "SC": .., "ET": .., "ST": ..}},
+...]}`` as a session-shard ``json`` record holds them. Every turn but the last is history; the last is the
 target. The description: the tokens, ids, masks and labels of the training sequence (or, with
 ``--prompt``, of the inference prompt ending in ``<ML>``), plus a compact one-line rendering.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
+from animegamer.contracts.shards import INSTRUCTION, STATES
+from animegamer.contracts.states import PLAYED_STATES
+from animegamer.errors import InvalidInputError
 from animegamer.mllm.sequence import IGNORE_INDEX, GameSequence, Turn, build_prompt, build_sequence
 from animegamer.mllm.tokens import TokenIds, add_animegamer_tokens, load_tokenizer
 
@@ -28,11 +34,27 @@ def compact(tokens: list[str], query_mask: list[bool], history_turn: list[int]) 
     return "".join(parts)
 
 
+def game_turns(game: dict) -> list[Turn]:
+    """The turns of a game file, each with the states a training sequence carries (``states``, or
+    ``predicted`` in a played game); a turn without them, or with values out of range, is refused naming it."""
+    turns = []
+    for index, record in enumerate(game["turns"]):
+        states = record.get(STATES, record.get(PLAYED_STATES)) if isinstance(record, Mapping) else None
+        if states is None or INSTRUCTION not in record:
+            raise InvalidInputError(f"turn {index} lacks its '{INSTRUCTION}' or its states ('{STATES}', or "
+                                    f"'{PLAYED_STATES}' in the game.json animegamer play writes)")
+        try:
+            turns.append(Turn(record[INSTRUCTION], dict(states)))
+        except (TypeError, ValueError) as error:
+            raise InvalidInputError(f"turn {index}: {error}") from None
+    return turns
+
+
 def describe(game: dict, tokenizer_dir: str | None, num_query_tokens: int, prompt: bool) -> dict:
+    turns = game_turns(game)
     tokenizer = load_tokenizer(tokenizer_dir)
     added = add_animegamer_tokens(tokenizer)
     ids = TokenIds.from_tokenizer(tokenizer)
-    turns = [Turn.from_dict(t) for t in game["turns"]]
     if prompt:
         seq = build_prompt(ids, tokenizer, turns[:-1], turns[-1].instruction, num_query_tokens)
     else:

@@ -17,8 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
-from animegamer.config.validate import (ConfigError, check_bad_sample_budget, check_encoders, check_gpu_available, choice,
-                                        local_folder, positive)
+from animegamer.config.validate import (ACCELERATORS, ConfigError, check_bad_sample_budget, check_encoders,
+                                        check_gpu_available, choice, local_folder, positive)
+from animegamer.data.lineage import stale_folder_problems
 from animegamer.data.shapes import check_shard_shapes
 from animegamer.data.storage import check_remote_settings, data_source, is_url
 from animegamer.models.checks import check_kernels, check_model_sizes
@@ -49,10 +50,10 @@ def check_phase_schema(cfg, spec) -> list[str]:
 
 
 def check_trainer(cfg) -> list[str]:
-    """Devices and accumulation, the profiler, and the strategy against what the phase exports (an unknown
-    phase name is the phase checks' to report)."""
+    """The accelerator, devices and accumulation, the profiler, and the strategy against what the phase
+    exports (an unknown phase name is the phase checks' to report)."""
     t = cfg.trainer
-    problems: list[str] = []
+    problems = choice("trainer.accelerator", t.accelerator, ACCELERATORS)
     if t.devices < 1 and t.devices != -1:
         problems.append(f"trainer.devices={t.devices} must be >= 1 (or -1: every visible device)")
     if t.num_nodes < 1:
@@ -97,7 +98,8 @@ def sample_shard_problems(cfg, spec) -> list[str]:
     source = data_source(cfg.data, getattr(cfg.data, spec.sample_key(cfg.phase)))  # a folder or a URL
     missing = source.manifest_problem()
     if missing is None:
-        return check_shard_shapes(source, spec.sample_shapes(cfg))
+        stale = [] if source.remote else stale_folder_problems(cfg.data.root, source.folder)
+        return check_shard_shapes(source, spec.sample_shapes(cfg)) + stale
     if source.remote:
         return [f"data.root={cfg.data.root!r}: {missing}"]
     return [f"{missing}; run the pipeline first (python -m data_pipeline ...) or set data.root"]
