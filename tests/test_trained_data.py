@@ -127,3 +127,28 @@ def test_commands_given_exports_default_to_the_preset_they_were_trained_with(tmp
     assert preset_overrides(["seed=1"], ["", str(bare), str(tiny)]) == ["model=tiny", "seed=1"]
     assert preset_overrides(["model=paper", "seed=1"], [str(tiny)]) == ["model=paper", "seed=1"]
     assert preset_overrides(["seed=1"], [str(bare)]) == ["seed=1"]
+
+
+def test_an_exports_lineage_is_found_from_any_directory(tmp_path, monkeypatch):
+    """A run started from ``phase.init_from=runs/a/export`` (relative to where it trained) records that
+    export absolutely: the chain, and so the held-out split of every export in it, is read the same from
+    another directory."""
+    import json
+
+    from animegamer.checkpoints.trained_data import trained_data_record
+    from animegamer.contracts.files import EXPORT_FILE
+
+    def write_export(folder, init_from):
+        config = {"phase": {"init_from": init_from}, "data": {"root": "data", "clips": "clips"}}
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / EXPORT_FILE).write_text(json.dumps(
+            {"config": config, "trained_data": trained_data_record(config)}))
+
+    monkeypatch.chdir(tmp_path)  # where both runs trained
+    write_export("runs/a/export", "")
+    write_export("runs/b/export", "runs/a/export")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    chain = lineage(tmp_path / "runs" / "b" / "export")
+    assert [folder for folder, _ in chain] == [str(tmp_path / "runs/b/export"), str(tmp_path / "runs/a/export")]

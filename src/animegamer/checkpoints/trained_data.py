@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 CLIP_SIZE_KEYS = ("frames", "height", "width", "fps")
 TRAINED_DATA_KEY = "trained_data"  # export.json's record of the data the run trained on
+STARTED_FROM = "init_from"  # the record's absolute phase.init_from
 DEFAULT_CLIPS_DIR = TrainDataConfig.clips
 
 
@@ -71,12 +72,16 @@ def preset_overrides(overrides: list[str], exports: list[str]) -> list[str]:
 def trained_data_record(config: dict) -> dict | None:
     """What a run with the resolved ``config`` trains on, for its ``export.json``: the data folder (absolute,
     resolved from the training's directory), its clip folder, their clip size and the clip manifest's
-    sha256 (the last two absent without a manifest). None when the config names no data folder."""
+    sha256 (the last two absent without a manifest), and the export it started from (absolute too, so its
+    lineage is found from any directory). None when the config names no data folder."""
     data = config.get("data") or {}
     if not data.get("root"):
         return None
     root, clips = Path(data["root"]).resolve(), data.get("clips", DEFAULT_CLIPS_DIR)
     record: dict = {"root": str(root), "clips": clips}
+    init = (config.get("phase") or {}).get("init_from")
+    if init:
+        record[STARTED_FROM] = str(Path(init).resolve())
     size = data_clip_size(root, clips)
     if size is not None:
         record.update(clip_size=asdict(size), clip_manifest_sha256=clip_manifest_sha256(root, clips))
@@ -110,7 +115,9 @@ def lineage(folder: str | Path) -> list[tuple[str, dict]]:
         if config is None:
             break
         chain.append((current, config))
-        current = str((config.get("phase") or {}).get("init_from") or "")
+        # The absolute path the export recorded (an older export: its config's, relative to where it trained).
+        current = str((trained_data(current) or {}).get(STARTED_FROM) or (config.get("phase") or {}).get("init_from")
+                      or "")
     return chain
 
 
