@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -180,17 +181,20 @@ def test_any_film_and_caption_path_reaches_the_pipeline_as_it_is(start, tmp_path
     assert compose_config("train", made.phase_b).model.mllm.official_checkpoint == str(tmp_path / name)
 
 
-@pytest.mark.parametrize("option", ["--out", "--from"])
-def test_an_out_or_from_folder_the_stages_cannot_take_is_refused_naming_the_character(start, tmp_path, monkeypatch,
-                                                                                      capsys, option):
-    """The recipe passes the folders under --out and --from on as plain override values."""
-    folders = {"--from": str(start), "--out": str(tmp_path / "ft")}
-    folders[option] = str(tmp_path / "Howl's")
-    before = sorted(tmp_path.rglob("*"))
-    err = _refusal(monkeypatch, capsys, ["--film", "f.mp4", "--captions", "f.jsonl", "--from", folders["--from"],
-                                         "--out", folders["--out"]])
-    assert f"{option} \"{tmp_path / 'Howl'}'s\": " in err and "cannot hold the character(s) ': name a folder" in err
-    assert sorted(tmp_path.rglob("*")) == before
+def test_out_and_from_folders_of_any_name_reach_every_stage_as_they_are(start, tmp_path):
+    """The recipe passes the folders under --out and --from quoted: a quote, a comma, brackets or an
+    interpolation in their names read back exactly in every stage (the run itself: test_quickstart_finetune)."""
+    from animegamer.config.compose import path_override
+
+    hard = tmp_path / "Howl's run, [2] ${x}"
+    shutil.copytree(start, hard / "from")
+    made = finetune_recipe(str(tmp_path / "f.mp4"), str(tmp_path / "f.jsonl"), hard / "from", hard / "out", "tiny",
+                           (1, 1, 1))
+    assert compose_config("pipeline", made.pipeline).pipeline.output == str(hard / "out" / "pipeline")
+    for stage, phase in ((made.phase_a, "a_joint"), (made.phase_b, "b"), (made.phase_c, "c")):
+        assert compose_config("train", stage).output_dir == str(hard / "out" / phase)
+    starts = compose_config("train", [*made.phase_a, path_override("phase.init_from", made.start_a)])
+    assert starts.phase.init_from == str(hard / "from" / "a_joint" / "export")  # as the recipe passes it on
 
 
 def test_the_captions_are_left_out_for_a_captioning_backend(start, tmp_path, monkeypatch, capsys):

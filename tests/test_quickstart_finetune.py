@@ -11,10 +11,12 @@ from data_pipeline.toyfilm import make_toy_film
 
 
 def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
+    """Into a folder whose name Hydra's grammar would read otherwise unquoted: every stage gets it as it is."""
     root, _ = quickstart
     film = make_toy_film(tmp_path / "film_b", film_id="second_film", variant=1)
+    out = tmp_path / "Howl's fine-tune, [2]"
     summary = finetune(["--film", str(film.video_path), "--captions", str(film.captions_path), "--from", str(root),
-                        "--out", str(tmp_path / "ft"), "--steps", "6", "6", "6", "--constrained-states"])  # tiny: read
+                        "--out", str(out), "--steps", "6", "6", "6", "--constrained-states"])  # tiny: read
     assert summary["phase a start"] == str(root / "a_joint" / "export")  # no warm-up: starts from the old export
     clips = read_manifest(summary["clip shards"])
     # Cut at the size the quick start's exports were trained at (96x144), not the tiny preset's 480x720.
@@ -23,8 +25,8 @@ def test_finetune_on_a_second_film_from_the_quickstart(quickstart, tmp_path):
         {k: trained[k] for k in ("frames", "height", "width", "fps")} == {"frames": 17, "height": 96, "width": 144, "fps": 8.0}
     assert clips["sources"][0]["film_id"] == "second_film" and clips["counts"]["clips"] > 0
     for phase in ("a_joint", "b", "c"):
-        assert (tmp_path / "ft" / phase / "export" / "trained.safetensors").exists()
-    assert (tmp_path / "ft" / "eval" / "report.md").exists() and (tmp_path / "ft" / "game" / "index.html").exists()
+        assert (out / phase / "export" / "trained.safetensors").exists()
+    assert (out / "eval" / "report.md").exists() and (out / "game" / "index.html").exists()
 
 
 def test_finetune_refuses_a_preset_the_exports_do_not_fit(quickstart, tmp_path):

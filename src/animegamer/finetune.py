@@ -36,13 +36,12 @@ from pathlib import Path
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import lineage, trained_clip_size, trained_preset
-from animegamer.config.compose import compose_config, group_options
+from animegamer.config.compose import compose_config, group_options, path_override, quoted
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.errors import MissingInputError, UserError, exit_on_user_error
-from animegamer.finetune_checks import (caption_problems, film_inputs, frozen_folder_overrides, quoted,
-                                         trained_film_problems, unquoted_path_problems)
+from animegamer.finetune_checks import caption_problems, film_inputs, frozen_folder_overrides, trained_film_problems
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
 from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe, stage_overrides
 from animegamer.utils.logging import setup_logging
@@ -133,16 +132,15 @@ def schedules(start: Path, model: str, official_mllm: str = "", steps: tuple[int
 def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
     """The fine-tune's stages; ``captions``: the caption import's file ("": the captions come from the
-    backend an override of ``extra`` names). The film, caption and checkpoint paths are passed quoted (any
-    character reads back); ``start`` and ``out`` are checked by :func:`unquoted_path_problems` first."""
+    backend an override of ``extra`` names). Every path is passed quoted: any character reads back."""
     start_a = start / A_JOINT / "export"
     size = trained_clip_size(start_a)
     if size is None:
         why = "no export.json" if start_a.exists() else f"{start_a} does not exist"
         raise MissingInputError(f"{start_a}: not an export folder ({why}); --from names a run folder "
                                 f"holding a_joint/export and b/export")
-    common = ["experiment=finetune_film", f"model={model}", f"pipeline.output={out}/pipeline",
-              f"output_dir={out}/" + "${phase.name}", *size.overrides()]
+    common = ["experiment=finetune_film", f"model={model}", path_override("pipeline.output", out / "pipeline"),
+              "output_dir=" + quoted(str(out), raw_suffix="/${phase.name}"), *size.overrides()]
     start_b = "" if official_mllm else str(start / "b" / "export")
     phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
     if official_mllm:
@@ -192,9 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     for root in ROOTS:  # each stage takes those its command reads: an unknown key or value refused before any work
         compose_config(root, stage_overrides(root, overrides))
     setup_logging("INFO")
-    problems = unquoted_path_problems("--from", args.start) + unquoted_path_problems("--out", args.out)
     film_run = compose_config("pipeline", ["experiment=finetune_film", *stage_overrides("pipeline", overrides)])
-    problems += caption_problems(args.captions, str(film_run.pipeline.caption.backend), overrides)
+    problems = caption_problems(args.captions, str(film_run.pipeline.caption.backend), overrides)
     if problems:
         raise ConfigError(problems)
     model = preset_for(args.model, args.start)

@@ -1,20 +1,18 @@
 """The fine-tune's own checks, before anything is cut or trained (``animegamer finetune``,
-:mod:`animegamer.finetune`): paths as Hydra override values, the caption source, the frozen weight folders
+:mod:`animegamer.finetune`): the caption source, the frozen weight folders
 its ``--from`` exports were trained over, and films those exports already trained on elsewhere.
 """
 from __future__ import annotations
 
 import functools
 import glob
-import re
 from pathlib import Path
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from animegamer.checkpoints.trained_data import (DEFAULT_CLIPS_DIR, clip_manifest, export_config, lineage, read_object,
                                                   trained_root)
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import compose_config, quoted
 from animegamer.contracts.exports import A_JOINT
 from animegamer.utils.io import sha256_file
 
@@ -24,36 +22,6 @@ NO_CAPTIONS = "none"
 # loads those its --from exports were trained over, since their trained weights fit only them.
 FROZEN_FOLDERS = ("model.encoders.t5.path", "model.encoders.clip.path", "model.encoders.vae.path",
                   "model.decoder.path", "model.mllm.path")
-
-
-def quoted(value: str) -> str:
-    """``value`` as a quoted string of Hydra's override grammar, read back as it is: a quote, and the
-    backslashes before a quote or the closing one, escaped with a backslash; ``${`` escaped so that
-    OmegaConf does not read it as an interpolation."""
-    text = re.sub(r"(\\*)(\$\{)", lambda m: m.group(1) * 2 + "\\${", value)
-    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
-    text = re.sub(r"(\\*)$", lambda m: m.group(1) * 2, text)
-    return f"'{text}'"
-
-
-def _unquoted_reads_back(value: str) -> bool:
-    try:
-        parsed = OverridesParser.create().parse_override(f"k={value}").value()
-        return isinstance(parsed, str) and OmegaConf.create({"k": parsed}).k == value
-    except Exception:  # noqa: BLE001 - any refusal of the grammar or of OmegaConf means it does not read back
-        return False
-
-
-def unquoted_path_problems(option: str, path: Path) -> list[str]:
-    """The recipe passes the folders under ``--out`` and ``--from`` to its stages as plain (unquoted) override
-    values: a path whose characters Hydra's grammar reads otherwise is refused, naming them."""
-    folders = {str(path / A_JOINT / "export"), str(path.resolve() / A_JOINT / "export")}
-    if all(_unquoted_reads_back(folder) for folder in folders):
-        return []
-    chars = sorted({c for folder in folders for c in folder if not _unquoted_reads_back(f"a{c}b")})
-    what = f"the character(s) {' '.join(chars)}" if chars else "this path"
-    return [f"{option} {str(path)!r}: the stages take the folders under it as plain Hydra override values, which "
-            f"cannot hold {what}: name a folder without them"]
 
 
 def caption_problems(captions: str, backend: str, overrides: list[str]) -> list[str]:

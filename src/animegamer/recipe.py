@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
-from animegamer.config.compose import carried_over, command_body, compose_config, overrides_for
+from animegamer.config.compose import carried_over, command_body, compose_config, overrides_for, path_override
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
@@ -62,6 +62,8 @@ from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
 from animegamer.utils.io import first_free, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
+
+INIT_FROM = "phase.init_from"  # the export a stage starts from
 
 # A stage's training, in this process (what train.py runs after its checks): loaded when the first stage
 # trains, so a recipe refused by its checks never loads Lightning.
@@ -185,10 +187,10 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     extra, pipeline_extra, evaluation_extra = (stage_overrides(root, recipe.extra) for root in ROOTS)
     # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
     # starts), left out where an earlier stage trains it.
-    made_later = "phase.init_from=''"
-    start_b = [f"phase.init_from={recipe.start_b}"] if recipe.start_b else []
-    joint = compose_config("train", [*recipe.phase_a, "phase=a_joint",
-                                     f"phase.init_from={recipe.start_a}" if recipe.start_a else made_later, *extra])
+    made_later = f"{INIT_FROM}=''"
+    start_b = [path_override(INIT_FROM, recipe.start_b)] if recipe.start_b else []
+    start_a = path_override(INIT_FROM, recipe.start_a) if recipe.start_a else made_later
+    joint = compose_config("train", [*recipe.phase_a, "phase=a_joint", start_a, *extra])
     stages = [joint, compose_config("train", [*recipe.phase_b, *start_b, *extra]),
               compose_config("train", [*recipe.phase_c, made_later, *extra])]
     if not recipe.start_a:
@@ -431,7 +433,8 @@ def run_recipe(recipe: Recipe) -> dict:
     elif recipe.vae_out:
         vae_record = trained_vae_stage(recipe)
     if recipe.vae_out:
-        recipe = replace(recipe, extra=[*recipe.extra, f"model.encoders.vae.path={Path(recipe.vae_out).resolve()}"])
+        vae = path_override("model.encoders.vae.path", Path(recipe.vae_out).resolve())
+        recipe = replace(recipe, extra=[*recipe.extra, vae])
     extra = list(recipe.extra)  # read at each call below: the base stage appends the decoder's path
     new_folder = recipe.new_folder or RECIPE_NEW_FOLDER
     pipe = lambda *o: run_pipeline_step([*recipe.pipeline, *o, *stage_overrides("pipeline", extra)])
@@ -447,22 +450,23 @@ def run_recipe(recipe: Recipe) -> dict:
     base = None
     if recipe.decoder_base is not None:
         base = train_base_stage(recipe.decoder_base, extra, new_folder)
-        extra.append(f"model.decoder.path={base['folder']}")
+        extra.append(path_override("model.decoder.path", base["folder"]))
     if not start_a:
         start_a = train(recipe.phase_a, "phase=a_warmup")["export"]
-    joint = train(recipe.phase_a, "phase=a_joint", f"phase.init_from={start_a}")
+    joint = train(recipe.phase_a, "phase=a_joint", path_override(INIT_FROM, start_a))
     reps = pipe("pipeline.steps=[representations,session_shards]",
-                f"pipeline.representations.export={joint['export']}")
-    game = train(recipe.phase_b, *([f"phase.init_from={recipe.start_b}"] if recipe.start_b else []))
-    adaptation = pipe("pipeline.steps=[adaptation]", f"pipeline.adaptation.export={game['export']}")
-    adapted = train(recipe.phase_c, f"phase.init_from={joint['export']}")
+                path_override("pipeline.representations.export", joint["export"]))
+    game = train(recipe.phase_b, *([path_override(INIT_FROM, recipe.start_b)] if recipe.start_b else []))
+    adaptation = pipe("pipeline.steps=[adaptation]", path_override("pipeline.adaptation.export", game["export"]))
+    adapted = train(recipe.phase_c, path_override(INIT_FROM, joint["export"]))
     report, story = None, None
     if recipe.evaluation:
         root = Path(adapted["export"]).parent.parent
         evaluation = evaluation_config([
-            *recipe.evaluation, f"evaluation.mllm_export={game['export']}",
-            f"evaluation.renderer_export={adapted['export']}", f"evaluation.reconstruction_export={joint['export']}",
-            *stage_overrides("evaluate", extra), f"evaluation.out={root / 'eval'}"])
+            *recipe.evaluation, path_override("evaluation.mllm_export", game["export"]),
+            path_override("evaluation.renderer_export", adapted["export"]),
+            path_override("evaluation.reconstruction_export", joint["export"]),
+            *stage_overrides("evaluate", extra), path_override("evaluation.out", root / "eval")])
         report = evaluate_or_reuse(evaluation)
         say_if_nothing_played(report["metrics"])
         story = story_or_reuse(evaluation, root / "game")

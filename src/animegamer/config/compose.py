@@ -20,6 +20,7 @@ import functools
 import importlib
 import importlib.resources
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -332,6 +333,23 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
             return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
         except HydraException as error:
             raise OverrideError(describe_refusal(error, overrides)) from error
+
+
+def quoted(value: str, raw_suffix: str = "") -> str:
+    """``value`` (a path, say) as a quoted string of Hydra's override grammar that reads back exactly: a
+    quote, and the backslashes before a quote or the closing one, escaped with a backslash; ``${`` escaped
+    so that OmegaConf does not read it as an interpolation. ``raw_suffix`` follows inside the quotes as
+    written (``/${phase.name}``: an interpolation kept)."""
+    text = re.sub(r"(\\*)(\$\{)", lambda m: m.group(1) * 2 + "\\${", value)
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    if not raw_suffix:
+        text = re.sub(r"(\\*)$", lambda m: m.group(1) * 2, text)
+    return f"'{text}{raw_suffix}'"
+
+
+def path_override(key: str, path: str | os.PathLike) -> str:
+    """``key=<path>``, the path quoted (:func:`quoted`): any folder name reaches the stage as it is."""
+    return f"{key}={quoted(str(path))}"
 
 
 @dataclasses.dataclass(frozen=True)
