@@ -171,3 +171,23 @@ def test_the_untrained_game_starts_where_the_export_says_phase_b_started(tmp_pat
     gone = export("gone", {"seed": 7, "phase": {"init_from": str(tmp_path / "deleted")}})
     assert len(problems(gone)) == 1 and "phase.init_from" in problems(gone)[0] and "deleted" in problems(gone)[0]
     assert problems(gone, on=False) == []
+
+
+def test_game_folders_an_evaluation_does_not_play_are_set_aside_not_deleted(tmp_path, caplog):
+    """An evaluation into the folder of an earlier one that played more games: the folder then holds only the
+    games its record names, and the others are kept beside it."""
+    from animegamer.evaluation.runner import set_aside_other_games
+
+    games = tmp_path / "eval" / "games"
+    for game in ("film-000001", "film-000002", "film-000003"):
+        (games / game).mkdir(parents=True)
+        (games / game / "game.json").write_text(game)
+    kept = set_aside_other_games(games, {"film-000001"})
+    assert sorted(p.name for p in games.iterdir()) == ["film-000001"]
+    assert kept == tmp_path / "eval" / "games.earlier-1"
+    assert sorted(p.name for p in kept.iterdir()) == ["film-000002", "film-000003"]
+    assert (kept / "film-000003" / "game.json").read_text() == "film-000003"
+    assert set_aside_other_games(games, {"film-000001"}) is None  # nothing more to move
+    (games / "film-000004").mkdir()
+    assert set_aside_other_games(games, {"film-000001"}) == tmp_path / "eval" / "games.earlier-2"
+    assert "moved to" in caplog.text

@@ -51,7 +51,7 @@ from animegamer.metrics.setup import describe_setup
 from animegamer.metrics.states import state_accuracy
 from animegamer.models.frozen_encoders import build_frozen_encoders
 from animegamer.models.reconstruction import ClipBatch, build_reconstruction
-from animegamer.utils.io import write_bytes_atomic
+from animegamer.utils.io import first_free, write_bytes_atomic
 from animegamer.utils.logging import setup_logging
 from animegamer.utils.randomness import step_generator
 from animegamer.utils.threads import use_threads
@@ -159,6 +159,22 @@ class Scorers:
             clip_t_env = available(self.clip.clip_t(frames, environment))
         dreamsim = dreamsim_score(self.dreamsim, frames, reference[None], self.dreamsim_reason)
         return {"clip_i": clip_i, "clip_t": clip_t, "clip_t_env": clip_t_env, "dreamsim": dreamsim}
+
+
+def set_aside_other_games(games: Path, ids: set[str]) -> Path | None:
+    """Move the game folders under ``games`` that this evaluation does not play (an earlier one into the same
+    folder played more, or others) into ``<games>.earlier-N``, kept, so the folder holds only what its record
+    names; returns where they went (None: nothing to move)."""
+    others = sorted(p for p in games.iterdir() if p.is_dir() and p.name not in ids) if games.is_dir() else []
+    if not others:
+        return None
+    kept = first_free(lambda n: games.with_name(f"{games.name}.earlier-{n}"))
+    kept.mkdir()
+    for folder in others:
+        folder.rename(kept / folder.name)
+    log.warning("%s: %d game folder(s) of an earlier evaluation that this one does not play moved to %s",
+                games, len(others), kept)
+    return kept
 
 
 def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
@@ -388,6 +404,7 @@ def evaluate(cfg: RunConfig) -> dict:
         benchmark = held_out_games(cfg)
         refuse(benchmark_problems(benchmark, benchmark["source"]))  # clip keys of shards made elsewhere name folders too
     out.mkdir(parents=True, exist_ok=True)  # only once the games' folders are known to stay inside it
+    set_aside_other_games(out / GAMES_FOLDER, {game["id"] for game in benchmark["games"]})
     (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
     manifest = clip_manifest(cfg.data.root, cfg.data.clips)
     models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(manifest))
