@@ -180,8 +180,9 @@ def test_game_refuses_a_pickle_in_place_of_an_export(tmp_path, marker, capfd):
     evil = _evil_export(tmp_path / "evil_export", marker)
     script = tmp_path / "turns.txt"
     script.write_text("walk\n")
-    argv = ["--mllm", str(evil), "--renderer", str(evil), "--clips-manifest", str(_level_flow_manifest(tmp_path / "clips")),
-            "--instructions", str(script), "--out", str(tmp_path / "game"), "--device", "cpu", "model=tiny"]
+    argv = ["--mllm", str(evil), "--renderer", str(evil), "--clips-manifest",
+            str(_level_flow_manifest(tmp_path / "clips")), "--instructions", str(script), "--out", str(tmp_path / "game"),
+            "--device", "cpu", "model=tiny"]
     code, err = exit_of(main, argv, capfd=capfd)
     assert code == USER_ERROR_EXIT_CODE and "Traceback" not in err, err
     assert f"error: {evil / 'trained.safetensors'}: {NOT_SAFETENSORS}" in err, err
