@@ -406,3 +406,13 @@ def test_renaming_the_phase_does_not_change_its_schema(data_root):
 def test_an_unknown_phase_name_lists_the_phases(data_root):
     text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "phase.name=d"))
     assert text == "phase.name='d' is not one of ('a_base', 'a_warmup', 'a_joint', 'b', 'c')"
+
+
+def test_an_evaluation_refuses_a_url_data_root_by_name():
+    from animegamer.evaluation.preflight import check_evaluation
+
+    cfg = compose_config("evaluate", ["model=tiny", "data.root=http://127.0.0.1:1/pipeline"])
+    problems = check_evaluation(cfg)
+    assert ("data.root='http://127.0.0.1:1/pipeline': an evaluation reads its clips and session shards from a local "
+            "folder, not a URL; copy the pipeline output here and name that folder") in problems
+    assert not any("http:/127" in p for p in problems)  # no URL read as a path

@@ -235,3 +235,17 @@ def test_the_group_ends_however_the_run_ends(stop, synchronized, monkeypatch):
         if stop:
             raise stop
     assert ended == synchronized
+
+
+def test_the_animegamer_command_starts_its_other_ranks_too(tmp_path):
+    """``animegamer train`` names its verb in ``sys.argv[0]``, which is no file: Lightning starts rank 1 by
+    running the verb's module (``python -m``) instead, and both ranks train."""
+    import subprocess
+
+    data = _features(tmp_path / "data")
+    overrides = _command(data, tmp_path / "out", PHASES["a_joint"][0], 2, GLOBAL_BATCH)[2:]
+    done = subprocess.run([sys.executable, "-m", "animegamer", "train", *overrides], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "export" / "trained.safetensors").exists()
+    assert f"done at step {STEPS}" in done.stderr

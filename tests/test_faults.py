@@ -379,3 +379,24 @@ def test_pipeline_killed_at_random_tasks_resumes_to_identical_shards(toy_film, t
         produced = {p.name: p.read_bytes() for p in sorted((output / step).glob("shard-*.tar"))}
         assert produced and produced == {p.name: p.read_bytes() for p in sorted((reference / step).glob("shard-*.tar"))}
     assert not list(output.rglob(".tmp-*"))
+
+
+def test_a_slurm_requeue_without_scontrol_keeps_the_preemption_exit(tmp_path, monkeypatch, caplog):
+    """SIGUSR1 under SLURM asks ``scontrol requeue``; a job's container without scontrol still ends as a
+    preempted run (the checkpoint saved, the exit code the scheduler expects), the failed requeue logged."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from animegamer.training.checkpointing import checkpoint_name
+    from animegamer.training.faults import Preemption
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no_bin"))  # no scontrol anywhere
+    preemption = Preemption(["SIGUSR1"], tmp_path, keep_last=1)
+    preemption.received = signal.SIGUSR1
+    (tmp_path / checkpoint_name(7)).write_bytes(b"saved")  # the step's checkpoint is there: nothing to save
+    preemption.on_exception(SimpleNamespace(global_step=7, is_global_zero=True), None, SIGTERMException())
+    assert "requeue of SLURM job 4242: failed (No such file or directory: scontrol)" in caplog.text
+    assert "submit the job again to resume" in caplog.text

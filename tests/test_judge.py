@@ -258,6 +258,17 @@ def test_a_finished_evaluation_is_judged_again_without_playing(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_info:
         main([str(folder), "evaluation.judge.model_name=fake-vlm"])
     assert exit_info.value.code == 2 and "evaluation.judge.url is empty" in capsys.readouterr().err
+    # Judged again by an endpoint that is down: no game scored, so the scores above stay, files untouched.
+    kept = {name: (folder / name).read_bytes() for name in ("metrics.json", "report.md")}
+    with FakeChatServer([]) as server:
+        down = server.url
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(folder), f"evaluation.judge.url={down}", "evaluation.judge.model_name=fake-vlm",
+              "evaluation.judge.samples=1", "evaluation.judge.retries=0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "the judge scored no game (no game scored: attempt 1/1" in err, err
+    assert "the earlier judge record (1 of 1 games scored) is kept" in err
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
 
 
 # --------------------------------------------------------------------------- configuration

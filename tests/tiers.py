@@ -40,6 +40,7 @@ SLOW = frozenset({
     "test_config.py::test_every_experiment_composes_into_its_commands_schema",
     "test_config.py::test_help_says_how_to_call_and_lists_the_groups_without_dumping_every_key",
     "test_distributed.py::test_ddp_run_stopped_after_a_checkpoint_resumes_exactly",
+    "test_distributed.py::test_the_animegamer_command_starts_its_other_ranks_too",
     "test_distributed.py::test_two_process_ddp_matches_single_process",
     "test_encoder_decoder.py::test_compiled_decoder_trains_like_eager",
     "test_evaluation.py",

@@ -66,8 +66,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         exit_on_user_error(_unknown)(verb, verbs)  # its message and exit code 2
     command = verbs[verb].load()
     sys.argv = [f"{PROG} {verb}", *rest]  # every verb reads its arguments as its console script does
+    relaunch_as(verbs[verb].module)
     result = exit_on_user_error(command)()
     return result if isinstance(result, int) else 0
+
+
+def relaunch_as(module: str) -> None:
+    """Make this process one that ``python -m module`` started: whatever starts it again with ``sys.argv[1:]``
+    (Lightning's launcher of the other DDP ranks, multiprocessing's spawn) then runs the verb's module,
+    not ``sys.argv[0]``, which names the verb (``animegamer train``) and is no file."""
+    sys.modules["__main__"].__spec__ = importlib.util.find_spec(module)
 
 
 def _unknown(verb: str, verbs: dict[str, EntryPoint]) -> None:

@@ -25,3 +25,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     run_command("evaluate", run, hydra_main)
+
+
+if __name__ == "__main__":  # python -m, as the animegamer command makes its verb look to a process it restarts
+    main()

@@ -70,3 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise InvalidInputError(f"{args.game}: {error}") from None
     sys.stdout.write(json.dumps(described, ensure_ascii=False, indent=args.indent) + "\n")
     return 0
+
+
+if __name__ == "__main__":  # python -m, as the animegamer command makes its verb look to a process it restarts
+    sys.exit(main())

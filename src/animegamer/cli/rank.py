@@ -43,3 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     ranking = OmegaConf.to_object(compose_config(ROOT, [a for a in argv if is_override(a)])).ranking
     return ranking_cli.main([*options_of(ranking), *(a for a in argv if not is_override(a))])
+
+
+if __name__ == "__main__":  # python -m, as the animegamer command makes its verb look to a process it restarts
+    sys.exit(main())

@@ -311,9 +311,20 @@ def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) ->
     # metrics.json keeps clip paths relative to its folder; write_report reads them as this process sees them
     games = [{**game, "turns": [{**turn, **{key: str(folder / turn[key]) for key in VIDEO_KEYS if turn.get(key)}}
                                 for turn in game.get("turns", [])]} for game in games]
-    metrics["judge"] = judge_report_games(cfg, games, backoff_s)
+    judged = judge_report_games(cfg, games, backoff_s)
+    earlier = metrics.get("judge") or {}
+    if not judged["games_scored"] and earlier.get("games_scored"):
+        # A judge that scored nothing (its endpoint down, say) says nothing about the games: keep the scores.
+        raise JudgeFailed(f"{folder}: the judge scored no game ({judged.get('reason', 'no answer')}); the earlier "
+                          f"judge record ({earlier['games_scored']} of {earlier.get('games')} games scored) is kept, "
+                          f"metrics.json and report.md unchanged: check evaluation.judge.url and judge again")
+    metrics["judge"] = judged
     write_report(folder, metrics, games, paper=record.get("paper") or {})
     return metrics["judge"]
+
+
+class JudgeFailed(UserError):
+    """Judging a folder again scored no game, and the folder holds an earlier judge record that did."""
 
 
 JUDGE_TEMPERATURE_RANGE = (0.0, 2.0)  # what OpenAI-compatible servers accept

@@ -13,6 +13,7 @@ from animegamer.config.validate import ConfigError, check_encoders
 from animegamer.contracts.files import EXPORT_FILE, MANIFEST, TRAINED_FILE
 from animegamer.data.lineage import stale_folder_problems
 from animegamer.data.split_checks import captions_problems, counts_of, held_out_problems
+from animegamer.data.storage import is_url
 from animegamer.data.trained_data import clip_size_problems, split_problems
 from animegamer.diffusion.cfg_parallel import check_cfg_parallel
 from animegamer.diffusion.step_cache import check_sampling_cache
@@ -46,8 +47,11 @@ def check_evaluation(cfg, made: bool = True) -> list[str]:
                                                e.reconstruction_export, "not a phase (a) export folder")
     if e.benchmark:
         problems += benchmark_file_problems(e.benchmark)  # its game ids become folders under evaluation.out
-    root = Path(cfg.data.root)
-    for folder in (cfg.data.clips, cfg.data.sessions) if made else ():
+    root, local = Path(cfg.data.root), not is_url(str(cfg.data.root))
+    if not local:  # the games are played from local clips and sessions
+        problems.append(f"data.root={cfg.data.root!r}: an evaluation reads its clips and session shards from a local "
+                        f"folder, not a URL; copy the pipeline output here and name that folder")
+    for folder in (cfg.data.clips, cfg.data.sessions) if made and local else ():
         if not (root / folder / MANIFEST).exists():
             problems.append(f"{root / folder}/manifest.json: missing; run the pipeline first")
         else:

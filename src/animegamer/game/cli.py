@@ -123,3 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / INDEX_FILE)
     return 0
+
+
+if __name__ == "__main__":  # python -m, as the animegamer command makes its verb look to a process it restarts
+    sys.exit(main())

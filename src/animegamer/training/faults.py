@@ -109,8 +109,12 @@ class Preemption(L.Callback):
             job = os.environ["SLURM_JOB_ID"]
             if os.environ.get("SLURM_ARRAY_JOB_ID"):
                 job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-            result = subprocess.call(["scontrol", "requeue", job])
-            log.warning("requeue of SLURM job %s: %s", job, "done" if result == 0 else f"failed ({result})")
+            try:
+                result: int | str = subprocess.call(["scontrol", "requeue", job])
+            except OSError as error:  # no scontrol in the job's environment (a container): the checkpoint stands
+                result = f"{error.strerror}: {error.filename}"
+            log.warning("requeue of SLURM job %s: %s", job, "done" if result == 0 else f"failed ({result}); the "
+                        f"checkpoint is saved: submit the job again to resume")
 
 
 class LossHistory(L.Callback):
