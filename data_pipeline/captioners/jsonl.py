@@ -123,6 +123,7 @@ def parse_line(raw: bytes, source: str) -> CaptionRecord | None:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") from None
+    line = line.rstrip("\r\n")  # a line cut short would be reported at the column of what follows it
     if not line.strip():
         return None
     try:
