@@ -279,17 +279,15 @@ def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     needs_films = {"process", "finalize"} & set(steps)
     toy_dir = Path(cfg.output) / TOY_DIR if cfg.toy_film and needs_films else None
     problems = early_problems(cfg, toy_dir)
-    if toy_dir is not None and not problems:
-        use_toy_film(cfg, toy_dir, generate="process" in steps)
-        resolved["pipeline"]["inputs"] = list(cfg.inputs)
-        resolved["pipeline"]["caption"]["path"] = cfg.caption.path
-    all_films = assigned_films(cfg, all_parts=True) if needs_films else {}
-    # A session-shard step that is only on by default checks its input when its turn comes.
-    checked = [s for s in steps if s != "session_shards" or _session_shards_asked(cfg)]
-    captioner = check_run(cfg, checked, list(cfg.steps), all_films, problems)
-    my_films = assigned_films(cfg, all_parts=False) if "process" in steps else {}
-    if "process" in steps:
-        probe_caption_endpoint(cfg, my_films, captioner)
+    # The checks after it need the films, so the toy film is drawn first; a run refused by them leaves
+    # no toy film it drew behind (a folder that was there before is kept).
+    drawn = toy_dir if toy_dir is not None and not problems and "process" in steps and not toy_dir.exists() else None
+    try:
+        all_films, my_films, captioner = _checked_films(cfg, resolved, steps, toy_dir, problems)
+    except ConfigError:
+        if drawn is not None:
+            shutil.rmtree(drawn, ignore_errors=True)
+        raise
     report: dict = {"output": str(cfg.output)}
     reuse: dict = {}
     seconds: dict[str, float] = {}
@@ -324,6 +322,24 @@ def _run_pipeline(cfg: PipelineConfig, resolved: dict, model_cfg=None) -> dict:
     reuse.update({key: report[key]["reuse"] for key in DERIVED_KEYS if key in report})
     _record(Path(cfg.output), report, reuse, seconds)
     return report
+
+
+def _checked_films(cfg: PipelineConfig, resolved: dict, steps: list[str], toy_dir: Path | None,
+                   problems: list[str]) -> tuple[dict[str, str], dict[str, str], object]:
+    """(every film, this part's films, the captioner) once every pre-flight check passed, the toy film
+    (in ``toy_dir``, None when not used) drawn when the early ``problems`` allow. Raises ConfigError."""
+    if toy_dir is not None and not problems:
+        use_toy_film(cfg, toy_dir, generate="process" in steps)
+        resolved["pipeline"]["inputs"] = list(cfg.inputs)
+        resolved["pipeline"]["caption"]["path"] = cfg.caption.path
+    all_films = assigned_films(cfg, all_parts=True) if {"process", "finalize"} & set(steps) else {}
+    # A session-shard step that is only on by default checks its input when its turn comes.
+    checked = [s for s in steps if s != "session_shards" or _session_shards_asked(cfg)]
+    captioner = check_run(cfg, checked, list(cfg.steps), all_films, problems)
+    my_films = assigned_films(cfg, all_parts=False) if "process" in steps else {}
+    if "process" in steps:
+        probe_caption_endpoint(cfg, my_films, captioner)
+    return all_films, my_films, captioner
 
 
 def _record(root: Path, report: dict, reuse: dict, seconds: dict[str, float]) -> None:

@@ -1,13 +1,16 @@
 """The pipeline's pre-flight: steps that need no films write no toy film and need no caption file; the
 toy film never replaces real clips (and is recognised in an output folder moved elsewhere); every
-problem is listed at once (every caption setting's too); a step never reads a derived folder made from
-older inputs."""
+problem is listed at once (every caption setting's too); a run refused after drawing the toy film (its
+caption endpoint unreachable, a step switched off) leaves no toy film behind but keeps one that was there;
+a step never reads a derived folder made from older inputs."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from conftest import run_pipeline
+from http_fakes import FakeChatServer, no_proxy  # noqa: F401 - no_proxy: autouse
 
 from animegamer.config.compose import compose_config
 from animegamer.config.validate import ConfigError, check_pipeline
@@ -85,6 +88,42 @@ def test_unwritable_output_is_reported_before_the_toy_film_is_written(tmp_path):
     with pytest.raises(ConfigError) as caught:
         run_pipeline([f"pipeline.output='{output}'", "pipeline.steps=[process,finalize]"])
     assert caught.value.problems[0].startswith(f"pipeline.output={output}: cannot write there")
+
+
+def _closed_endpoint() -> list[str]:
+    """An http caption backend whose port refuses connections (the server is gone)."""
+    with FakeChatServer([]) as gone:
+        url = gone.url
+    return ["pipeline.caption.backend=http", f"pipeline.caption.url='{url}'", "pipeline.caption.model_name=x"]
+
+
+@pytest.mark.parametrize(("refusal", "says"), [
+    ("endpoint", "cannot reach"),
+    ("switched_off", "pipeline.steps names precompute but pipeline.precompute.enabled is false"),
+])
+def test_a_run_refused_after_drawing_the_toy_film_leaves_nothing(tmp_path, refusal, says):
+    """source=toy (the default) into an empty folder: the checks that read the films come after the toy
+    film is drawn, and their refusal writes nothing."""
+    output = tmp_path / "pipeline"
+    output.mkdir()
+    extra = _closed_endpoint() if refusal == "endpoint" else [
+        "pipeline.steps=[process,finalize,precompute]", "pipeline.precompute.enabled=false"]
+    with pytest.raises(ConfigError, match=says):
+        run_pipeline([f"pipeline.output='{output}'", *extra])
+    assert list(output.iterdir()) == []
+
+
+def test_a_refused_run_keeps_the_toy_film_it_found(tmp_path, toy_film):
+    output = tmp_path / "pipeline"
+    kept = output / TOY_DIR
+    kept.mkdir(parents=True)
+    for path in (toy_film.video_path, toy_film.captions_path, toy_film.truth_path):
+        shutil.copy(path, kept / path.name)
+    before = {p.name: p.read_bytes() for p in kept.iterdir()}
+    with pytest.raises(ConfigError, match="cannot reach"):
+        run_pipeline([f"pipeline.output='{output}'", *_closed_endpoint()])
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+    assert [p.name for p in output.iterdir()] == [TOY_DIR]
 
 
 def test_a_step_refuses_inputs_made_from_older_ones(tmp_path):

@@ -82,6 +82,8 @@ SLOW = frozenset({
     "test_phase_b.py::test_tiny_model_overfits_one_session",
     "test_phase_c.py::test_golden_loss_curve_with_dropout_on",
     "test_pipeline_parts.py::test_two_parts_then_finalize_equals_one_run",
+    "test_pipeline_preflight.py::test_a_refused_run_keeps_the_toy_film_it_found",
+    "test_pipeline_preflight.py::test_a_run_refused_after_drawing_the_toy_film_leaves_nothing",
     "test_pipeline_restart.py::test_killed_run_resumes_to_identical_shards",
     "test_profiling.py::test_pytorch_profiler_writes_a_trace_of_the_requested_steps",
     "test_real_footage.py::test_caption_edit_recaptions_without_recutting",

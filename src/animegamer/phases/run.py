@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.schema import RunConfig
+from animegamer.contracts.checkpoint_names import STEP_NAME
 from animegamer.contracts.files import EXPORT_DIR
 from animegamer.phases.builders import BuiltPhase, builder_for
 from animegamer.phases.preflight import prepare_train_run
@@ -35,7 +36,7 @@ from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preempt
 from animegamer.training.loggers import make_logger
 from animegamer.training.process_group import host_rendezvous, process_group_lifetime
 from animegamer.training.profiling import make_profiler, summarise_traces
-from animegamer.training.run_record import check_run_folder
+from animegamer.training.run_record import check_run_folder, kept_only_once_trained
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, module_init
 from animegamer.training.sync_sites import SyncSites
@@ -150,32 +151,41 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         # Refused here, before anything is built: FSDP and DeepSpeed read checkpoints past the
         # weights-only CheckpointIO, so every pickle file of the checkpoint is checked first.
         ensure_weights_only(resume, checkpoint_safe_globals(cfg.trainer.strategy))
-    resuming = run_folder_callbacks(cfg, resolved, resume)
-    keep_last = cfg.checkpoint.keep_last  # for every save: periodic, preemption and final
-    checkpoints = KeepLastCheckpoint(folder, cfg.checkpoint.every_n_steps, keep_last)
-    preemption = Preemption(cfg.trainer.preemption_signals, folder, keep_last)
-    callbacks = [checkpoints, preemption, LossHistory(out)]
-    if cfg.logger.kind != "none":
-        callbacks.append(LearningRateMonitor(logging_interval="step"))
-    callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
-    callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
-    if cfg.trainer.sync_debug:
-        callbacks.append(SyncSites(out))
-    callbacks.extend(resuming)
-    trainer = make_trainer(cfg, callbacks)
-    host_rendezvous(trainer)  # before fit launches the other ranks
-    module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
-    # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
-    trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])
-    if resume is not None:
-        log.info("resuming from %s", resume)
-    started = time.time()
-    try:
-        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
-    except SIGTERMException as stop:
-        raise SystemExit(PREEMPTED_EXIT_CODE) from stop
-    finally:
-        preemption.restore()
+    trainer: L.Trainer | None = None
+
+    def trained() -> bool:  # any checkpoint file, even an incomplete one, keeps the record that describes it
+        stepped = trainer is not None and trainer.global_step > 0
+        return stepped or (folder.is_dir() and any(STEP_NAME.match(p.name) for p in folder.iterdir()))
+
+    # The record is written before the data is first read (the phase is built, then fitted): a fresh start
+    # refused there (say, a data.root server without byte ranges) leaves no record of a run never trained.
+    with kept_only_once_trained(out, resume is None and is_global_zero(), trained):
+        resuming = run_folder_callbacks(cfg, resolved, resume)
+        keep_last = cfg.checkpoint.keep_last  # for every save: periodic, preemption and final
+        checkpoints = KeepLastCheckpoint(folder, cfg.checkpoint.every_n_steps, keep_last)
+        preemption = Preemption(cfg.trainer.preemption_signals, folder, keep_last)
+        callbacks = [checkpoints, preemption, LossHistory(out)]
+        if cfg.logger.kind != "none":
+            callbacks.append(LearningRateMonitor(logging_interval="step"))
+        callbacks.append(BadDataBudget(cfg.data.bad_sample_budget))
+        callbacks.append(Throughput(cfg.trainer.peak_tflops, cfg.trainer.throughput_every_n_steps))
+        if cfg.trainer.sync_debug:
+            callbacks.append(SyncSites(out))
+        callbacks.extend(resuming)
+        trainer = make_trainer(cfg, callbacks)
+        host_rendezvous(trainer)  # before fit launches the other ranks
+        module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
+        # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
+        trainer.callbacks.extend([ExportCallback(out / EXPORT_DIR, export_fn, {"config": resolved}), *phase_callbacks])
+        if resume is not None:
+            log.info("resuming from %s", resume)
+        started = time.time()
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
+        except SIGTERMException as stop:
+            raise SystemExit(PREEMPTED_EXIT_CODE) from stop
+        finally:
+            preemption.restore()
     # The periodic saves may miss the final step: save it so a longer run continues from here.
     final = folder / checkpoint_name(trainer.global_step)
     if not final.exists():

@@ -18,6 +18,10 @@ by key (:func:`diff`); every differing key is then:
 The data is compared too: a shard folder whose manifest now describes other shards (the pipeline ran
 again into ``data.root``) is refused the same way, naming the manifest.
 
+A fresh start that fails before it trains a step (:func:`kept_only_once_trained`: the data cannot be
+read, the model cannot be built) puts back what the folder held before it: no record, or the earlier
+one; once a step is trained or a checkpoint is in the folder, the record stays.
+
 Resumed changes (allowed or forced) are appended to the record's ``changes``, with the step they
 start at. Every rank reads the record that describes the folder's checkpoints and decides the same,
 whenever it starts: the updated record is only written (by rank 0) once the resumed run has saved a
@@ -30,9 +34,10 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.neutral_keys import ALLOWED, flatten
@@ -42,7 +47,7 @@ from animegamer.contracts.files import EXPORT_DIR, MANIFEST, RECORD_FILE
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.media.fingerprint import shards_digest
-from animegamer.utils.io import read_json, sha256_bytes, write_json_atomic
+from animegamer.utils.io import read_json, sha256_bytes, write_bytes_atomic, write_json_atomic
 from animegamer.utils.logging import is_global_zero
 
 log = logging.getLogger(__name__)
@@ -270,3 +275,22 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
     entry = {"step": resume_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "forced": sorted(forced),
              "changes": {c.key: [c.old, c.new] for c in changes}}
     return Decision(changes, make_record(config, [*record.get("changes", []), entry], now))
+
+
+@contextmanager
+def kept_only_once_trained(folder: str | Path, fresh: bool, trained: Callable[[], bool]) -> Iterator[None]:
+    """Around a start that writes the record of a fresh run (``fresh``: no checkpoint, global rank 0): when
+    the start fails before ``trained()`` (a step trained, or a checkpoint in the folder), the record
+    file is put back as it was before (removed, or the earlier bytes written again), so a start refused
+    at run time leaves no record of a run that never trained. A resume writes no record here: untouched."""
+    path = Path(folder) / RECORD_FILE
+    before = path.read_bytes() if fresh and path.is_file() else None
+    try:
+        yield
+    except BaseException:
+        if fresh and not trained():
+            if before is None:
+                path.unlink(missing_ok=True)
+            elif not path.is_file() or path.read_bytes() != before:
+                write_bytes_atomic(path, before)
+        raise
