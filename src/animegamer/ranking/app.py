@@ -209,7 +209,8 @@ class RankingApp:
                                          if (run.folder / poster).is_file() else None),
                               "label": "", "states": f"motion {turn['states']['ML']}; {change}"})
             columns.append({"label": label, "cells": cells})
-        reference = self.runs[0].games[game].get("turns", [])
+        # The runs agree on every turn they played (common_games): the one that played most names every row.
+        reference = max((run.games[game].get("turns", []) for run in self.runs), key=len)
         rows = max(len(c["cells"]) for c in columns)
         turns = [{"number": t + 1, "instruction": reference[t]["instruction"] if t < len(reference) else "",
                   "cells": [c["cells"][t] if t < len(c["cells"]) else None for c in columns]} for t in range(rows)]

@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 RANK_SCORES = (10, 7, 4, 1)  # the paper: rank 1 (best) .. 4 -> score
 MIN_RUNS, MAX_RUNS = 2, len(RANK_SCORES)
 COLUMN_LABELS = string.ascii_uppercase[:MAX_RUNS]
+MAX_NAMED_GAMES = 5  # a refusal names this many differing games; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ def load_runs(folders: Sequence[str | Path], names: Optional[Sequence[str]] = No
 
 
 def common_games(runs: Sequence[Run]) -> list[str]:
-    """The games every run played (same benchmark game id), in the first run's order."""
+    """The games every run played (same benchmark game id), in the first run's order. A game missing
+    from some run is left out with a warning; a game id whose turns differ between runs (another
+    benchmark's game under the same id) is refused: see :func:`game_mismatch`."""
     ids = [gid for gid in runs[0].games if all(gid in run.games for run in runs[1:])]
     if not ids:
         raise InvalidInputError("the runs share no game: evaluate them on the same benchmark "
@@ -65,7 +68,48 @@ def common_games(runs: Sequence[Run]) -> list[str]:
     left_out = sorted({gid for run in runs for gid in run.games} - set(ids))
     if left_out:
         log.warning("ranking: %d games not played by every run are left out: %s", len(left_out), ", ".join(left_out))
+    differing = [problem for gid in ids if (problem := game_mismatch(runs, gid))]
+    if differing:
+        shown = "; ".join(differing[:MAX_NAMED_GAMES])
+        more = f"; and {len(differing) - MAX_NAMED_GAMES} more" if len(differing) > MAX_NAMED_GAMES else ""
+        raise InvalidInputError(f"{len(differing)} game id(s) name different games in these runs, so raters would "
+                                f"compare games that are not the same: {shown}{more}. Evaluate every run on the same "
+                                "benchmark (evaluation.benchmark=<one run's benchmark.json>)")
     return ids
+
+
+def _quoted(text: object, limit: int = 100) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+
+
+def _planned(game: dict) -> int:
+    """The benchmark turns of a game: ``planned``, or, in a record without it, the turns it holds."""
+    planned = game.get("planned")
+    return planned if isinstance(planned, int) and not isinstance(planned, bool) else len(game.get("turns") or [])
+
+
+def game_mismatch(runs: Sequence[Run], gid: str) -> str:
+    """Why game ``gid`` is not one game in all ``runs`` ("" when it is): its benchmark turns differ in
+    number, or a turn that two runs played has different instructions. A run that stopped the game early
+    (fewer turns played than planned) still plays the same game: its column shows fewer clips, which the
+    raters see and rank."""
+    def where(run: Run) -> str:
+        return f"{run.name} ({run.folder / METRICS_FILE})"
+
+    games = [run.games[gid] for run in runs]
+    planned = [_planned(game) for game in games]
+    if len(set(planned)) > 1:
+        counts = ", ".join(f"{where(run)} {count} turns" for run, count in zip(runs, planned))
+        return f"game {gid}: {counts}"
+    turns = [game.get("turns") or [] for game in games]
+    for number in range(max(len(t) for t in turns)):
+        said = [(run, t[number].get("instruction") if isinstance(t[number], dict) else None)
+                for run, t in zip(runs, turns) if number < len(t)]
+        if len({instruction for _, instruction in said}) > 1:
+            texts = ", ".join(f"{where(run)} {_quoted(instruction)}" for run, instruction in said)
+            return f"game {gid}: turn {number + 1} has different instructions: {texts}"
+    return ""
 
 
 def column_order(rater: str, game: str, runs: Sequence[str], salt: str) -> list[str]:

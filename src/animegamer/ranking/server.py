@@ -9,17 +9,22 @@ page never sends.
 * An answer is a POST of ``application/json`` (415 otherwise) of at most ``MAX_BODY_BYTES`` (413),
   whose body arrives within ``timeout_s`` (408); a malformed request gets 400 with the reason, and the
   server goes on serving.
+* A clip or poster answers one byte range of it (``Range: bytes=a-b``, ``bytes=a-``, ``bytes=-n``) with 206
+  and ``Content-Range``, a range past its end with 416, and anything else with the whole file (200), each
+  with ``Accept-Ranges: bytes``: Safari plays a clip only from a server that answers ranges.
 * The scores are not served: they are in the folder's report, for whoever runs the server.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
 from http import HTTPStatus
 from http.client import HTTP_PORT
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import parse_qs, unquote
 
@@ -46,6 +51,31 @@ PAGE_POLICY = ("default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsaf
 SECURITY_HEADERS = (("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
                     ("Referrer-Policy", "no-referrer"), ("Cache-Control", "no-store"))
 _TOKEN_IN_TEXT = re.compile(r"(token=)[^&\s'\"]*")
+_BYTE_RANGE = re.compile(r"bytes[ \t]*=[ \t]*([0-9]{0,30})[ \t]*-[ \t]*([0-9]{0,30})", re.IGNORECASE)
+UNSATISFIABLE = (-1, -1)  # byte_range of a range that holds no byte of the file (no range starts at -1)
+ACCEPT_RANGES = (("Accept-Ranges", "bytes"),)  # a clip's or poster's reply: ranges of it may be asked
+
+
+def byte_range(header: Optional[str], size: int) -> Optional[tuple[int, int]]:
+    """The first and last byte (inclusive) of the one range ``header`` asks of ``size`` bytes:
+    ``bytes=a-b``, ``bytes=a-`` or the last n, ``bytes=-n``. None (serve the whole file, as HTTP allows)
+    for no header, another unit, several ranges or a malformed one; ``UNSATISFIABLE`` (416) for a range
+    that starts past the end or an empty suffix."""
+    match = _BYTE_RANGE.fullmatch(header.strip()) if header else None
+    if match is None:
+        return None
+    first, last = match.group(1), match.group(2)
+    if not first and not last:
+        return None
+    if not first:  # the last n bytes
+        suffix = int(last)
+        return (max(0, size - suffix), size - 1) if suffix > 0 and size > 0 else UNSATISFIABLE
+    start = int(first)
+    if last and int(last) < start:
+        return None  # an invalid range: ignored
+    if start >= size:
+        return UNSATISFIABLE
+    return start, min(int(last), size - 1) if last else size - 1
 
 
 class Refused(Exception):
@@ -78,6 +108,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+    def _send_file(self, file: Path, content_type: str) -> None:
+        """The file, or the one byte range its ``Range`` asks for (206): a browser's player (Safari's
+        always) asks a clip for ranges and plays nothing from a server that answers them with the whole."""
+        with file.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            # If-Range asks for a range only while the file matches a validator; none is served, so none matches
+            wanted = None if self._single("If-Range") is not None else byte_range(self._single("Range"), size)
+            if wanted is None:
+                self._send(HTTPStatus.OK, handle.read(), content_type, ACCEPT_RANGES)
+                return
+            if wanted == UNSATISFIABLE:
+                asked = (self._single("Range") or "")[:80]
+                message = {"error": f"the range {asked!r} holds no byte of the clip's {size} bytes"}
+                self._send(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, json.dumps(message).encode(), JSON_TYPE,
+                           ACCEPT_RANGES + (("Content-Range", f"bytes */{size}"),))
+                return
+            first, last = wanted
+            handle.seek(first)
+            self._send(HTTPStatus.PARTIAL_CONTENT, handle.read(last - first + 1), content_type,
+                       ACCEPT_RANGES + (("Content-Range", f"bytes {first}-{last}/{size}"),))
 
     def _json(self, status: int, payload: Any) -> None:
         self._send(status, json.dumps(payload).encode(), JSON_TYPE)
@@ -212,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
             file = app.clip_file(path[1:], rater, query.get("game"), query.get("column"), query.get("turn"))
             if file is None:
                 raise Refused(HTTPStatus.NOT_FOUND, "no such clip")
-            self._send(HTTPStatus.OK, file.read_bytes(), CONTENT_TYPES[file.suffix.lower()])
+            self._send_file(file, CONTENT_TYPES[file.suffix.lower()])
         else:
             raise Refused(HTTPStatus.NOT_FOUND, f"no page {path[:200]}")
 
