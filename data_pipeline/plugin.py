@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from animegamer.config.compose import compose_config
 from data_pipeline.__main__ import run as run_pipeline
 from data_pipeline.config_checks import validate_pipeline_run
+from data_pipeline.ingest import find_inputs
 from data_pipeline.run import running_steps
 
 
@@ -23,6 +24,9 @@ class DataPipeline:
 
     def run(self, overrides: list[str]) -> dict:
         return run_pipeline(compose_config("pipeline", overrides))
+
+    def inputs(self, cfg) -> list:
+        return find_inputs(cfg.pipeline.inputs, cfg.pipeline.ingest.extensions)
 
 
 PIPELINE = DataPipeline()

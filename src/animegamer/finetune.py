@@ -41,8 +41,9 @@ from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.errors import MissingInputError, UserError, exit_on_user_error
-from animegamer.finetune_checks import caption_problems, film_inputs, frozen_folder_overrides, trained_film_problems
+from animegamer.finetune_checks import caption_problems, frozen_folder_overrides, trained_film_problems
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
+from animegamer.pipeline_port import load_pipeline
 from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe, stage_overrides
 from animegamer.utils.logging import setup_logging
 
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     for root in ROOTS:  # each stage takes those its command reads: an unknown key or value refused before any work
         compose_config(root, stage_overrides(root, overrides))
     setup_logging("INFO")
-    film_run = compose_config("pipeline", ["experiment=finetune_film", *stage_overrides("pipeline", overrides)])
+    film_run = compose_config("pipeline", ["experiment=finetune_film", f"pipeline.inputs=[{quoted(args.film)}]",
+                                           *stage_overrides("pipeline", overrides)])
     problems = caption_problems(args.captions, str(film_run.pipeline.caption.backend), overrides)
     if problems:
         raise ConfigError(problems)
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
         recipe.evaluation.append("model.mllm.constrained_states=true")
     evaluated = compose_config("evaluate", [*recipe.evaluation, *stage_overrides("evaluate", list(extra))])
     exports = [args.start / A_JOINT / "export", *([] if args.official_mllm else [args.start / PHASE_B / "export"])]
-    films = film_inputs(args.film, film_run.pipeline.ingest.extensions)
+    films = load_pipeline().inputs(film_run)
     problems = trained_film_problems(films, args.start, exports, evaluated)
     if problems:
         raise ConfigError(problems)

@@ -5,14 +5,13 @@ its ``--from`` exports were trained over, and films those exports already traine
 from __future__ import annotations
 
 import functools
-import glob
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from animegamer.checkpoints.trained_data import (DEFAULT_CLIPS_DIR, clip_manifest, export_config, lineage, read_object,
                                                   trained_root)
-from animegamer.config.compose import compose_config, quoted
+from animegamer.config.compose import compose_config, override_key, quoted
 from animegamer.contracts.exports import A_JOINT
 from animegamer.utils.io import sha256_file
 
@@ -29,7 +28,7 @@ def caption_problems(captions: str, backend: str, overrides: list[str]) -> list[
     ``pipeline.caption.backend``): the caption import needs a file (``--captions``, or a
     ``pipeline.caption.path`` override), a backend that captions with a model (or none) reads none."""
     if backend == CAPTION_IMPORT:
-        if captions or any(o.split("=", 1)[0].lstrip("+~") == "pipeline.caption.path" for o in overrides):
+        if captions or any(override_key(o) == "pipeline.caption.path" for o in overrides):
             return []
         return ["--captions: missing: name the film's caption file (the caption import format, docs/pipeline.md), "
                 "or caption it with a model (pipeline.caption.backend=vlm with pipeline.caption.model_path=..., "
@@ -45,7 +44,7 @@ def frozen_folder_overrides(start: Path, model: str, overrides: list[str]) -> li
     """``key=folder`` for each of :data:`FROZEN_FOLDERS` that ``start``'s ``a_joint/export`` recorded and the
     preset ``model`` would load otherwise, unless ``overrides`` name the key."""
     recorded = OmegaConf.create(export_config(start / A_JOINT / "export") or {})
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = {override_key(o) for o in overrides}
     preset = compose_config("train", [f"model={model}"])
     found = []
     for key in FROZEN_FOLDERS:
@@ -53,18 +52,6 @@ def frozen_folder_overrides(start: Path, model: str, overrides: list[str]) -> li
         if key not in given and folder and folder != OmegaConf.select(preset, key):
             found.append(f"{key}={quoted(str(folder))}")
     return found
-
-
-def film_inputs(film: str, extensions) -> list[Path]:
-    """The files the pipeline reads for ``--film``: a file, a folder's films (recursively, by extension)
-    or a glob, as its ingest step finds them."""
-    path = Path(film)
-    if path.is_dir():
-        exts = {e.lower() for e in extensions}
-        return sorted(p.resolve() for p in path.rglob("*") if p.is_file() and p.suffix.lower() in exts)
-    if path.exists():
-        return [path.resolve()]
-    return sorted(Path(p).resolve() for p in glob.glob(film, recursive=True) if Path(p).is_file())
 
 
 def _trained_sources(root: Path, clips: str) -> list[dict]:

@@ -30,6 +30,9 @@ class Pipeline(Protocol):
     def run(self, overrides: list[str]) -> dict:
         """Run the pipeline as ``python -m data_pipeline <overrides>`` does; its report."""
 
+    def inputs(self, cfg: Any) -> list:
+        """The film files ``cfg``'s ``pipeline.inputs`` name, as the pipeline's ingest finds them (paths)."""
+
 
 def load_pipeline(name: str = DEFAULT) -> Pipeline:
     """The pipeline installed under ``name`` in the ``animegamer.pipeline`` entry-point group."""

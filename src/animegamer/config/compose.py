@@ -99,7 +99,7 @@ def compose_config(name: str, overrides: Sequence[str] = (), search_path: Sequen
 
 
 def _is_renamed(override: str) -> bool:
-    return _key_of(override).lstrip("/") in RENAMED_GROUPS and "=" in override
+    return override_key(override).lstrip("/") in RENAMED_GROUPS and "=" in override
 
 
 def search_path(name: str, extra: Sequence[str | Path] = ()) -> list[str]:
@@ -121,7 +121,7 @@ def _without_search_path(overrides: Sequence[str]) -> tuple[list[str], list[str]
     are searched after the command's own folder rather than instead of it."""
     rest, given = [], []
     for override in overrides:
-        if _key_of(override) != SEARCH_PATH or override.startswith(DELETED):
+        if override_key(override) != SEARCH_PATH or override.startswith(DELETED):
             rest.append(override)
             continue
         try:
@@ -168,7 +168,7 @@ def carried_over(name: str, cfg: DictConfig, overrides: Sequence[str] = ()) -> D
 
 def top_key(override: str) -> str:
     """``phase`` of ``phase.lr=1``, ``+phase.lr=1``, ``phase=c`` or ``/phase@x=c``."""
-    return _key_of(override).lstrip("/").split("@", 1)[0].split("/", 1)[0].split(".", 1)[0]
+    return override_key(override).lstrip("/").split("@", 1)[0].split("/", 1)[0].split(".", 1)[0]
 
 
 def _field_names(schema: type) -> list[str]:
@@ -229,7 +229,7 @@ def describe_refusal(error: HydraException, overrides: Sequence[str], name: str 
 
 def renamed_group(override: str) -> str:
     """``data=films`` refused: the group's new name, with the same option."""
-    old = _key_of(override).lstrip("/")
+    old = override_key(override).lstrip("/")
     new, option = RENAMED_GROUPS[old], override.split("=", 1)[1].strip()
     return f"{override}: the group {old} is now named {new}: {new}={option} (options: {', '.join(group_options(new))})"
 
@@ -272,7 +272,7 @@ def _first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def _key_of(override: str) -> str:
+def override_key(override: str) -> str:
     """``phase.lr`` of ``+phase.lr=1``, ``~phase.lr`` or ``phase.lr=[1,2]``."""
     bare = override.lstrip(DELETED)
     for prefix in ADDED:
@@ -287,7 +287,7 @@ def _override_of(full_key: str, overrides: Sequence[str]) -> str:
     config file set it)."""
     bare = full_key.split("[", 1)[0]
     for override in reversed(overrides):
-        key = _key_of(override)
+        key = override_key(override)
         if key == bare or bare.startswith(f"{key}.") or key.startswith(f"{bare}."):
             return override
     return full_key
@@ -319,7 +319,7 @@ def _hydra_flag(args) -> bool:
 
 
 def _sets_hydra(overrides: Sequence[str]) -> bool:
-    return any(_key_of(o).split(".", 1)[0].split("/", 1)[0] == HYDRA_NODE for o in overrides)
+    return any(override_key(o).split(".", 1)[0].split("/", 1)[0] == HYDRA_NODE for o in overrides)
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
