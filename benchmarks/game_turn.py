@@ -65,7 +65,7 @@ from omegaconf import OmegaConf
 
 from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
-from animegamer.config.compose import carried_over, compose_config  # noqa: E402
+from animegamer.config.compose import carried_over, compose_config, path_override  # noqa: E402
 from animegamer.game.models import play_dtype  # noqa: E402
 from animegamer.models.attention_kernels import ATTENTION_BACKENDS
 from animegamer.models.decoder import COMPILE_MODES
@@ -121,7 +121,7 @@ def compose(args):
                  "model.encoders.vae.path=''", "model.encoders.t5.path=''", "model.encoders.clip.path=''",
                  "model.mllm.lora_dropout=0"]
     if args.tokenizer:  # official_tokenizer's answer: '' = the byte tokenizer
-        overrides.append(f"model.mllm.tokenizer={args.tokenizer}")
+        overrides.append(path_override("model.mllm.tokenizer", args.tokenizer))
     if args.attention:
         overrides.append(f"model.decoder.attention_backends=[{','.join(args.attention)}]")
     if args.compile:

@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 
 from _device import (add_tokenizer_argument, building, compare, mfu, official_tokenizer, peaks,  # noqa: E402 (benchmarks/ on sys.path)
                      prefer_cudnn_attention, run_stamp)
-from animegamer.config.compose import compose_config
+from animegamer.config.compose import compose_config, path_override
 from animegamer.mllm.collate import Session, collate_sequences, make_example, scatter_history, gather_queries
 from animegamer.mllm.masks import attention_mask_4d
 from animegamer.mllm.packing import pack_sequences
@@ -146,7 +146,7 @@ def compose(tiny: bool, attention: str, gc: bool, tokenizer: str = "", compiled:
                  f"model.mllm.gradient_checkpointing={str(gc).lower()}", "model.mllm.lora_dropout=0",
                  f"model.mllm.compile={str(compiled).lower()}"]
     if tokenizer:  # official_tokenizer's answer: '' = the byte tokenizer
-        overrides.append(f"model.mllm.tokenizer={tokenizer}")
+        overrides.append(path_override("model.mllm.tokenizer", tokenizer))
     if tiny:
         overrides += ["model=tiny"]
     return OmegaConf.to_object(compose_config("train", overrides))

@@ -72,14 +72,16 @@ A_EXTRA = ["model.mllm.compile=true", f"phase.pack_tokens={A_PACK}"]
 def loop_config(args, dropout: float):
     from omegaconf import OmegaConf
 
-    from animegamer.config.compose import compose_config
+    from animegamer.config.compose import compose_config, path_override
 
-    overrides = ["experiment=paper_b", "model.mllm.path=''", "phase.init_from=''", f"data.root={args.data}",
-                 f"phase.batch_size={A_BATCH}", f"phase.pack_tokens={A_PACK}", "phase.val_clips=0",
-                 "data.num_workers=0", "model.mllm.gradient_checkpointing=true", f"model.mllm.lora_dropout={dropout}",
-                 f"model.mllm.compile={str(not args.tiny).lower()}", "logger=none", f"output_dir={args.work}/loop"]
+    overrides = ["experiment=paper_b", "model.mllm.path=''", "phase.init_from=''",
+                 path_override("data.root", args.data), f"phase.batch_size={A_BATCH}", f"phase.pack_tokens={A_PACK}",
+                 "phase.val_clips=0", "data.num_workers=0", "model.mllm.gradient_checkpointing=true",
+                 f"model.mllm.lora_dropout={dropout}",
+                 f"model.mllm.compile={str(not args.tiny).lower()}", "logger=none",
+                 path_override("output_dir", Path(args.work) / "loop")]
     if args.tokenizer:
-        overrides.append(f"model.mllm.tokenizer={args.tokenizer}")
+        overrides.append(path_override("model.mllm.tokenizer", args.tokenizer))
     if args.tiny:
         overrides += strategies.TINY
     return OmegaConf.to_object(compose_config("train", overrides))

@@ -34,6 +34,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")
 
 # Names from the contracts, not animegamer.phases or animegamer.training: those import Lightning, which this
 # driver (and every script importing it) need not load; the training runs it launches load it themselves.
+from animegamer.config.compose import path_override  # noqa: E402  (no Lightning, no torch)
 from animegamer.contracts.checkpoint_names import CHECKPOINT_DIR, checkpoint_name, is_complete  # noqa: E402
 from animegamer.contracts.exports import A_JOINT, PHASE_B, PHASE_C  # noqa: E402  (after the path set-up)
 
@@ -74,8 +75,9 @@ def make_data(phase: str, root: Path, samples: int, tiny: bool) -> Path:
 def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path, steps: int) -> list[str]:
     found = [f"experiment={EXPERIMENTS[phase]}", f"trainer={PRESETS[strategy]}", f"trainer.devices={gpus}",
              "model.mllm.path=''", "model.decoder.path=''", "model.encoders.vae.path=''", "model.encoders.t5.path=''",
-             "model.encoders.clip.path=''", "phase.init_from=''", "logger=csv", f"data.root={data}",
-             f"output_dir={out}", f"phase.max_steps={steps}", f"phase.batch_size={args.global_batch[phase] // gpus}",
+             "model.encoders.clip.path=''", "phase.init_from=''", "logger=csv", path_override("data.root", data),
+             path_override("output_dir", out), f"phase.max_steps={steps}",
+             f"phase.batch_size={args.global_batch[phase] // gpus}",
              "phase.warmup_steps=5", "phase.val_every_n_steps=1000000", "phase.val_clips=0",
              f"checkpoint.every_n_steps={args.checkpoint_every}", "trainer.log_every_n_steps=5",
              f"trainer.throughput_every_n_steps={getattr(args, 'throughput_every', 5)}",
@@ -83,7 +85,7 @@ def overrides(args, phase: str, strategy: str, gpus: int, data: Path, out: Path,
     if args.tiny:
         found += TINY + ["trainer.accelerator=cpu", "trainer.precision=32-true", "data.num_workers=0"]
     elif phase == "b":
-        found += [f"model.mllm.tokenizer={args.tokenizer}"] if args.tokenizer else []  # '' = the byte tokenizer
+        found += [path_override("model.mllm.tokenizer", args.tokenizer)] if args.tokenizer else []  # '': bytes
         found += ["model.mllm.gradient_checkpointing=true"]
     return found + list(args.extra)
 

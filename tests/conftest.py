@@ -63,9 +63,16 @@ def toy_run(toy_film, tmp_path_factory):
     return output, report
 
 
+# The shared quick start's folder: a name Hydra's grammar would misread unquoted (a quote, a comma, brackets, a
+# space, an equals sign), so every test over it checks that its folders reach the stages as they are.
+QUICKSTART_FOLDER = "quick start, Howl's [2] =x"
+
+
 def quickstart_overrides(root: Path) -> list[str]:
-    """The quick start into ``root`` instead of outputs/quickstart."""
-    return [f"pipeline.output={root}/pipeline", f"output_dir={root}/" + "${phase.name}"]
+    """The overrides that put the quick start into ``root`` (its ``--out``) instead of outputs/quickstart."""
+    from animegamer.recipe import out_overrides
+
+    return out_overrides(root)
 
 
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -84,11 +91,11 @@ def quickstart(tmp_path_factory):
     from animegamer.quickstart import run_quickstart
 
     shared = run_folder(tmp_path_factory)
-    root, summary = shared / "quickstart", shared / "quickstart_summary.json"
+    root, summary = shared / QUICKSTART_FOLDER, shared / "quickstart_summary.json"
     with FileLock(shared / "quickstart.lock"):
         if not summary.is_file():  # a failed build left no summary: the next worker builds (resumes) it again
             root.mkdir(exist_ok=True)
-            built = run_quickstart(quickstart_overrides(root))
+            built = run_quickstart([], out=root)  # as animegamer quickstart --out ROOT
             summary.write_text(json.dumps(built))
     return root, json.loads(summary.read_text())
 

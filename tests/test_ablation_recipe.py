@@ -62,7 +62,7 @@ def clip_model(tmp_path_factory):
 
 def test_table3_recipe_on_tiny_models(toy_run, clip_model, tmp_path):
     output, _ = toy_run
-    out = tmp_path / "table3"
+    out = tmp_path / "Howl's table3, [2] =x"  # a name Hydra's grammar would misread unquoted: each stage gets it
     argv = ["--out", str(out), "--only", "addition", "no_warmup", "--steps", "1", "1", *TINY, f"data.root={output}",
             "pipeline.clips.height=64", "pipeline.clips.width=96", "data.val_fraction=0.2", "phase.batch_size=2",
             "phase.val_clips=0", "evaluation.reconstruction_clips=1", "evaluation.sampling_steps=1",

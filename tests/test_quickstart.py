@@ -52,7 +52,7 @@ def test_quickstart_again_resumes_and_skips(quickstart):
     before = read()
     game = root / "game" / "game.json"
     played = game.stat().st_mtime_ns
-    summary = run_quickstart(quickstart_overrides(root))
+    summary = run_quickstart([], out=root)
     assert read() == before
     assert game.stat().st_mtime_ns == played and summary["5-turn game turns played"] == 5  # read back, not replayed
 
@@ -62,7 +62,7 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     in Table 1 and in the Table 3 reconstruction report; DreamSim stays unavailable (no weights)."""
     import json
 
-    from animegamer.config.compose import compose_config, overrides_for
+    from animegamer.config.compose import compose_config, overrides_for, path_override
     from animegamer.evaluation.runner import run
     from animegamer.metrics.clip_scores import ClipScorer
 
@@ -71,10 +71,12 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
     scorer.model.save_pretrained(tmp_path / "clip")
     scorer.tokenizer.save_pretrained(tmp_path / "clip")
     result = run(compose_config("evaluate", [
-        "experiment=quickstart_eval", *overrides_for("evaluate", quickstart_overrides(root)), f"evaluation.clip_model={tmp_path / 'clip'}",
-        f"evaluation.mllm_export={summary['phase b export']}", f"evaluation.renderer_export={summary['phase c export']}",
-        f"evaluation.reconstruction_export={summary['phase a2 export']}", f"evaluation.out={tmp_path / 'eval'}",
-        "evaluation.games=1", "evaluation.turns=2"]))
+        "experiment=quickstart_eval", *overrides_for("evaluate", quickstart_overrides(root)),
+        path_override("evaluation.clip_model", tmp_path / "clip"),
+        path_override("evaluation.mllm_export", summary["phase b export"]),
+        path_override("evaluation.renderer_export", summary["phase c export"]),
+        path_override("evaluation.reconstruction_export", summary["phase a2 export"]),
+        path_override("evaluation.out", tmp_path / "eval"), "evaluation.games=1", "evaluation.turns=2"]))
     metrics = result["metrics"]
     for name in ("clip_i", "clip_t", "clip_t_env"):
         assert metrics[name]["available"] and -1 <= metrics[name]["value"] <= 1

@@ -7,7 +7,7 @@ import pytest
 from conftest import quickstart_overrides
 from omegaconf import OmegaConf
 
-from animegamer.config.compose import compose_config, overrides_for
+from animegamer.config.compose import compose_config, overrides_for, path_override
 from animegamer.checkpoints.trained_data import ClipSize, lineage, trained_clip_size
 from animegamer.evaluation.preflight import validate_eval_run
 from animegamer.config.validate import ConfigError
@@ -17,9 +17,10 @@ QUICKSTART_CLIPS = ClipSize(frames=17, height=96, width=144, fps=8.0)  # configs
 
 def _evaluation(root, summary, *extra):
     return compose_config("evaluate", [
-        "experiment=quickstart_eval", *overrides_for("evaluate", quickstart_overrides(root)), f"evaluation.mllm_export={summary['phase b export']}",
-        f"evaluation.renderer_export={summary['phase c export']}",
-        f"evaluation.reconstruction_export={summary['phase a2 export']}", *extra])
+        "experiment=quickstart_eval", *overrides_for("evaluate", quickstart_overrides(root)),
+        path_override("evaluation.mllm_export", summary["phase b export"]),
+        path_override("evaluation.renderer_export", summary["phase c export"]),
+        path_override("evaluation.reconstruction_export", summary["phase a2 export"]), *extra])
 
 
 def test_evaluation_refuses_a_larger_held_out_split_than_training(quickstart):

@@ -18,7 +18,7 @@ ANIMEGAMER = [sys.executable, "-m", "animegamer"]
 # What a verb's help must say beyond its name.
 HELP_SAYS = {
     "judge": ["EVAL_FOLDER", "evaluation.judge.url", "url: ''"],
-    "quickstart": ["key=value", "outputs/quickstart/", "every stage"],
+    "quickstart": ["key=value", "outputs/quickstart/", "every stage", "--out FOLDER"],
     "ablate": ["--only", "--steps"],
 }
 
@@ -47,7 +47,8 @@ REFUSED = {
     "judge, no folder": ([*ANIMEGAMER, "judge", "evaluation.judge.url=http://127.0.0.1:1/v1"],
                          ["usage: animegamer judge EVAL_FOLDER"], None),
     "quickstart, an option": ([*ANIMEGAMER, "quickstart", "--steps", "3"],
-                              ["animegamer quickstart: unknown option '--steps'; it takes key=value overrides"],
+                              ["animegamer quickstart: unknown option '--steps'; it takes --out FOLDER and key=value "
+                               "overrides"],
                               "outputs"),
     "ablate, a misspelt option": ([*ANIMEGAMER, "ablate", "--onyl", "addition", "--out", "X"],
                                   ["animegamer ablate: unknown option '--onyl'; did you mean '--only'?"], "X"),

@@ -51,6 +51,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from animegamer.config.compose import path_override, quoted
 from animegamer.contracts.files import ADAPTATION_DIR, METRICS_FILE, REPRESENTATIONS_DIR
 from animegamer.contracts.shards import PRED_REP, REP
 from animegamer.data.shards import folder_shards, iter_samples
@@ -60,7 +61,8 @@ from animegamer.media.video import decode_mp4
 from animegamer.metrics.psnr import psnr
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.errors import InvalidInputError, UserError, exit_on_user_error
-from animegamer.recipe import Recipe, evaluation_config, run_recipe, train_stage, trained_seconds, trained_vae
+from animegamer.recipe import (INIT_FROM, Recipe, evaluation_config, run_recipe, train_stage, trained_seconds,
+                              trained_vae)
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 from animegamer.utils.logging import setup_logging
 from benchmarks.known_answer.data import (
@@ -205,13 +207,19 @@ class Layout:
 def data_overrides(layout: Layout) -> list[str]:
     """The films as inputs and caption source, the pipeline output: for every stage."""
     films = layout.films.resolve()
-    return [f"pipeline.inputs=['{films}']", f"pipeline.caption.path='{films}'",
-            f"pipeline.output='{layout.pipeline.resolve()}'"]
+    return [f"pipeline.inputs=[{quoted(str(films))}]", path_override("pipeline.caption.path", films),
+            path_override("pipeline.output", layout.pipeline.resolve())]
+
+
+def stage_folders(folder: Path) -> str:
+    """``output_dir``: each stage in ``folder/<phase>`` (absolute), quoted with the phase's name kept as an
+    interpolation, so any ``OUT`` name reaches the stage as it is."""
+    return "output_dir=" + quoted(str(folder.resolve()), raw_suffix="/${phase.name}")
 
 
 def stage_overrides(layout: Layout, size: BenchmarkSize, experiment: str) -> list[str]:
     return [search_path(TRAIN), f"experiment=known_answer_{size.name}_{experiment}", f"seed={layout.seed}",
-            f"output_dir='{layout.runs.resolve()}/${{phase.name}}'", *size.for_stage(experiment)]
+            stage_folders(layout.runs), *size.for_stage(experiment)]
 
 
 def eval_experiment(size: str) -> list[str]:
@@ -221,7 +229,7 @@ def eval_experiment(size: str) -> list[str]:
 
 def vae_overrides(layout: Layout, size: BenchmarkSize) -> list[str]:
     """The recipe's trained VAE for the stages run beside it (the recipe passes it to its own)."""
-    return [f"model.encoders.vae.path='{layout.vae.resolve()}'"] if layout.has_vae(size) else []
+    return [path_override("model.encoders.vae.path", layout.vae.resolve())] if layout.has_vae(size) else []
 
 
 def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) -> Recipe:
@@ -238,29 +246,43 @@ def recipe_of(layout: Layout, size: BenchmarkSize, extra: Sequence[str] = ()) ->
 
 def base_overrides(summary: dict) -> list[str]:
     """The recipe's decoder base for the stages run beside it (the recipe passes it to its own)."""
-    return [f"model.decoder.path='{summary['decoder base']}'"] if summary["decoder base"] else []
+    return [path_override("model.decoder.path", summary["decoder base"])] if summary["decoder base"] else []
+
+
+def renderer_overrides(layout: Layout, size: BenchmarkSize, name: str, mllm: str, renderer: str,
+                       overrides: Sequence[str] = (), reconstruction: str = "", extra: Sequence[str] = ()) -> list[str]:
+    """The overrides of :func:`evaluate_renderer`'s evaluation, every folder quoted."""
+    return [*eval_experiment(size.name), f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
+            *vae_overrides(layout, size), *overrides, path_override("evaluation.mllm_export", mllm),
+            path_override("evaluation.renderer_export", renderer),
+            path_override("evaluation.reconstruction_export", reconstruction),
+            *size.sweep(), *extra, *size.for_stage("eval"),
+            path_override("evaluation.out", layout.runs.resolve() / ("eval_" + name))]
 
 
 def evaluate_renderer(layout: Layout, size: BenchmarkSize, name: str, mllm: str, renderer: str,
                       overrides: Sequence[str] = (), reconstruction: str = "", extra: Sequence[str] = ()) -> dict:
     """The benchmark's games played by the trained MLLM with another renderer, into ``runs/eval_<name>``
     (read back when it already ran with the same config and exports: a resumed benchmark replays none)."""
-    return evaluate_or_reuse(evaluation_config([
-        *eval_experiment(size.name), f"seed={layout.seed}", *data_overrides(layout), *size.overrides,
-        *vae_overrides(layout, size), *overrides, f"evaluation.mllm_export='{mllm}'",
-        f"evaluation.renderer_export='{renderer}'", f"evaluation.reconstruction_export='{reconstruction}'",
-        *size.sweep(), *extra, *size.for_stage("eval"),
-        f"evaluation.out='{layout.runs.resolve() / ('eval_' + name)}'"]))
+    return evaluate_or_reuse(evaluation_config(
+        renderer_overrides(layout, size, name, mllm, renderer, overrides, reconstruction, extra)))
+
+
+def ablation_stage(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str], phase: str,
+                   init_from: str | None = None) -> list[str]:
+    """The train overrides of the ablation's stage ``phase`` (into ``runs/ablation_<name>/<phase>``), every
+    folder quoted; ``init_from``: the export it starts from (None: the experiment's)."""
+    ablation = ABLATIONS[name]
+    return [search_path(TRAIN), f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}",
+            *data_overrides(layout), *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra,
+            *size.for_stage("a"), stage_folders(layout.runs / ("ablation_" + name)), f"phase={phase}",
+            *([] if init_from is None else [path_override(INIT_FROM, init_from)])]
 
 
 def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str]) -> str:
     """The ablation's phase (a) stages into ``runs/ablation_<name>/``; returns its a2 export."""
-    ablation = ABLATIONS[name]
-    common = [search_path(TRAIN), f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}", *data_overrides(layout),
-              *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra, *size.for_stage("a"),
-              f"output_dir='{layout.runs.resolve() / ('ablation_' + name)}/${{phase.name}}'"]
-    start = train_stage([*common, "phase=a_warmup"])["export"] if ablation.warmup else ""
-    return train_stage([*common, "phase=a_joint", f"phase.init_from='{start}'"])["export"]
+    start = train_stage(ablation_stage(layout, size, name, extra, A_WARMUP))["export"] if ABLATIONS[name].warmup else ""
+    return train_stage(ablation_stage(layout, size, name, extra, A_JOINT, start))["export"]
 
 
 def game_clips(eval_out: Path, games: list[dict]) -> dict[str, Path]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from animegamer.config.compose import quoted
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 TRAIN, EVALUATE, PIPELINE = "train", "evaluate", "pipeline"  # the library's root configs
 FOLDERS = {TRAIN: "train", EVALUATE: "eval", PIPELINE: "pipeline"}  # each root's experiments, under CONFIGS
@@ -27,7 +29,7 @@ def folders(root: str) -> list[Path]:
 
 def search_path(root: str) -> str:
     """The override that lets the root config ``root`` compose the benchmark's experiments."""
-    return "hydra.searchpath=[" + ",".join(f"'file://{folder}'" for folder in folders(root)) + "]"
+    return "hydra.searchpath=[" + ",".join(quoted(f"file://{folder}") for folder in folders(root)) + "]"
 
 
 def experiments(root: str) -> list[str]:

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
-from animegamer.config.compose import compose_config, group_options
+from animegamer.config.compose import compose_config, group_options, path_override
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import METRICS_FILE, TRAINED_FILE
 from animegamer.errors import UserError, exit_on_user_error
@@ -49,7 +49,7 @@ from animegamer.metrics.baselines import SHUFFLED
 from animegamer.metrics.common import as_metric, available, format_metric
 from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import A_JOINT, A_WARMUP
-from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_of, stage_overrides, train_stage
+from animegamer.recipe import INIT_FROM, OUT_NEW_FOLDER, check_recipe, evaluation_of, stage_overrides, train_stage
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
@@ -95,10 +95,17 @@ class Variant:
         return experiment_of(self.name)
 
     def stage(self, phase: str, extra: list[str], steps: int = 0, init_from: str = "") -> list[str]:
-        """Train overrides of one stage of this variant, into its own folder (of ``extra``, those of the train root)."""
-        return [f"experiment={self.experiment}", f"phase={phase}", f"phase.init_from='{init_from}'",
+        """Train overrides of one stage of this variant, into its own folder (of ``extra``, those of the train
+        root); every folder quoted, so any ``--out`` name reaches the stage as it is."""
+        return [f"experiment={self.experiment}", f"phase={phase}", path_override(INIT_FROM, init_from),
                 *stage_overrides(TRAIN, extra),
-                *([f"phase.max_steps={steps}"] if steps else []), f"output_dir={self.folder / phase}"]
+                *([f"phase.max_steps={steps}"] if steps else []), path_override("output_dir", self.folder / phase)]
+
+    def scoring(self, extra: list[str]) -> list[str]:
+        """Evaluate overrides scoring this variant's a2 export (of ``extra``, those of the evaluate root)."""
+        return [*stage_overrides(EVALUATE, extra),
+                path_override("evaluation.reconstruction_export", self.export(A_JOINT)),
+                path_override("evaluation.out", self.folder)]
 
     def export(self, phase: str) -> str:
         return str(self.folder / phase / "export")
@@ -172,9 +179,7 @@ def score(v: Variant, extra: list[str]) -> dict:
     export = v.export(A_JOINT)
     digest = sha256_file(Path(export) / TRAINED_FILE)
     out = v.folder / RECONSTRUCTION_FOLDER
-    composed = evaluation_of(compose_config(TRAIN, v.stage(A_JOINT, extra)),
-                             [*stage_overrides(EVALUATE, extra), f"evaluation.reconstruction_export={export}",
-                              f"evaluation.out={v.folder}"])
+    composed = evaluation_of(compose_config(TRAIN, v.stage(A_JOINT, extra)), v.scoring(extra))
     settings = scored_with(composed)
     done = out / METRICS_FILE
     saved = saved_scores(done, digest, settings)

@@ -44,7 +44,8 @@ from animegamer.errors import MissingInputError, UserError, exit_on_user_error
 from animegamer.finetune_checks import caption_problems, frozen_folder_overrides, trained_film_problems
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
 from animegamer.pipeline_port import load_pipeline
-from animegamer.recipe import OUT_NEW_FOLDER, ROOTS, Recipe, played_nothing, run_recipe, stage_overrides
+from animegamer.recipe import (OUT_NEW_FOLDER, ROOTS, Recipe, out_overrides, played_nothing, run_recipe,
+                              stage_overrides)
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
@@ -140,15 +141,14 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
         why = "no export.json" if start_a.exists() else f"{start_a} does not exist"
         raise MissingInputError(f"{start_a}: not an export folder ({why}); --from names a run folder "
                                 f"holding a_joint/export and b/export")
-    common = ["experiment=finetune_film", f"model={model}", path_override("pipeline.output", out / "pipeline"),
-              "output_dir=" + quoted(str(out), raw_suffix="/${phase.name}"), *size.overrides()]
+    common = ["experiment=finetune_film", f"model={model}", *out_overrides(out), *size.overrides()]
     start_b = "" if official_mllm else str(start / "b" / "export")
     phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
     if official_mllm:
-        phase_b.append(f"model.mllm.official_checkpoint={quoted(official_mllm)}")
+        phase_b.append(path_override("model.mllm.official_checkpoint", official_mllm))
     return Recipe(  # each command takes the common settings it reads
         pipeline=[*stage_overrides("pipeline", common), f"pipeline.inputs=[{quoted(film)}]",
-                  *([f"pipeline.caption.path={quoted(captions)}"] if captions else [])],
+                  *([path_override("pipeline.caption.path", captions)] if captions else [])],
         phase_a=[*common, f"phase.max_steps={steps[0]}"],
         phase_b=phase_b,
         phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.trained_data import (DEFAULT_CLIPS_DIR, clip_manifest, export_config, lineage, read_object,
                                                   trained_root)
-from animegamer.config.compose import compose_config, override_key, quoted
+from animegamer.config.compose import compose_config, override_key, path_override
 from animegamer.contracts.exports import A_JOINT
 from animegamer.utils.io import sha256_file
 
@@ -50,7 +50,7 @@ def frozen_folder_overrides(start: Path, model: str, overrides: list[str]) -> li
     for key in FROZEN_FOLDERS:
         folder = OmegaConf.select(recorded, key, default=None)
         if key not in given and folder and folder != OmegaConf.select(preset, key):
-            found.append(f"{key}={quoted(str(folder))}")
+            found.append(path_override(key, folder))
     return found
 
 

@@ -35,7 +35,8 @@ from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
-from animegamer.config.compose import carried_over, command_body, compose_config, overrides_for, path_override
+from animegamer.config.compose import (carried_over, command_body, compose_config, overrides_for, path_override,
+                                       quoted)
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
@@ -113,6 +114,14 @@ NO_TURN_PLAYED = ("evaluation: no turn of {planned} was played: every state gene
 SUPERSEDED = ".superseded-"
 # The evaluate root's nodes that the train root has too, with the same meaning (config/schema.py).
 SHARED_WITH_TRAINING = ("model", "pipeline", "data", "seed")  # a stage's earlier run, set aside when it must start afresh: <folder>.superseded-N
+
+
+def out_overrides(out: str | Path) -> list[str]:
+    """A command's ``--out`` folder as its stages' overrides: the pipeline's output in ``out/pipeline``, each
+    training stage in ``out/<phase>``, both quoted (:func:`animegamer.config.compose.path_override`), so any
+    folder name reaches them as it is; the evaluation and the demonstration game follow the stages."""
+    return [path_override("pipeline.output", Path(out) / "pipeline"),
+            "output_dir=" + quoted(str(out), raw_suffix="/${phase.name}")]
 
 
 def stage_overrides(root: str, overrides: list[str]) -> list[str]:

@@ -112,8 +112,7 @@ def search_path(name: str, extra: Sequence[str | Path] = ()) -> list[str]:
 
 def search_path_override(name: str, extra: Sequence[str | Path] = ()) -> str:
     """The ``hydra.searchpath=[...]`` override of :func:`search_path`, each folder quoted."""
-    quoted = ("'" + p.replace("'", "\\'") + "'" for p in search_path(name, extra))  # Hydra's quoted strings
-    return f"{SEARCH_PATH}=[{','.join(quoted)}]"
+    return f"{SEARCH_PATH}=[{','.join(quoted(p) for p in search_path(name, extra))}]"
 
 
 def _without_search_path(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
