@@ -3,6 +3,7 @@ exports, which ``model.decoder.path`` loads back exactly (and under which a new 
 changes nothing at init)."""
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -129,3 +130,22 @@ def test_the_recipe_refuses_a_base_stage_over_a_loaded_decoder(tmp_path):
     with pytest.raises(ValueError, match="model.decoder.path is too"):
         train_base_stage(["model=tiny", f"output_dir={tmp_path}"], [f"model.decoder.path={tmp_path}"])
     assert not any(tmp_path.iterdir())  # refused before anything was trained
+
+
+def test_a_folder_with_a_trained_embedder_loaded_without_the_motion_scope_says_so(base_run, tmp_path, caplog):
+    from safetensors.torch import load_file, save_file
+
+    base = base_run["module"].model.decoder.float()
+    plain = Path(base_run["export"]) / BASE_FOLDER
+    scoped = MotionScopeDecoder(replace(base.cfg, path=str(plain), motion_scope=True), base.hidden, base.rep_tokens)
+    folder = tmp_path / "with_embedder"
+    shutil.copytree(plain, folder)
+    weights = next(folder.glob("*.safetensors"))
+    embedder = {f"ofs_embedding.{k}": v.contiguous() for k, v in scoped.transformer.ofs_embedding.state_dict().items()}
+    save_file({**load_file(weights), **embedder}, weights, metadata={"format": "pt"})
+    unused = "leaves unused"
+    with caplog.at_level("WARNING", logger="animegamer.models.decoder"):
+        MotionScopeDecoder(replace(base.cfg, path=str(plain), motion_scope=False), base.hidden, base.rep_tokens)
+        assert unused not in caplog.text  # a plain base: nothing to say
+        MotionScopeDecoder(replace(base.cfg, path=str(folder), motion_scope=False), base.hidden, base.rep_tokens)
+    assert unused in caplog.text and str(folder) in caplog.text

@@ -117,6 +117,23 @@ def test_stage_overrides_reach_their_stage_alone(tmp_path: Path) -> None:
     assert "c:phase.lr=2" not in message
 
 
+def test_a_base_stage_override_the_base_cannot_take_is_refused_not_lost(tmp_path: Path) -> None:
+    """The base stage is a plain transformer whatever its overrides say: ``--stage
+    base:model.decoder.motion_scope=true`` would train the same plain base, so the pre-flight names it."""
+    from dataclasses import replace
+
+    from animegamer.recipe import base_stage_problems
+    from benchmarks.known_answer.driver import SIZES, Layout, recipe_of
+
+    def problems(*pairs: tuple[str, str]) -> list[str]:
+        return base_stage_problems(recipe_of(Layout(tmp_path, 0), replace(SIZES["gpu"], stage_extra=pairs)).decoder_base)
+
+    assert problems() == [] and problems(("base", "model.decoder.motion_scope=false")) == []
+    assert problems(("a", "model.decoder.motion_scope=true")) == []  # phase (a) has it anyway
+    (refused,) = problems(("base", "model.decoder.motion_scope=true"))
+    assert refused.startswith("decoder base: model.decoder.motion_scope=true cannot apply")
+
+
 def test_a_step_cache_the_evaluation_would_refuse_stops_before_anything_trains(tmp_path: Path) -> None:
     """The cached game plays last, after every stage: a bad threshold must fail at the start, not then."""
     from animegamer.errors import UserError

@@ -85,11 +85,15 @@ def probe_decoder(base: DecoderConfig, geometry: ProbeGeometry, rep_tokens: int,
 
 
 def train(denoise: Denoiser, parameters: Iterable[torch.nn.Parameter], draw: Callable[[torch.Generator], Batch],
-          steps: int, diffusion: DiffusionConfig, generator: torch.Generator, lr: float = LEARNING_RATE) -> float:
+          steps: int, diffusion: DiffusionConfig, generator: torch.Generator, lr: float = LEARNING_RATE,
+          lr_factor: Optional[Callable[[int], float]] = None) -> float:
     """``steps`` AdamW steps of CogVideoX's v-loss on the batches ``draw`` returns (a share of the
-    representations zeroed, as phase (a) trains the unconditional branch); returns the last step's loss."""
+    representations zeroed, as phase (a) trains the unconditional branch); returns the last step's loss.
+    ``lr_factor``: the learning rate's multiplier at each step (a warm-up and decay such as
+    :func:`animegamer.phases.common.lr_lambda`'s); None keeps ``lr`` throughout."""
     ac = alphas_cumprod(diffusion)
     optimizer = torch.optim.AdamW([p for p in parameters if p.requires_grad], lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor) if lr_factor is not None else None
     started = time.perf_counter()
     loss = torch.tensor(float("nan"))
     for step in range(steps):
@@ -102,6 +106,8 @@ def train(denoise: Denoiser, parameters: Iterable[torch.nn.Parameter], draw: Cal
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         if step % LOG_EVERY == 0:
             log.info("probe step %d loss %.4f (%.0f s)", step, loss.item(), time.perf_counter() - started)
     return float(loss.item())

@@ -30,13 +30,14 @@ import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
 from omegaconf import OmegaConf
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, trained_clip_size
-from animegamer.config.compose import (carried_over, command_body, compose_config, overrides_for, path_override,
-                                       quoted)
+from animegamer.config.compose import (carried_over, command_body, compose_config, override_key, overrides_for,
+                                       path_override, quoted)
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
@@ -102,6 +103,7 @@ ROOTS = ("train", "pipeline", "evaluate")  # the roots a recipe's stages compose
 LATER_STEPS = ("representations", "session_shards", "adaptation")
 # What the base stage adds to its overrides: the base is a plain video diffusion transformer.
 BASE_OVERRIDES = ("phase=a_base", "model.decoder.motion_scope=false")
+BASE_MOTION_SCOPE = BASE_OVERRIDES[1].split("=")[0]
 # Steps averaged for the base stage's final training loss (one step's is noisy: each draws its own timesteps).
 FINAL_LOSS_STEPS = 20
 # What the summary says for a validation metric the stage did not measure in this launch, with why.
@@ -186,6 +188,16 @@ def start_clip_size_problems(phase_a, start: str) -> list[str]:
     return []
 
 
+def base_stage_problems(overrides: Sequence[str]) -> list[str]:
+    """The base stage's own overrides asking for what :data:`BASE_OVERRIDES` sets otherwise: the base is a
+    plain video diffusion transformer whatever they say, so such an override would be silently lost."""
+    asked = [o for o in overrides if override_key(o) == BASE_MOTION_SCOPE]
+    if asked and compose_config("train", [*overrides, BASE_OVERRIDES[0]]).model.decoder.motion_scope:
+        return [f"decoder base: {asked[-1]} cannot apply: the base stage trains a plain video diffusion transformer "
+                f"({BASE_OVERRIDES[1]}); phases a1 and a2 add the motion scope over it"]
+    return []
+
+
 def check_stages(recipe: Recipe, first_steps: str) -> None:
     """The recipe's pre-flight before its first stage, every problem in one :class:`ConfigError`: the clip
     size ``start_a`` was trained at, each training stage's and the evaluation's settings (a problem of
@@ -204,13 +216,15 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
               compose_config("train", [*recipe.phase_c, made_later, *extra])]
     if not recipe.start_a:
         stages.insert(0, compose_config("train", [*recipe.phase_a, "phase=a_warmup", *extra]))
+    problems = []
     if recipe.decoder_base is not None:
         stages.insert(0, compose_config("train", [*recipe.decoder_base, *extra, *BASE_OVERRIDES]))
+        problems += base_stage_problems(recipe.decoder_base)
     found: dict[str, list[str]] = {}  # a problem -> the stages that have it (a setting they share: all)
     for stage in stages:
         for problem in check_training(stage, data=False):
             found.setdefault(problem, []).append(str(stage.phase.name))
-    problems = start_clip_size_problems(joint, recipe.start_a) if recipe.start_a else []
+    problems += start_clip_size_problems(joint, recipe.start_a) if recipe.start_a else []
     problems += [f"phase {', '.join(names)}: {problem}" for problem, names in found.items()]
     if recipe.evaluation:
         evaluated = evaluation_config([*recipe.evaluation, *evaluation_extra])

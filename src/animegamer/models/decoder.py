@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors
+from animegamer.checkpoints.safe_load import SAFETENSORS_SUFFIX, load_safetensors, safetensors_keys
 from animegamer.config.schema import PAPER_IMAGE_TOKENS, PAPER_TEXT_TOKENS, DecoderConfig
 from animegamer.config.validate import choice
 from animegamer.models import lora
@@ -166,6 +166,16 @@ def _restore_motion_scope(embedding: nn.Module, cfg: DecoderConfig) -> None:
     logger.info("motion-scope embedder restored from %s", folder)
 
 
+def _warn_unused_motion_scope(cfg: DecoderConfig) -> None:
+    """A folder trained with the motion scope, loaded without it, renders as if the input were never
+    trained: nothing fails, so the log says it."""
+    folder = _find_transformer_folder(cfg.path)
+    if any(key.startswith(_OFS_KEY_PREFIX) for file in sorted(folder.glob(f"*{SAFETENSORS_SUFFIX}"))
+           for key in safetensors_keys(file)):
+        logger.warning("%s holds a trained motion-scope embedder that model.decoder.motion_scope=false leaves "
+                       "unused: the decoder renders without its motion-scope input", folder)
+
+
 def _motion_scope_modules(hidden: int, time_embed_dim: int) -> tuple[nn.Module, nn.Module]:
     """(ofs_proj, ofs_embedding) at the official widths, the output linear zero-initialised."""
     from diffusers.models.embeddings import TimestepEmbedding, Timesteps
@@ -204,6 +214,8 @@ class MotionScopeDecoder(nn.Module):
                 _restore_motion_scope(self.transformer.ofs_embedding, cfg)
         else:
             self.transformer.ofs_proj, self.transformer.ofs_embedding = None, None
+            if cfg.path:
+                _warn_unused_motion_scope(cfg)
         self.set_gradient_checkpointing(cfg.gradient_checkpointing)
         if cfg.compile:  # in place: parameter names stay the same; the first call compiles
             self.transformer.compile(dynamic=False, mode=cfg.compile_mode)
