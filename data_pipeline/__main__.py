@@ -18,6 +18,7 @@ from data_pipeline.config_checks import validate_pipeline_run
 from data_pipeline.run import run_pipeline
 
 log = logging.getLogger("data_pipeline")
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
 
 
 def run(cfg: DictConfig) -> dict:
@@ -31,8 +32,14 @@ def run(cfg: DictConfig) -> dict:
 
 
 def run_and_report(cfg: DictConfig) -> dict:
-    """:func:`run`, then where each step's output is."""
-    report = run(cfg)
+    """:func:`run`, then where each step's output is. Ctrl-C (SIGINT) stops the run with a line saying how to
+    go on, not a traceback: every result written so far is complete (each is written atomically)."""
+    try:
+        report = run(cfg)
+    except KeyboardInterrupt:
+        log.warning("interrupted: what is written under %s is kept; run the same command again to resume",
+                    cfg.pipeline.output)
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
     if "counts" in report:
         counts = report["counts"]
         log.info("clip shards: %s (%s clips, %s inputs skipped)", report["output"], counts["clips"],

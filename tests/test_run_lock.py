@@ -82,6 +82,27 @@ def test_a_dead_processs_lock_is_taken_over_with_a_warning(tmp_path, caplog):
     assert "train.py experiment=old" in caplog.text
 
 
+def test_a_killed_process_not_yet_reaped_holds_no_lock(tmp_path):
+    """Killed, its parent not having waited for it yet, a run is a zombie: the same command started again at
+    once takes its lock instead of waiting for it."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = fl.process_start(child.pid)
+        assert fl.pid_alive(child.pid, start)
+        child.kill()
+        for _ in range(200):  # the kernel marks it a zombie within milliseconds
+            if Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert not fl.pid_alive(child.pid, start)
+        stale = _write_lock(tmp_path, pid=child.pid, start=start)
+        with folder_lock(tmp_path, 0) as mine:
+            assert mine.token != stale.token
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path):
     """Our own pid, alive, but recorded with another start time: the recorded process is gone."""
     assert fl.pid_alive(os.getpid(), fl.process_start(os.getpid()))

@@ -1,6 +1,6 @@
 """An evaluation's pre-flight: the exports it scores (their roles, sizes, held-out split and clip size),
-the benchmark file, the data it plays, the judge, the models' settings and the game's batching, every
-problem at once, before any model loads. ``evaluate.py`` and the recipes compose it.
+its output folder, the benchmark file, the data it plays, the judge, the models' settings and the game's
+batching, every problem at once, before any model loads. ``evaluate.py`` and the recipes compose it.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from animegamer.diffusion.step_cache import check_sampling_cache
 from animegamer.evaluation.benchmark import benchmark_file_problems
 from animegamer.evaluation.judge import check_judge
 from animegamer.game.scheduler import check_batch_games
+from animegamer.utils.io import out_dir_problem
 from animegamer.models.checks import check_attention, check_tokenizer
 from animegamer.models.decoder import check_decoder_compile
 from animegamer.models.fp8 import check_decoder_fp8
@@ -45,6 +46,9 @@ def check_evaluation(cfg, made: bool = True) -> list[str]:
         if e.reconstruction_export:
             problems += export_folder_problems(f"evaluation.reconstruction_export={e.reconstruction_export!r}",
                                                e.reconstruction_export, "not a phase (a) export folder")
+    out_problem = out_dir_problem(e.out)
+    if out_problem:
+        problems.append(f"evaluation.out={e.out!r}: {out_problem}; choose another output folder")
     if e.benchmark:
         problems += benchmark_file_problems(e.benchmark)  # its game ids become folders under evaluation.out
     root, local = Path(cfg.data.root), not is_url(str(cfg.data.root))

@@ -450,7 +450,8 @@ def write_report(
     paper_name: str = "Paper (AnimeGamer)",
 ) -> dict[str, Path]:
     """Write metrics.json, report.md, the plots that have data and, when there are games, gallery.html;
-    return their paths."""
+    return their paths. A plot or gallery of an earlier report in ``out_dir`` that this one does not write is
+    removed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ours = headline(metrics)
@@ -477,5 +478,11 @@ def write_report(
     written["report_md"].write_text(_markdown(title, ours, metrics, games, paper, paper_name, plots) + "\n")
     if games:
         written["gallery_html"] = write_gallery(out / GALLERY_FILE, title, games, [_scope_counts(metrics, games)])
+    else:
+        (out / GALLERY_FILE).unlink(missing_ok=True)
+    # A plot of an earlier report in this folder that this one has no data for would sit beside it unlinked.
+    for name in (*PLOT_FILES.values(), motion_sweep.PLOT_FILE):
+        if out / name not in plots.values():
+            (out / name).unlink(missing_ok=True)
     written.update(plots)
     return written

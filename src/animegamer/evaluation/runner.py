@@ -177,6 +177,32 @@ def set_aside_other_games(games: Path, ids: set[str]) -> Path | None:
     return kept
 
 
+def set_aside_folder(folder: Path) -> Path | None:
+    """Move ``folder``, written by an earlier evaluation into the same output and not rewritten by this one, to
+    ``<folder>.earlier-N`` beside it, kept; returns where it went (None: there was none)."""
+    if not folder.exists():
+        return None
+    kept = first_free(lambda n: folder.with_name(f"{folder.name}.earlier-{n}"))
+    folder.rename(kept)
+    log.warning("%s: written by an earlier evaluation and not by this one; moved to %s", folder, kept)
+    return kept
+
+
+def set_aside_earlier_outputs(out: Path, ids: set[str], untrained: bool, reconstruction: bool) -> list[Path]:
+    """Before an evaluation plays into ``out``: what an earlier one wrote there and this one will not rewrite
+    is moved beside it, kept, so that every game and report in the folder is this evaluation's: the game
+    folders of games ``ids`` does not name (the untrained game's too), the untrained game's folder when
+    ``untrained`` is off, the reconstruction's when ``reconstruction`` is. Returns where things went."""
+    moved = [set_aside_other_games(out / GAMES_FOLDER, ids)]
+    if untrained:
+        moved.append(set_aside_other_games(out / UNTRAINED_FOLDER / GAMES_FOLDER, ids))
+    else:
+        moved.append(set_aside_folder(out / UNTRAINED_FOLDER))
+    if not reconstruction:
+        moved.append(set_aside_folder(out / RECONSTRUCTION_FOLDER))
+    return [path for path in moved if path is not None]
+
+
 def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
     """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
     keys = {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t}
@@ -404,7 +430,8 @@ def evaluate(cfg: RunConfig) -> dict:
         benchmark = held_out_games(cfg)
         refuse(benchmark_problems(benchmark, benchmark["source"]))  # clip keys of shards made elsewhere name folders too
     out.mkdir(parents=True, exist_ok=True)  # only once the games' folders are known to stay inside it
-    set_aside_other_games(out / GAMES_FOLDER, {game["id"] for game in benchmark["games"]})
+    set_aside_earlier_outputs(out, {game["id"] for game in benchmark["games"]}, e.untrained_game,
+                              bool(e.reconstruction_export))
     (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
     manifest = clip_manifest(cfg.data.root, cfg.data.clips)
     models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(manifest))

@@ -11,7 +11,8 @@ from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.files import MANIFEST
-from animegamer.game.writer import GAME_FILE, out_dir_problem
+from animegamer.game.writer import GAME_FILE
+from animegamer.utils.io import out_dir_problem
 
 
 def device_problems(device: Optional[str], option: str = "--device") -> list[str]:

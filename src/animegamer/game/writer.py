@@ -13,20 +13,11 @@ from animegamer.game.state import INITIAL_STATE, STATE_RANGE, STATE_STEP, TurnRe
 from animegamer.game.turns import Game
 from animegamer.media.video import encode_mp4
 from animegamer.pages import POSTER_SUFFIX, poster_path, save_poster
-from animegamer.utils.io import write_bytes_atomic, write_json_atomic
+from animegamer.utils.io import out_dir_problem, write_bytes_atomic, write_json_atomic
 
 GAME_FILE = "game.json"
 INDEX_FILE = "index.html"
 GAME_FORMAT_VERSION = 2  # 2: "window_turns" (was "max_turns"), a poster (turn_NNN.jpg) beside each clip
-
-
-def out_dir_problem(out_dir: str | Path) -> Optional[str]:
-    """Why ``out_dir`` cannot become a game folder (it, or a folder it would sit in, is a file), or None."""
-    path = Path(out_dir)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is None or existing.is_dir():
-        return None
-    return f"{path} is a file, not a folder" if existing == path else f"{path}: {existing} is a file, not a folder"
 
 
 class GameWriter:

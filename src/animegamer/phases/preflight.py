@@ -30,6 +30,7 @@ from animegamer.training.loggers import LOGGERS
 from animegamer.training.profiling import check_profiler
 from animegamer.training.strategies import check_strategy
 from animegamer.training.sweep import job_output_dir
+from animegamer.utils.io import out_dir_problem
 from animegamer.utils.logging import setup_logging
 
 
@@ -133,6 +134,8 @@ def check_training(cfg, data: bool = True) -> list[str]:
                                            "no such export folder", "train the earlier stage first")
     if not 0 < cfg.data.val_fraction < 1:
         problems.append(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
+    if not is_url(str(cfg.output_dir)) and (out_problem := out_dir_problem(cfg.output_dir)):
+        problems.append(f"output_dir={cfg.output_dir!r}: {out_problem}; choose another output folder")
     problems += check_bad_sample_budget(cfg.data.bad_sample_budget) + check_remote_settings(cfg.data)
     return problems
 

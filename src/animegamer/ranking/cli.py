@@ -11,6 +11,7 @@ from animegamer.errors import UserError, exit_on_user_error
 from animegamer.ranking.app import RankingApp
 from animegamer.ranking.runs import MAX_RUNS, MIN_RUNS, load_runs
 from animegamer.ranking.server import DEFAULT_PORT, HOST, REQUEST_TIMEOUT_S, RankingServer
+from animegamer.utils.io import out_dir_problem
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging("INFO")
+    problem = out_dir_problem(args.out)
+    if problem:
+        raise UserError(f"--out {args.out}: {problem}; choose another folder for the answers and the report")
     app = RankingApp(load_runs(args.runs, args.names), args.out)
     app.write_report()
     report = app.report_files()["report_md"]

@@ -47,27 +47,40 @@ POLL_SECONDS = 1.0
 _PROC_STAT = "/proc/{pid}/stat"
 _NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 _STAT_START_FIELD = 19  # starttime, counted after the ")" that ends the command name (field 22 of proc(5))
+_STAT_STATE_FIELD = 0  # the state letter, the first field after the ")" (field 3 of proc(5))
+_DEAD_STATES = ("Z", "X")  # zombie, dead: exited, whatever is left of them is only waiting to be reaped
 
 
-def process_start(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot) from /proc, None where not available."""
+def _proc_stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (the state first), None where not available."""
     try:
         stat = Path(_PROC_STAT.format(pid=pid)).read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[_STAT_START_FIELD]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot) from /proc, None where not available."""
+    fields = _proc_stat_fields(pid)
+    return None if fields is None else fields[_STAT_START_FIELD]
 
 
 def pid_alive(pid: int, start: str | None) -> bool:
-    """Whether process ``pid`` of this host runs and is the one that started at ``start`` (when known)."""
+    """Whether process ``pid`` of this host runs and is the one that started at ``start`` (when known). A
+    zombie (killed, not yet reaped by its parent) runs no more: its lock is free at once."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    now = process_start(pid)
-    return start is None or now is None or now == start
+    fields = _proc_stat_fields(pid)
+    if fields is None:
+        return True  # no /proc: the signal's answer is all there is
+    if fields[_STAT_STATE_FIELD] in _DEAD_STATES:
+        return False
+    return start is None or fields[_STAT_START_FIELD] == start
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,15 @@ def first_free(name_for: Callable[[int], Path], start: int = 1) -> Path:
     return path
 
 
+def out_dir_problem(out_dir: str | Path) -> str | None:
+    """Why ``out_dir`` cannot become an output folder (it, or a folder it would sit in, is a file), or None."""
+    path = Path(out_dir)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or existing.is_dir():
+        return None
+    return f"{path} is a file, not a folder" if existing == path else f"{path}: {existing} is a file, not a folder"
+
+
 def sha256_file(path: str | os.PathLike, limit: int | None = None) -> str:
     """Hex sha256 of a file's bytes (the first ``limit`` bytes when given)."""
     digest = hashlib.sha256()
