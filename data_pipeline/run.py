@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import shutil
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -61,8 +63,7 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
         bar.close()
         return results
     # spawn, not fork: decoders and BLAS thread pools do not survive a fork reliably.
-    # Spawned workers start with no logging set up: give them the parent's format and level.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=setup_logging,
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
                              initargs=(logging.getLogger().getEffectiveLevel(),)) as pool:
         futures = [pool.submit(fn, *job) for job in jobs]
         for future in futures:
@@ -70,6 +71,22 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
             bar.update(1)
     bar.close()
     return [f.result() for f in futures]
+
+
+WORKER_INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
+
+
+def _stop_quietly(signum, frame) -> None:
+    os._exit(WORKER_INTERRUPTED_EXIT_CODE)
+
+
+def start_worker(level: str | int) -> None:
+    """A spawned worker's start: the parent's logging format and level (a spawned process has none), and
+    Ctrl-C, which a terminal sends to every process of the run, ends the worker without a traceback of its
+    own; the parent says what is kept. A task cut short leaves only temporary files, which the next run
+    removes, as after a kill."""
+    setup_logging(level)
+    signal.signal(signal.SIGINT, _stop_quietly)
 
 
 def use_toy_film(cfg: PipelineConfig, toy_dir: Path, generate: bool) -> None:

@@ -23,3 +23,26 @@ def test_ctrl_c_stops_the_pipeline_with_a_line_not_a_traceback(tmp_path, monkeyp
     assert isinstance(caught, SystemExit) and caught.code == pipeline_main.INTERRUPTED_EXIT_CODE == 130
     assert f"interrupted: what is written under {tmp_path / 'out'} is kept" in caplog.text
     assert "run the same command again to resume" in caplog.text
+
+
+def test_ctrl_c_ends_a_pipeline_worker_without_a_traceback_of_its_own():
+    """A terminal's Ctrl-C reaches every process of the run: a worker ends at once with the shell's code for
+    an interrupted command and prints nothing; the parent's one line says what is kept."""
+    import signal
+    import subprocess
+    import sys
+
+    from data_pipeline.run import WORKER_INTERRUPTED_EXIT_CODE
+
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "from data_pipeline.run import start_worker; start_worker('INFO'); import time; "
+                               "print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert worker.returncode == WORKER_INTERRUPTED_EXIT_CODE == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
