@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import logging
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,7 +71,10 @@ def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir():
-            found.update(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+            named = [p for p in path.rglob("*") if p.suffix.lower() in exts]
+            found.update(p for p in named if p.is_file())
+            for broken in sorted(p for p in named if p.is_symlink() and not p.exists()):
+                log.warning("%s: a link to %s, which does not exist; skipped", broken, os.readlink(broken))
         elif path.exists():
             found.add(path)  # named explicitly: probed whatever its extension
         else:

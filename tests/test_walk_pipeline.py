@@ -46,3 +46,17 @@ def test_ctrl_c_ends_a_pipeline_worker_without_a_traceback_of_its_own():
         worker.kill()
     assert worker.returncode == WORKER_INTERRUPTED_EXIT_CODE == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_a_broken_link_among_the_films_is_named_not_skipped_silently(tmp_path, caplog):
+    from data_pipeline.ingest import find_inputs
+
+    films = tmp_path / "films"
+    films.mkdir()
+    (films / "kept.mp4").write_bytes(b"not probed here")
+    (films / "gone.mp4").symlink_to(tmp_path / "moved" / "gone.mp4")
+    (films / "notes.txt").symlink_to(tmp_path / "nowhere.txt")  # not a video: not the pipeline's business
+    with caplog.at_level(logging.WARNING, logger="data_pipeline.ingest"):
+        assert find_inputs([str(films)], [".mp4"]) == [(films / "kept.mp4").resolve()]
+    assert f"{films / 'gone.mp4'}: a link to {tmp_path / 'moved' / 'gone.mp4'}, which does not exist" in caplog.text
+    assert "notes.txt" not in caplog.text
