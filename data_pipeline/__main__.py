@@ -15,10 +15,9 @@ from animegamer.errors import exit_on_user_error
 from animegamer.utils.http import redact
 from animegamer.utils.logging import setup_logging
 from data_pipeline.config_checks import validate_pipeline_run
-from data_pipeline.run import run_pipeline
+from data_pipeline.run import INTERRUPTED_EXIT_CODE, run_pipeline
 
 log = logging.getLogger("data_pipeline")
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
 
 
 def run(cfg: DictConfig) -> dict:

@@ -73,11 +73,11 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
     return [f.result() for f in futures]
 
 
-WORKER_INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
 
 
 def _stop_quietly(signum, frame) -> None:
-    os._exit(WORKER_INTERRUPTED_EXIT_CODE)
+    os._exit(INTERRUPTED_EXIT_CODE)
 
 
 def start_worker(level: str | int) -> None:

@@ -32,7 +32,7 @@ def test_ctrl_c_ends_a_pipeline_worker_without_a_traceback_of_its_own():
     import subprocess
     import sys
 
-    from data_pipeline.run import WORKER_INTERRUPTED_EXIT_CODE
+    from data_pipeline.run import INTERRUPTED_EXIT_CODE
 
     worker = subprocess.Popen(
         [sys.executable, "-c", "from data_pipeline.run import start_worker; start_worker('INFO'); import time; "
@@ -44,7 +44,7 @@ def test_ctrl_c_ends_a_pipeline_worker_without_a_traceback_of_its_own():
         _, err = worker.communicate(timeout=30)
     finally:
         worker.kill()
-    assert worker.returncode == WORKER_INTERRUPTED_EXIT_CODE == 130
+    assert worker.returncode == INTERRUPTED_EXIT_CODE == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 

@@ -55,6 +55,7 @@ from animegamer.metrics.latent_motion import clip_speed
 from animegamer.phases.common import lr_lambda, set_trainable
 from animegamer.phases.denoising import trained_parameters
 from animegamer.phases.groups import STAGE_GROUPS
+from benchmarks.known_answer.experiments import TRAIN, search_path
 from benchmarks.known_answer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,9 @@ ARMS = {
     "G": "as B with a1 alone: the embedder alone the whole stage",
 }
 BASE_ROW = "base"  # the plain base's own sweep (no motion scope)
-# The recipe's schedules, as fractions of a stage (known_answer_gpu_base.yaml: 150 warm-up steps of 3500,
-# cosine; known_answer_gpu_a.yaml: 100 of 500, constant, phase (a)'s default).
-BASE_WARMUP_SHARE = 150 / 3500
-STAGE_WARMUP_SHARE = 100 / 500
+# The GPU recipe's experiments whose schedules (warm-up share of the stage, cosine or constant) the probe's
+# base and stages follow.
+BASE_EXPERIMENT, STAGE_EXPERIMENT = "known_answer_gpu_base", "known_answer_gpu_a"
 TRUTH_CLIPS = 16  # true clips per level whose measured speed is the range's reference
 
 
@@ -91,6 +91,12 @@ class Settings:
     clips: int
     sampling_steps: int
     lr: float
+
+
+def recipe_schedule(experiment: str) -> tuple[float, bool]:
+    """The warm-up's share of the stage and whether it decays by cosine, as the recipe's ``experiment`` sets."""
+    phase = compose_config(TRAIN, [search_path(TRAIN), f"experiment={experiment}"]).phase
+    return phase.warmup_steps / phase.max_steps, phase.lr_schedule == COSINE_SCHEDULE
 
 
 def schedule(steps: int, warmup_share: float, cosine: bool) -> Callable[[int], float]:
@@ -136,6 +142,7 @@ def run_seed(seed: int, arms: tuple[str, ...], settings: Settings) -> dict:
     quiet()
     s = settings
     model = OmegaConf.to_object(compose_config("train", ["model=small"])).model
+    base_schedule, stage_schedule = recipe_schedule(BASE_EXPERIMENT), recipe_schedule(STAGE_EXPERIMENT)
     diffusion = replace(model.diffusion, sampling_steps=s.sampling_steps, guidance_scale=1.0)
     geometry = ProbeGeometry()
     speeds = torch.tensor(LEVEL_SPEEDS)
@@ -181,7 +188,7 @@ def run_seed(seed: int, arms: tuple[str, ...], settings: Settings) -> dict:
         started = time.perf_counter()
         log.info("arm A: %s", ARMS["A"])
         decoder = build(True)
-        loss = train_stage(decoder, A_BASE, total, BASE_WARMUP_SHARE, True, draw, diffusion,
+        loss = train_stage(decoder, A_BASE, total, *base_schedule, draw, diffusion,
                            torch.Generator().manual_seed(seed), s.lr)
         results["A"] = summary(measure(decoder), loss, time.perf_counter() - started, f"{total}")
         log.info("arm A: %s", results["A"])
@@ -192,7 +199,7 @@ def run_seed(seed: int, arms: tuple[str, ...], settings: Settings) -> dict:
     log.info("base: %d steps without motion scope", s.base_steps)
     base = build(False)
     generator = torch.Generator().manual_seed(seed)  # the same draws as arm A's first base_steps
-    base_loss = train_stage(base, A_BASE, s.base_steps, BASE_WARMUP_SHARE, True, draw, diffusion, generator, s.lr)
+    base_loss = train_stage(base, A_BASE, s.base_steps, *base_schedule, draw, diffusion, generator, s.lr)
     base_seconds = time.perf_counter() - started
     after_base = generator.get_state()  # every stage goes on with the draws arm A saw next
     results[BASE_ROW] = summary(measure(base), base_loss, base_seconds, f"{s.base_steps}+0")
@@ -213,18 +220,18 @@ def run_seed(seed: int, arms: tuple[str, ...], settings: Settings) -> dict:
         decoder, g = over_base()
         if arm in ("C", "G"):
             stage = s.stage_steps
-            loss = train_stage(decoder, A_BASE if arm == "C" else A_WARMUP, stage, STAGE_WARMUP_SHARE, False, draw,
+            loss = train_stage(decoder, A_BASE if arm == "C" else A_WARMUP, stage, *stage_schedule, draw,
                                diffusion, g, s.lr)
         elif arm == "F":
             stage = s.stage_steps
             decoder.add_lora(decoder.lora_config(rank=s.lora_rank, alpha=float(s.lora_rank)))
-            loss = train_stage(decoder, A_JOINT, stage, STAGE_WARMUP_SHARE, False, draw, diffusion, g, s.lr)
+            loss = train_stage(decoder, A_JOINT, stage, *stage_schedule, draw, diffusion, g, s.lr)
         else:
             stage = s.stage_steps * (s.long_factor if arm == "D" else 1)
             rank = s.high_rank if arm == "E" else s.lora_rank
-            train_stage(decoder, A_WARMUP, stage // 2, STAGE_WARMUP_SHARE, False, draw, diffusion, g, s.lr)
+            train_stage(decoder, A_WARMUP, stage // 2, *stage_schedule, draw, diffusion, g, s.lr)
             decoder.add_lora(decoder.lora_config(rank=rank, alpha=float(rank)))  # alpha / r = 1, as `small`
-            loss = train_stage(decoder, A_JOINT, stage - stage // 2, STAGE_WARMUP_SHARE, False, draw, diffusion, g,
+            loss = train_stage(decoder, A_JOINT, stage - stage // 2, *stage_schedule, draw, diffusion, g,
                                s.lr)
         results[arm] = summary(measure(decoder), loss, base_seconds + time.perf_counter() - started,
                                f"{s.base_steps}+{stage}")
