@@ -161,6 +161,11 @@ class Scorers:
         return {"clip_i": clip_i, "clip_t": clip_t, "clip_t_env": clip_t_env, "dreamsim": dreamsim}
 
 
+def _earlier(path: Path) -> Path:
+    """The first free ``<path>.earlier-N`` beside ``path``: where an earlier evaluation's output is kept."""
+    return first_free(lambda n: path.with_name(f"{path.name}.earlier-{n}"))
+
+
 def set_aside_other_games(games: Path, ids: set[str]) -> Path | None:
     """Move the game folders under ``games`` that this evaluation does not play (an earlier one into the same
     folder played more, or others) into ``<games>.earlier-N``, kept, so the folder holds only what its record
@@ -168,7 +173,7 @@ def set_aside_other_games(games: Path, ids: set[str]) -> Path | None:
     others = sorted(p for p in games.iterdir() if p.is_dir() and p.name not in ids) if games.is_dir() else []
     if not others:
         return None
-    kept = first_free(lambda n: games.with_name(f"{games.name}.earlier-{n}"))
+    kept = _earlier(games)
     kept.mkdir()
     for folder in others:
         folder.rename(kept / folder.name)
@@ -182,7 +187,7 @@ def set_aside_folder(folder: Path) -> Path | None:
     ``<folder>.earlier-N`` beside it, kept; returns where it went (None: there was none)."""
     if not folder.exists():
         return None
-    kept = first_free(lambda n: folder.with_name(f"{folder.name}.earlier-{n}"))
+    kept = _earlier(folder)
     folder.rename(kept)
     log.warning("%s: written by an earlier evaluation and not by this one; moved to %s", folder, kept)
     return kept
