@@ -74,6 +74,19 @@ def test_every_turn_has_a_psnr_against_its_held_out_clip(evaluations):
     assert f"| PSNR (dB) | {metrics['psnr']['value']:.2f} |" in report
 
 
+def test_game_motion_is_scored_against_the_level_the_game_model_asked_for(evaluations):
+    written = json.loads((evaluations.root / "trained" / "metrics.json").read_text())
+    metrics, motion = written["metrics"], written["metrics"]["motion"]
+    asked = [turn["states"]["ML"] for game in written["games"] for turn in game["turns"]]
+    assert motion["requested"] == asked and len(asked) == len(motion["levels"]) > 0
+    rendered_as_asked = sum(a == b for a, b in zip(motion["levels"], asked)) / len(asked)
+    assert metrics["acc_f_requested"]["value"] == pytest.approx(rendered_as_asked)
+    report = (evaluations.root / "trained" / "report.md").read_text()
+    asked_right = metrics["states"]["per_state"]["ML"]["acc"]
+    assert (f"Rendered at the level the game model asked for: {rendered_as_asked:.3f} of the clips (ACC-F counts "
+            f"the true level instead; the model asked for the true level in {asked_right:.3f} of the turns).") in report
+
+
 def test_reconstruction_has_psnr_beside_its_shuffled_baseline(evaluations):
     reconstruction = evaluations.trained["reconstruction"]
     own, shuffled = reconstruction["psnr"], reconstruction["baselines"][SHUFFLED]["psnr"]

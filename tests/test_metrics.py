@@ -171,6 +171,25 @@ def test_motion_accuracy_fractions():
         motion_accuracy(clips, [1], BINS, MotionConfig())
 
 
+def test_motion_accuracy_scores_the_renderer_against_the_level_it_was_asked_for():
+    from animegamer.metrics import motion_accuracy
+
+    texture = smooth_texture(96, 144)
+    clips = [np.stack([texture] * 9), shifted_clip(texture, 4), np.stack([texture] * 9)]
+    level = expected_level(4)
+    # the game asked for 1, the moving clip's level and 5; the truth wanted 2, 5 and 1
+    result = motion_accuracy(clips, [2, 5, 1], BINS, MotionConfig(), requested_levels=[1, level, 5])
+    assert result["levels"] == [1, level, 1]
+    assert result["requested"] == [1, level, 5]
+    assert result["acc_f_requested"] == pytest.approx(2 / 3)  # rendered as asked: the first two
+    assert result["acc_f"] == pytest.approx(1 / 3)  # at the true level: the third only
+    assert "acc_f_requested" not in motion_accuracy(clips, [2, 5, 1], BINS, MotionConfig())
+    with pytest.raises(ValueError, match="requested levels"):
+        motion_accuracy(clips, [2, 5, 1], BINS, MotionConfig(), requested_levels=[1, 2])
+    with pytest.raises(ValueError, match="requested levels must be in"):
+        motion_accuracy(clips, [2, 5, 1], BINS, MotionConfig(), requested_levels=[1, 2, 6])
+
+
 # --------------------------------------------------------------------------- states
 TARGET = [{"ML": 3, "SC": 1, "ET": 0, "ST": 1}, {"ML": 1, "SC": 0, "ET": 1, "ST": -1}]
 

@@ -27,9 +27,10 @@ REFERENCE_METRICS = frozenset(truth for _, truth in PERSISTENCE_HEADLINE.values(
 # Metrics where lower is better; every other metric is better higher. The renderings' detail persistence is
 # better lower down to its truth's (below that is flicker, which the pixel flow then shows as speed).
 LOWER_IS_BETTER = frozenset({"mae_s", "mae_f", "dreamsim", *(key for key, _ in PERSISTENCE_HEADLINE.values())})
-# Each is the share of items (game turns, reconstructed clips) whose speed level came out right: a
-# binomial proportion over few items, so two rows are told apart only against its sampling noise.
-PER_ITEM_SHARES = frozenset({"acc_f"})
+# Each is the share of items (game turns, reconstructed clips) whose speed level came out right (acc_f: the
+# true level; acc_f_requested: the level the game asked its renderer for): a binomial proportion over few
+# items, so two rows are told apart only against its sampling noise.
+PER_ITEM_SHARES = frozenset({"acc_f", "acc_f_requested"})
 CURVE_SMOOTHING = 10  # steps in the moving average drawn over each stage's per-step loss
 GALLERY_TURNS = 3
 GALLERY_FRAMES = 5  # frames per clip in the gallery strip, evenly spaced
@@ -53,8 +54,12 @@ def item_hits(metrics: dict) -> dict[str, dict[str, list[int]]]:
     motion = metrics.get("motion")
     if not isinstance(motion, dict) or "levels" not in motion or "targets" not in motion:
         return {}
-    return {"acc_f": {"targets": list(motion["targets"]),
+    hits = {"acc_f": {"targets": list(motion["targets"]),
                       "hits": [int(level == target) for level, target in zip(motion["levels"], motion["targets"])]}}
+    if "requested" in motion:  # a game's: the items are the same turns only where the requests are the same
+        hits["acc_f_requested"] = {"targets": list(motion["requested"]), "hits": [
+            int(level == asked) for level, asked in zip(motion["levels"], motion["requested"])]}
+    return hits
 
 
 def row(label: str, metrics: dict, baseline: str | None = None) -> dict:

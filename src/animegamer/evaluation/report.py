@@ -27,6 +27,7 @@ import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
 from animegamer.contracts.files import METRICS_FILE
+from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.errors import InvalidInputError, MissingInputError
 from animegamer.evaluation import motion_sweep
 from animegamer.evaluation.drawing import figure, markdown_row
@@ -306,6 +307,17 @@ def _unpredicted(states: Mapping | None) -> str:
             f"not in MAE-S)")
 
 
+def _requested_line(motion: Mapping, per_state: Mapping) -> str:
+    """ACC-F split in two: how often the renderer drew the level the game model asked for, and how often
+    that was the true level (the model's motion-level prediction)."""
+    line = (f"Rendered at the level the game model asked for: {motion['acc_f_requested']:.3f} of the clips "
+            f"(ACC-F counts the true level instead")
+    asked = per_state.get(MOTION_LEVEL) or {}
+    if asked.get("acc") is not None:
+        line += f"; the model asked for the true level in {asked['acc']:.3f} of the turns"
+    return line + ")."
+
+
 def _markdown(
     title: str,
     ours: Mapping[str, dict],
@@ -336,6 +348,8 @@ def _markdown(
             flows = np.asarray(motion["flows"], dtype=np.float64)
             lines += [f"Measured flow: mean {flows.mean():.3f}, median {np.median(flows):.3f} px/frame "
                       f"over {flows.size} clips.", ""]
+        if motion.get("acc_f_requested") is not None:
+            lines += [_requested_line(motion, (metrics.get("states") or {}).get("per_state", {})), ""]
         if "motion_plot" in plots:
             lines += [f"![motion level confusion]({plots['motion_plot'].name})", ""]
     sweep = motion_sweep.find(metrics)

@@ -248,9 +248,10 @@ def aggregate(cfg: RunConfig, turns: list, bins: dict, truth: dict[str, np.ndarr
     metrics["psnr_per_turn"] = psnr
     if turns:
         motion = motion_accuracy([t["result"].frames for t in turns], [t["truth"]["level"] for t in turns], bins,
-                                 cfg.pipeline.motion)
+                                 cfg.pipeline.motion, requested_levels=[t["result"].motion_level for t in turns])
         states = state_accuracy([t["result"].predicted for t in turns], [t["truth"]["states"] for t in turns])
         metrics.update(motion=motion, states=states, acc_f=available(motion["acc_f"]), mae_f=available(motion["mae_f"]),
+                       acc_f_requested=available(motion["acc_f_requested"]),
                        acc_s=available(states["acc_s"]), mae_s=available(states["mae_s"]))
         timings = {s: [t["result"].timings.get(s, 0.0) for t in turns] for s in STAGES}
         seconds = {s: statistics.mean(values) for s, values in timings.items()}

@@ -60,22 +60,30 @@ def motion_accuracy(
     bins: Union[MotionBins, Mapping],
     motion_cfg,
     estimator: FlowEstimator | None = None,
+    requested_levels: Sequence[int] | None = None,
 ) -> dict:
     """ACC-F (fraction of clips at exactly the target level) and MAE-F (mean |level - target|).
 
-    Returns {"acc_f", "mae_f", "levels" (measured), "targets", "flows", "confusion"}.
+    Returns {"acc_f", "mae_f", "levels" (measured), "targets", "flows", "confusion"}. With
+    ``requested_levels`` (the levels a game asked its renderer for: its predicted motion level), also
+    "requested" and "acc_f_requested", the fraction of clips rendered at the level they were asked for:
+    the renderer's own share, apart from whether the game model asked for the true level.
     """
     if len(generated_clips) != len(target_levels):
         raise ValueError(f"{len(generated_clips)} clips but {len(target_levels)} target levels")
     if not generated_clips:
         raise ValueError("no clips to measure")
     targets = [int(t) for t in target_levels]
-    bad = [t for t in targets if t not in LEVELS]
-    if bad:
-        raise ValueError(f"target levels must be in {LEVELS}, got {bad}")
+    requested = None if requested_levels is None else [int(r) for r in requested_levels]
+    for name, values in (("target", targets), ("requested", requested or [])):
+        bad = [t for t in values if t not in LEVELS]
+        if bad:
+            raise ValueError(f"{name} levels must be in {LEVELS}, got {bad}")
+    if requested is not None and len(requested) != len(targets):
+        raise ValueError(f"{len(requested)} requested levels but {len(targets)} target levels")
     flows, levels = measure_levels(generated_clips, bins, motion_cfg, estimator)
     measured, wanted = np.asarray(levels), np.asarray(targets)
-    return {
+    out = {
         "acc_f": float(np.mean(measured == wanted)),
         "mae_f": float(np.mean(np.abs(measured - wanted))),
         "levels": levels,
@@ -83,3 +91,6 @@ def motion_accuracy(
         "flows": flows,
         "confusion": confusion_matrix(levels, targets),
     }
+    if requested is not None:
+        out.update(requested=requested, acc_f_requested=float(np.mean(measured == np.asarray(requested))))
+    return out
