@@ -214,3 +214,16 @@ def test_the_table_names_the_caption_words_and_carries_the_sweep(tmp_path: Path)
     assert "captions with level words" in (tmp_path / "before.md").read_text()
     table = (tmp_path / "shared.md").read_text()
     assert f"| {RECONSTRUCTION} | " in table and f" {rho} " in table and "0.900" in table
+
+
+def test_the_table_says_when_the_instruction_does_not_tell_the_game_its_motion_level(tmp_path: Path) -> None:
+    rows = rows_of(TRAINED, EVALUATION)
+    about = {"size": "gpu", "seed": 0, "turns": 6, "reconstruction_clips": 4}
+    told = {"data": {"rules": {"ML": {"values": 5, "consistency": 1.0}}}}
+    untold = {"data": {"rules": {"ML": {"values": 5, "consistency": 0.2417}}}}
+    for name, extra in (("none", {}), ("told", told), ("untold", untold)):
+        write_table(tmp_path / f"{name}.md", rows, {**about, **extra})
+    assert "motion words tell" not in (tmp_path / "none.md").read_text()
+    assert "motion words tell" not in (tmp_path / "told.md").read_text()
+    assert ("The instruction's motion words tell a training clip's motion level in 0.24 of the clips"
+            in (tmp_path / "untold.md").read_text())

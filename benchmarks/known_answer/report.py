@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.evaluation.drawing import figure
 from animegamer.evaluation.motion_sweep import PERSISTENCE_HEADLINE
 from animegamer.media.video import decode_mp4
@@ -131,6 +132,20 @@ def comparisons(rows: list[dict], items: dict[str, int] | None = None) -> dict[s
     return out
 
 
+def level_rule_lines(about: dict, keys: list[str]) -> list[str]:
+    """What bounds a game's acc_f when its instruction does not tell the motion level: the game model predicts
+    the level its renderer is asked for from the instruction (and its own earlier turns), so a game can ask for
+    the true level about as often as the instruction's words tell it, whatever the renderer draws."""
+    rule = (((about.get("data") or {}).get("rules") or {}).get(MOTION_LEVEL)) or {}
+    if "acc_f" not in keys or rule.get("consistency") is None or rule["consistency"] >= 1:
+        return []
+    return [f"The instruction's motion words tell a training clip's motion level in {rule['consistency']:.2f} "
+            "of the clips (`data.rules.ML`: the share the most common level of each word pair gets right). A game "
+            "renders the level its model predicts from those words, so its acc_f stays near that share however "
+            "well the renderer follows the motion scope; acc_f_requested scores the game's clips against the "
+            "level they were asked for, the renderer's part alone."]
+
+
 def write_table(path: Path, rows: list[dict], about: dict) -> None:
     keys = sorted({k for r in rows for k, v in r["metrics"].items() if v is not None})
     fmt = lambda v: "" if v is None else f"{v:.3f}"
@@ -145,6 +160,7 @@ def write_table(path: Path, rows: list[dict], about: dict) -> None:
               + (f" but {', '.join(references)}: the swept clips' own value, which the column named without _truth "
                  "should reach"
                  if references else "") + ". An empty cell: the metric does not apply to the row (or had no weights)."]
+    lines += level_rule_lines(about, keys)
     counts = [(n, what) for n, what in ((about.get("turns"), "game turns"),
                                         (about.get("reconstruction_clips"), "reconstructed clips")) if n]
     if PER_ITEM_SHARES & set(keys) and counts:
