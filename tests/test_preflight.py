@@ -69,6 +69,10 @@ def test_phase_a_without_held_out_clips_warns_that_validation_is_skipped(toy_run
     check_recipe(_train(output, f"data.val_fraction={low / 2}"))  # trains, but nothing to validate on
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning == f"phase a: no held-out clip at data.val_fraction={low / 2}: validation is skipped"
+    caplog.clear()
+    check_recipe(_train(output, f"data.val_fraction={low / 2}"), run="no_warmup")  # one of several runs checked
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == f"no_warmup: phase a: no held-out clip at data.val_fraction={low / 2}: validation is skipped"
 
 
 def test_a_standalone_evaluation_is_not_told_to_hold_out_more_than_training(toy_run):

@@ -153,7 +153,7 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
         raise ConfigError(problems)
     for v in variants:
         joint = compose_config(TRAIN, v.stage(A_JOINT, extra, steps[1]))
-        check_recipe(joint, evaluation=evaluation_of(joint, stage_overrides(EVALUATE, extra)))
+        check_recipe(joint, evaluation=evaluation_of(joint, stage_overrides(EVALUATE, extra)), run=v.name)
 
 
 def scored_with(composed) -> dict:

@@ -410,23 +410,25 @@ def raise_problems(problems: list[str]) -> None:
         raise ConfigError(unique)
 
 
-def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCounts]:
+def check_recipe(phase_a, phase_b=None, evaluation=None, run: str = "") -> dict[str, SplitCounts]:
     """Everything the recipe's stages need from the pipeline output, before the first one trains.
 
-    Each argument is that stage's composed config (None: the stage does not run). Raises
+    Each argument is that stage's composed config (None: the stage does not run); ``run`` names the run in
+    the log lines, where one command checks several (the ablations' variants). Raises
     :class:`ConfigError` listing every problem; warns where a stage will run without validation."""
+    who = f"{run}: " if run else ""
     counts = {"phase a": counts_of(phase_a)}
     c = counts["phase a"]
     problems = captions_problems(c)
     split = training_problems(c, "phase a")  # what the held-out fraction or the session length would fix
     if c.captioned and (gap := validation_gap(phase_a, c)):
-        log.warning("phase a: %s: validation is skipped", gap)
+        log.warning("%sphase a: %s: validation is skipped", who, gap)
     b = None
     if phase_b is not None:
         counts["phase b"] = b = counts_of(phase_b)
         split += training_problems(b, "phase b") + session_problems(b)
         if b.train_sessions and (gap := validation_gap(phase_b, b, sessions=True)):
-            log.warning("phase b: %s: validation is skipped", gap)
+            log.warning("%sphase b: %s: validation is skipped", who, gap)
     if evaluation is not None:
         counts["evaluation"] = e = counts_of(evaluation)
         problems += captions_problems(e)
@@ -439,8 +441,8 @@ def check_recipe(phase_a, phase_b=None, evaluation=None) -> dict[str, SplitCount
             problems.append(f"for all of the above at once: {suggestion}")
     raise_problems(problems)
     for stage, n in counts.items():
-        log.info("pre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "
-                 "and %d held-out session(s)", stage, n.clips, n.captioned, len(n.shots), n.train_clips,
+        log.info("%spre-flight %s: %d clips, %d captioned in %d shot(s); %d to train on, %d held out; %d training "
+                 "and %d held-out session(s)", who, stage, n.clips, n.captioned, len(n.shots), n.train_clips,
                  n.held_out_clips, n.train_sessions, n.held_out_sessions)
     return counts
 
