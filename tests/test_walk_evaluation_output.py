@@ -2,8 +2,8 @@
 is refused with its name.
 
 A user's path: evaluate with the untrained game, the reconstruction and the motion sweep, then evaluate into
-the same folder again with fewer games and none of them. The folder must not keep plots, untrained games or a
-reconstruction report of the earlier evaluation beside a report that no longer mentions them; the earlier
+the same folder again with fewer games and none of them. The folder must not keep plots, untrained games,
+held-out clips or a reconstruction report of the earlier evaluation beside a report that no longer mentions them; the earlier
 ones are kept beside it (``<name>.earlier-N``), as the game folders are. An ``evaluation.out`` or a ranking
 ``--out`` that is a file stops the command in its pre-flight (exit code 2, no traceback).
 """
@@ -16,7 +16,7 @@ from animegamer.errors import USER_ERROR_EXIT_CODE
 from animegamer.evaluation import motion_sweep
 from animegamer.evaluation.preflight import check_evaluation
 from animegamer.evaluation.report import GALLERY_FILE, PLOT_FILES, write_report
-from animegamer.evaluation.runner import GAMES_FOLDER, RECONSTRUCTION_FOLDER, UNTRAINED_FOLDER, \
+from animegamer.evaluation.runner import GAMES_FOLDER, RECONSTRUCTION_FOLDER, TRUTH_FOLDER, UNTRAINED_FOLDER, \
     set_aside_earlier_outputs
 from animegamer.metrics.common import available
 from animegamer.ranking.cli import main as rank_main
@@ -42,32 +42,43 @@ def test_a_report_keeps_no_plot_it_did_not_draw(tmp_path):
     assert (tmp_path / "report.md").exists() and set(files) == {"metrics_json", "report_md"}
 
 
+def _benchmark(*games: str) -> dict:
+    """Games of two turns each, their clips keyed ``<game>-0`` and ``<game>-1``."""
+    return {"games": [{"id": game, "turns": [{"key": f"{game}-{turn}"} for turn in range(2)]} for game in games]}
+
+
 def test_what_an_evaluation_does_not_rewrite_is_set_aside(tmp_path, caplog):
     out = tmp_path / "eval"
+    clips = [f"{game}-{turn}.mp4" for game in ("film-000001", "film-000002") for turn in range(2)]
     for game in ("film-000001", "film-000002"):
         _folder(out / GAMES_FOLDER / game)
         _folder(out / UNTRAINED_FOLDER / GAMES_FOLDER / game)
-    _folder(out / UNTRAINED_FOLDER / "truth", ("film-000001.mp4",))
+    _folder(out / TRUTH_FOLDER, clips)
+    _folder(out / UNTRAINED_FOLDER / TRUTH_FOLDER, clips)
     _folder(out / RECONSTRUCTION_FOLDER, ("report.md", "metrics.json"))
 
     # The same games with the untrained game and the reconstruction: nothing to move.
-    assert set_aside_earlier_outputs(out, {"film-000001", "film-000002"}, untrained=True, reconstruction=True) == []
+    both = _benchmark("film-000001", "film-000002")
+    assert set_aside_earlier_outputs(out, both, untrained=True, reconstruction=True) == []
 
     # One game, with the untrained game, without the reconstruction.
-    moved = set_aside_earlier_outputs(out, {"film-000001"}, untrained=True, reconstruction=False)
+    moved = set_aside_earlier_outputs(out, _benchmark("film-000001"), untrained=True, reconstruction=False)
     assert sorted(p.name for p in (out / GAMES_FOLDER).iterdir()) == ["film-000001"]
     assert sorted(p.name for p in (out / UNTRAINED_FOLDER / GAMES_FOLDER).iterdir()) == ["film-000001"]
+    for truth in (out / TRUTH_FOLDER, out / UNTRAINED_FOLDER / TRUTH_FOLDER):  # the clips the turns name, only
+        assert sorted(p.name for p in truth.iterdir()) == clips[:2]
+        assert sorted(p.name for p in truth.with_name("truth.earlier-1").iterdir()) == clips[2:]
     assert not (out / RECONSTRUCTION_FOLDER).exists()
     assert (out / "reconstruction.earlier-1" / "report.md").read_text() == "report.md"
     assert (out / "games.earlier-1" / "film-000002" / "game.json").exists()
     assert (out / UNTRAINED_FOLDER / "games.earlier-1" / "film-000002" / "game.json").exists()
-    assert len(moved) == 3
+    assert len(moved) == 5
 
     # Without the untrained game: the whole untrained folder of the earlier one goes beside it.
-    moved = set_aside_earlier_outputs(out, {"film-000001"}, untrained=False, reconstruction=False)
+    moved = set_aside_earlier_outputs(out, _benchmark("film-000001"), untrained=False, reconstruction=False)
     assert moved == [out / "untrained.earlier-1"]
     assert not (out / UNTRAINED_FOLDER).exists()
-    assert (out / "untrained.earlier-1" / "truth" / "film-000001.mp4").exists()
+    assert (out / "untrained.earlier-1" / "truth" / "film-000001-0.mp4").exists()
     assert "earlier evaluation" in caplog.text
 
 

@@ -117,6 +117,11 @@ def story_instructions(cfg: RunConfig, turns: int) -> list[str]:
     return [m["instruction"] for m in longest[:turns]]
 
 
+def benchmark_keys(benchmark: dict) -> set[str]:
+    """The clip keys of a benchmark's turns (a hand-written benchmark's turns may have none)."""
+    return {turn["key"] for game in benchmark["games"] for turn in game["turns"] if "key" in turn}
+
+
 def write_truth_clips(cfg: RunConfig, keys: set[str], folder: Path) -> dict[str, Path]:
     """The benchmark's held-out clips, copied from the clip shards as ``folder/<key>.mp4`` (the gallery
     shows each beside the clip generated for it, and stays self-contained)."""
@@ -166,20 +171,32 @@ def _earlier(path: Path) -> Path:
     return first_free(lambda n: path.with_name(f"{path.name}.earlier-{n}"))
 
 
+def _set_aside_others(folder: Path, others: list[Path], what: str) -> Path | None:
+    """Move ``others`` (entries of ``folder``) into ``<folder>.earlier-N``, kept; returns where (None: none)."""
+    if not others:
+        return None
+    kept = _earlier(folder)
+    kept.mkdir()
+    for entry in others:
+        entry.rename(kept / entry.name)
+    log.warning("%s: %d %s of an earlier evaluation that this one does not play moved to %s",
+                folder, len(others), what, kept)
+    return kept
+
+
 def set_aside_other_games(games: Path, ids: set[str]) -> Path | None:
     """Move the game folders under ``games`` that this evaluation does not play (an earlier one into the same
     folder played more, or others) into ``<games>.earlier-N``, kept, so the folder holds only what its record
     names; returns where they went (None: nothing to move)."""
     others = sorted(p for p in games.iterdir() if p.is_dir() and p.name not in ids) if games.is_dir() else []
-    if not others:
-        return None
-    kept = _earlier(games)
-    kept.mkdir()
-    for folder in others:
-        folder.rename(kept / folder.name)
-    log.warning("%s: %d game folder(s) of an earlier evaluation that this one does not play moved to %s",
-                games, len(others), kept)
-    return kept
+    return _set_aside_others(games, others, "game folder(s)")
+
+
+def set_aside_other_truth(truth: Path, keys: set[str]) -> Path | None:
+    """As :func:`set_aside_other_games` for the held-out clips in ``truth`` whose keys this evaluation's turns
+    do not name."""
+    others = sorted(p for p in truth.glob("*.mp4") if p.stem not in keys) if truth.is_dir() else []
+    return _set_aside_others(truth, others, "held-out clip(s)")
 
 
 def set_aside_folder(folder: Path) -> Path | None:
@@ -193,14 +210,18 @@ def set_aside_folder(folder: Path) -> Path | None:
     return kept
 
 
-def set_aside_earlier_outputs(out: Path, ids: set[str], untrained: bool, reconstruction: bool) -> list[Path]:
-    """Before an evaluation plays into ``out``: what an earlier one wrote there and this one will not rewrite
-    is moved beside it, kept, so that every game and report in the folder is this evaluation's: the game
-    folders of games ``ids`` does not name (the untrained game's too), the untrained game's folder when
-    ``untrained`` is off, the reconstruction's when ``reconstruction`` is. Returns where things went."""
-    moved = [set_aside_other_games(out / GAMES_FOLDER, ids)]
+def set_aside_earlier_outputs(out: Path, benchmark: dict, untrained: bool, reconstruction: bool) -> list[Path]:
+    """Before an evaluation plays ``benchmark`` into ``out``: what an earlier one wrote there and this one will
+    not rewrite is moved beside it, kept, so that every game, clip and report in the folder is this
+    evaluation's: the game folders of games ``benchmark`` does not name (the untrained game's too), the
+    held-out clips its turns do not name, the untrained game's folder when ``untrained`` is off, the
+    reconstruction's when ``reconstruction`` is. Returns where things went."""
+    ids = {game["id"] for game in benchmark["games"]}
+    moved = [set_aside_other_games(out / GAMES_FOLDER, ids),
+             set_aside_other_truth(out / TRUTH_FOLDER, benchmark_keys(benchmark))]
     if untrained:
-        moved.append(set_aside_other_games(out / UNTRAINED_FOLDER / GAMES_FOLDER, ids))
+        moved += [set_aside_other_games(out / UNTRAINED_FOLDER / GAMES_FOLDER, ids),
+                  set_aside_other_truth(out / UNTRAINED_FOLDER / TRUTH_FOLDER, benchmark_keys(benchmark))]
     else:
         moved.append(set_aside_folder(out / UNTRAINED_FOLDER))
     if not reconstruction:
@@ -210,7 +231,7 @@ def set_aside_earlier_outputs(out: Path, ids: set[str], untrained: bool, reconst
 
 def play_benchmark(cfg: RunConfig, models, benchmark: dict, out: Path, scorers: Scorers) -> tuple[list, list]:
     """Play every game; returns (report games, per-turn results). A malformed generation ends that game."""
-    keys = {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t}
+    keys = benchmark_keys(benchmark)
     frames_by_key = first_frames(cfg, keys)
     truth_clips = write_truth_clips(cfg, keys, out / TRUTH_FOLDER)
     report_games, turns = [], []
@@ -436,15 +457,14 @@ def evaluate(cfg: RunConfig) -> dict:
         benchmark = held_out_games(cfg)
         refuse(benchmark_problems(benchmark, benchmark["source"]))  # clip keys of shards made elsewhere name folders too
     out.mkdir(parents=True, exist_ok=True)  # only once the games' folders are known to stay inside it
-    set_aside_earlier_outputs(out, {game["id"] for game in benchmark["games"]}, e.untrained_game,
-                              bool(e.reconstruction_export))
+    set_aside_earlier_outputs(out, benchmark, e.untrained_game, bool(e.reconstruction_export))
     (out / BENCHMARK_FILE).write_text(json.dumps(benchmark, indent=2))
     manifest = clip_manifest(cfg.data.root, cfg.data.clips)
     models = load_game_models(cfg, e.mllm_export, e.renderer_export, read_level_flow(manifest))
     bins = json.loads(manifest.read_text())["motion_bins"]
     scorers = Scorers(cfg)
     games, turns = play_benchmark(cfg, models, benchmark, out, scorers)
-    truth = truth_clips(cfg, {t["key"] for g in benchmark["games"] for t in g["turns"] if "key" in t})
+    truth = truth_clips(cfg, benchmark_keys(benchmark))
     metrics = aggregate(cfg, turns, bins, truth)
     metrics["games"] = {"planned_turns": sum(g["planned"] for g in games),
                         "completed_turns": sum(g["completed"] for g in games),
