@@ -32,6 +32,7 @@ TRUNCATED = "truncated"
 TOO_SHORT = "too_short"
 BAD_SIZE = "bad_frame_size"
 VFR = "variable_frame_rate"
+BROKEN_LINK = "broken_link"
 
 DETAIL_CHARS = 200  # the longest error detail report.json and the log keep
 # decord prefixes an error with a time and its C++ source location ("[12:00:00] /src/video/ffmpeg/
@@ -64,6 +65,16 @@ class FilmInfo:
         return asdict(self)
 
 
+def broken_links(patterns: Iterable[str], extensions: Iterable[str]) -> list[BadInput]:
+    """The links among the folders' films (by extension, as :func:`find_inputs` finds them) that point
+    nowhere: :func:`find_inputs` leaves them out, and the report names them."""
+    exts = {e.lower() for e in extensions}
+    folders = [Path(pattern) for pattern in patterns if Path(pattern).is_dir()]
+    return [BadInput(str(link), BROKEN_LINK, f"a link to {os.readlink(link)}, which does not exist")
+            for folder in folders for link in sorted(folder.rglob("*"))
+            if link.suffix.lower() in exts and link.is_symlink() and not link.exists()]
+
+
 def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path]:
     """Expand files, folders (recursively, by extension) and globs into a sorted, unique list."""
     exts = {e.lower() for e in extensions}
@@ -71,10 +82,9 @@ def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir():
-            named = [p for p in path.rglob("*") if p.suffix.lower() in exts]
-            found.update(p for p in named if p.is_file())
-            for broken in sorted(p for p in named if p.is_symlink() and not p.exists()):
-                log.warning("%s: a link to %s, which does not exist; skipped", broken, os.readlink(broken))
+            found.update(p for p in path.rglob("*") if p.suffix.lower() in exts and p.is_file())
+            for broken in broken_links([pattern], extensions):
+                log.warning("%s: %s; skipped", broken.path, broken.detail)
         elif path.exists():
             found.add(path)  # named explicitly: probed whatever its extension
         else:

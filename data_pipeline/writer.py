@@ -23,6 +23,7 @@ from animegamer.media.motion_bins import LEVELS, MotionBins, compute_bins
 from animegamer.utils.command import recorded_command
 from animegamer.utils.io import atomic_path, sha256_file, write_json_atomic
 from data_pipeline.fingerprint import plan_fingerprint, task_fingerprints
+from data_pipeline.ingest import broken_links
 from data_pipeline.lineage import built_summary, output_path
 from data_pipeline.staging import Staging
 
@@ -173,6 +174,7 @@ def finalize(cfg: PipelineConfig, resolved_config: dict, films: dict[str, str], 
     ``captioner``: the run's caption backend (its version is part of each task's fingerprint)."""
     root = Path(cfg.output)
     collected = collect(Staging(root), films, cfg, captioner)
+    collected.skipped += [broken.to_json() for broken in broken_links(cfg.inputs, cfg.ingest.extensions)]
     if collected.pending:
         raise RuntimeError(
             f"{len(collected.pending)} inputs are not processed yet with the current settings and files "

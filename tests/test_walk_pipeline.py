@@ -60,3 +60,16 @@ def test_a_broken_link_among_the_films_is_named_not_skipped_silently(tmp_path, c
         assert find_inputs([str(films)], [".mp4"]) == [(films / "kept.mp4").resolve()]
     assert f"{films / 'gone.mp4'}: a link to {tmp_path / 'moved' / 'gone.mp4'}, which does not exist" in caplog.text
     assert "notes.txt" not in caplog.text
+
+
+def test_a_broken_link_is_a_skipped_input_of_the_report(tmp_path):
+    from data_pipeline.ingest import BROKEN_LINK, broken_links
+
+    films = tmp_path / "films"
+    (films / "more").mkdir(parents=True)
+    (films / "kept.mp4").write_bytes(b"not probed here")
+    (films / "more" / "gone.MP4").symlink_to(tmp_path / "moved.mp4")
+    (films / "notes.txt").symlink_to(tmp_path / "nowhere.txt")
+    [broken] = broken_links([str(films), str(films / "kept.mp4")], [".mp4"])
+    assert broken.to_json() == {"path": str(films / "more" / "gone.MP4"), "reason": BROKEN_LINK,
+                                "detail": f"a link to {tmp_path / 'moved.mp4'}, which does not exist"}
