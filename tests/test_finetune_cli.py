@@ -211,6 +211,16 @@ def test_the_captions_are_left_out_for_a_captioning_backend(start, tmp_path, mon
     assert cfg.pipeline.caption.backend == "vlm" and cfg.pipeline.caption.path == ""
 
 
+def test_out_naming_the_start_folder_is_refused_before_anything_is_written(start, tmp_path, monkeypatch, capsys):
+    """The fine-tune would cut its film into the start's own pipeline folder and train over its runs."""
+    before = sorted(p.relative_to(start) for p in start.rglob("*"))
+    for out in (start, start / ".." / start.name):
+        err = _refusal(monkeypatch, capsys, ["--film", "f.mp4", "--captions", "f.jsonl", "--from", str(start),
+                                             "--out", str(out)])
+        assert f"--out {out}: the same folder as --from" in err and "give it a folder of its own" in err
+    assert sorted(p.relative_to(start) for p in start.rglob("*")) == before
+
+
 def test_the_frozen_folders_the_exports_were_trained_over_are_loaded(tmp_path, monkeypatch):
     """A small preset's exports fit the VAE and decoder base they trained over; an override still wins."""
     export = write_export(tmp_path / "small" / A_JOINT / "export", A_JOINT, 40, None)

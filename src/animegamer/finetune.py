@@ -41,7 +41,7 @@ from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.errors import MissingInputError, UserError, exit_on_user_error
-from animegamer.finetune_checks import caption_problems, frozen_folder_overrides, trained_film_problems
+from animegamer.finetune_checks import caption_problems, frozen_folder_overrides, out_problems, trained_film_problems
 from animegamer.phases.specs import A_JOINT, PHASE_B, PHASE_C
 from animegamer.pipeline_port import load_pipeline
 from animegamer.recipe import (OUT_NEW_FOLDER, ROOTS, Recipe, out_overrides, played_nothing, run_recipe,
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     setup_logging("INFO")
     film_run = compose_config("pipeline", ["experiment=finetune_film", f"pipeline.inputs=[{quoted(args.film)}]",
                                            *stage_overrides("pipeline", overrides)])
-    problems = caption_problems(args.captions, str(film_run.pipeline.caption.backend), overrides)
+    problems = out_problems(args.start, args.out)
+    problems += caption_problems(args.captions, str(film_run.pipeline.caption.backend), overrides)
     if problems:
         raise ConfigError(problems)
     model = preset_for(args.model, args.start)

@@ -1,5 +1,5 @@
 """The fine-tune's own checks, before anything is cut or trained (``animegamer finetune``,
-:mod:`animegamer.finetune`): the caption source, the frozen weight folders
+:mod:`animegamer.finetune`): the caption source, the output folder, the frozen weight folders
 its ``--from`` exports were trained over, and films those exports already trained on elsewhere.
 """
 from __future__ import annotations
@@ -38,6 +38,15 @@ def caption_problems(captions: str, backend: str, overrides: list[str]) -> list[
         return [f"--captions {captions!r} is a caption import, but pipeline.caption.backend={backend} {does}: "
                 f"leave out --captions or the backend override"]
     return []
+
+
+def out_problems(start: Path, out: Path) -> list[str]:
+    """``--out`` naming ``--from``'s own folder: the fine-tune would cut its film into that run's pipeline
+    folder and train over its phases' runs, so it is refused before anything is written."""
+    if out.resolve() != start.resolve():
+        return []
+    return [f"--out {out}: the same folder as --from: the fine-tune would write its film's clips and its phases "
+            f"over the run it starts from; give it a folder of its own (e.g. --out {out.resolve()}_finetuned)"]
 
 
 def frozen_folder_overrides(start: Path, model: str, overrides: list[str]) -> list[str]:
