@@ -11,11 +11,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from animegamer.config.compose import config_dir, run_command
-from animegamer.errors import exit_on_user_error
+from animegamer.errors import INTERRUPTED_EXIT_CODE, exit_on_user_error
 from animegamer.utils.http import redact
 from animegamer.utils.logging import setup_logging
 from data_pipeline.config_checks import validate_pipeline_run
-from data_pipeline.run import INTERRUPTED_EXIT_CODE, run_pipeline
+from data_pipeline.run import run_pipeline
 
 log = logging.getLogger("data_pipeline")
 

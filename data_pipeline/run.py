@@ -18,6 +18,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS, ConfigError
 from animegamer.data.lineage import INDEX_FILES, SOURCES, stale_reason
+from animegamer.errors import INTERRUPTED_EXIT_CODE
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
@@ -71,9 +72,6 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
             bar.update(1)
     bar.close()
     return [f.result() for f in futures]
-
-
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
 
 
 def _stop_quietly(signum, frame) -> None:

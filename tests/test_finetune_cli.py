@@ -221,6 +221,28 @@ def test_out_naming_the_start_folder_is_refused_before_anything_is_written(start
     assert sorted(p.relative_to(start) for p in start.rglob("*")) == before
 
 
+def test_ctrl_c_outside_a_training_step_ends_the_command_with_a_line_not_a_traceback(start, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """The recipe runs the pipeline and the evaluation in the command's own process: Ctrl-C there (clip cutting,
+    say) reaches the entry point, which says what is kept and how to go on, with the shell's code for it."""
+    from animegamer.errors import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE
+
+    def cutting(recipe):
+        raise KeyboardInterrupt
+
+    _run(monkeypatch, ["--film", "f.mp4", "--captions", "f.jsonl", "--from", str(start), "--out",
+                       str(tmp_path / "ft")], {})
+    monkeypatch.setattr(finetune, "run_recipe", cutting)
+    caught = None
+    try:
+        finetune.cli()
+    except BaseException as error:  # noqa: BLE001 - a KeyboardInterrupt here must fail the test, not stop pytest
+        caught = error
+    assert isinstance(caught, SystemExit) and caught.code == INTERRUPTED_EXIT_CODE == 130, caught
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == INTERRUPTED_MESSAGE and "Traceback" not in err
+
+
 def test_the_frozen_folders_the_exports_were_trained_over_are_loaded(tmp_path, monkeypatch):
     """A small preset's exports fit the VAE and decoder base they trained over; an override still wins."""
     export = write_export(tmp_path / "small" / A_JOINT / "export", A_JOINT, 40, None)

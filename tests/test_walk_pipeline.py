@@ -32,7 +32,7 @@ def test_ctrl_c_ends_a_pipeline_worker_without_a_traceback_of_its_own():
     import subprocess
     import sys
 
-    from data_pipeline.run import INTERRUPTED_EXIT_CODE
+    from animegamer.errors import INTERRUPTED_EXIT_CODE
 
     worker = subprocess.Popen(
         [sys.executable, "-c", "from data_pipeline.run import start_worker; start_worker('INFO'); import time; "

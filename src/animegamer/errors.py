@@ -13,6 +13,9 @@ import sys
 from typing import Callable, TypeVar
 
 USER_ERROR_EXIT_CODE = 2  # what argparse uses for a wrong command line
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
+# Every result is written whole (atomically) and every long step resumes, so a stop at any moment loses nothing.
+INTERRUPTED_MESSAGE = "interrupted: what is written so far is kept; run the same command again to resume"
 # Set by torchrun and Lightning for each process of a node. Every process of a distributed run checks the same
 # config and refuses it alike, so the node's first one says why and the others only exit with the code.
 LOCAL_RANK_ENV = "LOCAL_RANK"
@@ -50,20 +53,29 @@ def is_user_error(error: BaseException) -> bool:
     return isinstance(error, (UserError, ConfigCompositionException, MissingConfigException, OverrideParseException))
 
 
+def _say(line: str) -> None:
+    """``line`` on stderr, once per node under a distributed launch."""
+    if os.environ.get(LOCAL_RANK_ENV, "0") in ("", "0"):
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+
+
 def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:
     """Run an entry point; a user error becomes ``error: <message>`` on stderr (once per node under a distributed
-    launch) and exit code 2."""
+    launch) and exit code 2; Ctrl-C that reaches it (outside a training step, which saves first) becomes
+    :data:`INTERRUPTED_MESSAGE` and exit code 130, without a traceback."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
+        except KeyboardInterrupt:
+            _say(INTERRUPTED_MESSAGE)
+            raise SystemExit(INTERRUPTED_EXIT_CODE) from None
         except Exception as error:  # noqa: BLE001 - only user errors are caught, the rest re-raised as is
             if not is_user_error(error):
                 raise
-            if os.environ.get(LOCAL_RANK_ENV, "0") in ("", "0"):
-                sys.stderr.write(f"error: {error}\n")
-                sys.stderr.flush()
+            _say(f"error: {error}")
             raise SystemExit(USER_ERROR_EXIT_CODE) from None
 
     return wrapper
