@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -66,12 +67,32 @@ def _map(fn: Callable, jobs: list[tuple], workers: int, desc: str) -> list:
     # spawn, not fork: decoders and BLAS thread pools do not survive a fork reliably.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
                              initargs=(logging.getLogger().getEffectiveLevel(),)) as pool:
-        futures = [pool.submit(fn, *job) for job in jobs]
-        for future in futures:
-            future.result()
-            bar.update(1)
+        try:
+            with _ctrl_c_ignored_by_new_workers():  # the pool starts its workers as jobs are submitted
+                futures = [pool.submit(fn, *job) for job in jobs]
+            for future in futures:
+                future.result()
+                bar.update(1)
+        except KeyboardInterrupt:  # the workers still starting ignore it: end them, the parent says what is kept
+            for worker in multiprocessing.active_children():
+                worker.terminate()
+            raise
     bar.close()
     return [f.result() for f in futures]
+
+
+@contextmanager
+def _ctrl_c_ignored_by_new_workers() -> Iterator[None]:
+    """Ctrl-C ignored while workers are started: a spawned process inherits the ignoring, so a Ctrl-C while it
+    is still importing (before :func:`start_worker` gives it its own handler) prints no traceback of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _stop_quietly(signum, frame) -> None:
