@@ -25,6 +25,36 @@ def test_ctrl_c_stops_the_pipeline_with_a_line_not_a_traceback(tmp_path, monkeyp
     assert "run the same command again to resume" in caplog.text
 
 
+def _ctrl_c_ignored(answers) -> None:
+    import signal
+
+    answers.put(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+
+
+def test_a_worker_ignores_ctrl_c_until_it_has_its_own_handler():
+    """A worker still importing when Ctrl-C comes would print a traceback; started inside the pool's window it
+    ignores it (and the parent ends it), and the parent's own handler is back afterwards."""
+    import multiprocessing
+    import signal
+
+    from data_pipeline.run import _ctrl_c_ignored_by_new_workers
+
+    context = multiprocessing.get_context("spawn")
+    answers = context.Queue()
+    before = signal.getsignal(signal.SIGINT)
+    for ignoring in (True, False):
+        if ignoring:
+            with _ctrl_c_ignored_by_new_workers():
+                worker = context.Process(target=_ctrl_c_ignored, args=(answers,))
+                worker.start()
+        else:
+            worker = context.Process(target=_ctrl_c_ignored, args=(answers,))
+            worker.start()
+        worker.join(60)
+        assert answers.get(timeout=5) is ignoring
+        assert signal.getsignal(signal.SIGINT) == before
+
+
 def test_ctrl_c_ends_a_pipeline_worker_without_a_traceback_of_its_own():
     """A terminal's Ctrl-C reaches every process of the run: a worker ends at once with the shell's code for
     an interrupted command and prints nothing; the parent's one line says what is kept."""
