@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from animegamer.checkpoints.trained_data import manifest_content_sha256
 from animegamer.config.schema import ModelConfig, PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, FEATURES_DIR, MANIFEST
 from animegamer.contracts.shards import IMAGE, LATENTS, TEXT
@@ -30,7 +31,7 @@ from animegamer.media.captions import STATUS_OK
 from animegamer.media.fingerprint import FINGERPRINT, fingerprint
 from animegamer.models.frozen_encoders import build_frozen_encoders
 from animegamer.utils.command import recorded_command
-from animegamer.utils.io import npy_bytes, read_json, sha256_file, write_json_atomic
+from animegamer.utils.io import npy_bytes, read_json, write_json_atomic
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, reuse_counts
 from data_pipeline.writer import write_shard
 
@@ -188,7 +189,7 @@ def precompute(cfg: PipelineConfig, model: ModelConfig, resolved: dict) -> dict:
         "kind": "features",
         "command": recorded_command(),
         "config": resolved,
-        "clip_manifest_sha256": sha256_file(clip_dir / MANIFEST),
+        "clip_manifest_sha256": manifest_content_sha256(clip_dir / MANIFEST),
         **settings,
         MADE_FROM: sources,
         FINGERPRINT: fingerprint(sources, settings),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from animegamer.checkpoints.trained_data import manifest_content_sha256
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.files import CLIPS_DIR, MANIFEST, SESSIONS_FILE
 from animegamer.contracts.shards import CAPTIONER, FILM, JSON, KEY, LEVEL, MOTION, NAME, SHOT, STATUS
@@ -20,7 +21,7 @@ from animegamer.data.split import consecutive_runs, shot_id
 from animegamer.media.captions import STATUS_OK
 from animegamer.media.fingerprint import FINGERPRINT
 from animegamer.utils.command import recorded_command
-from animegamer.utils.io import sha256_file, write_json_atomic
+from animegamer.utils.io import write_json_atomic
 from data_pipeline.captioners.failures import ADVICE
 from data_pipeline.lineage import built_summary, reused_summary, step_fingerprint
 
@@ -103,7 +104,7 @@ def build_sessions(cfg: PipelineConfig) -> dict:
         "kind": "sessions",
         "command": recorded_command(),
         **settings,
-        "clip_manifest_sha256": sha256_file(clip_dir / MANIFEST),
+        "clip_manifest_sha256": manifest_content_sha256(clip_dir / MANIFEST),
         MADE_FROM: sources,
         FINGERPRINT: step_fp,
         "motion_bins": read_manifest(clip_dir)["motion_bins"],

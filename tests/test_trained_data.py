@@ -153,3 +153,33 @@ def test_an_exports_lineage_is_found_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(elsewhere)
     chain = lineage(tmp_path / "runs" / "b" / "export")
     assert [folder for folder, _ in chain] == [str(tmp_path / "runs/b/export"), str(tmp_path / "runs/a/export")]
+
+
+def test_the_clips_digest_ignores_how_the_command_that_cut_them_was_typed(tmp_path):
+    """A run of the same clips with its overrides in another order rewrites the manifest's command, not its
+    clips: evaluations and exports that recorded the digest must not see new data."""
+    import json
+
+    from animegamer.checkpoints.trained_data import clip_manifest_sha256
+    from animegamer.evaluation.reuse import evaluation_fingerprint
+
+    manifest = tmp_path / "clips" / "manifest.json"
+    manifest.parent.mkdir()
+    content = {"kind": "clips", "sources": [{"film_id": "f", "sha256": "aa"}], "counts": {"clips": 2},
+               "shards": [{"name": "clips-000000.tar", "count": 2, "sha256": "bb"}], "motion_bins": {"edges": [1.0]}}
+
+    def digest(**extra) -> str:
+        manifest.write_text(json.dumps({**extra, **content}))
+        return clip_manifest_sha256(tmp_path, "clips")
+
+    first = digest(command="animegamer finetune a=1 b=2", config={"pipeline": {"a": 1, "b": 2}})
+    assert digest(command="animegamer finetune b=2 a=1", config={"pipeline": {"b": 2, "a": 1}}) == first
+    assert digest(command="animegamer finetune a=1 b=3", config={"pipeline": {"a": 1, "b": 3}}) != first
+    evaluation = compose_config("evaluate", ["model=tiny", path_override("data.root", tmp_path)])
+    digest(command="animegamer finetune a=1 b=2")
+    before = evaluation_fingerprint(evaluation)
+    digest(command="animegamer finetune b=2 a=1")
+    assert evaluation_fingerprint(evaluation) == before
+    content["shards"][0]["sha256"] = "cc"  # the clips cut again
+    assert digest(command="animegamer finetune a=1 b=2") != first
+    assert evaluation_fingerprint(evaluation) != before

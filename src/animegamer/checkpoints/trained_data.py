@@ -1,6 +1,6 @@
 """What an export says about the data it was trained on: its ``export.json`` holds the resolved config
 and, written with the export (:func:`trained_data_record`), the data folder as an absolute path, the
-clip size its clip manifest recorded and that manifest's sha256. Evaluation, the game and fine-tuning
+clip size its clip manifest recorded and the digest of that manifest's content. Evaluation, the game and fine-tuning
 read them so that they never score shots a model trained on and never render or cut clips at a size
 the renderer was not trained at, even after the data folder was cut again at another size or the
 command runs from another directory. Exports written before the record existed fall back to the
@@ -11,13 +11,15 @@ check follows the chain of exports back to the first.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from animegamer.config.schema import TrainDataConfig
 from animegamer.contracts.files import EXPORT_FILE, MANIFEST
-from animegamer.utils.io import read_json_if_exists, sha256_file
+from animegamer.utils.io import read_json_if_exists
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,9 @@ CLIP_SIZE_KEYS = ("frames", "height", "width", "fps")
 TRAINED_DATA_KEY = "trained_data"  # export.json's record of the data the run trained on
 STARTED_FROM = "init_from"  # the record's absolute phase.init_from
 DEFAULT_CLIPS_DIR = TrainDataConfig.clips
+# A clip manifest's record of the command line that cut the clips: how it was typed, not what it cut (the
+# resolved config beside it says that, the clip size included).
+MANIFEST_PROVENANCE = ("command",)
 
 
 def clip_manifest(root: str | Path, clips_dir: str) -> Path:
@@ -32,10 +37,20 @@ def clip_manifest(root: str | Path, clips_dir: str) -> Path:
     return Path(root) / clips_dir / MANIFEST
 
 
+def manifest_content_sha256(path: Path) -> str:
+    """The sha256 of what a clip manifest says of the clips (the settings that cut them, their films, shards
+    with their digests, motion bins, counts), apart from the command line it was started with
+    (:data:`MANIFEST_PROVENANCE`): the same clips cut again by a command typed in another order keep it."""
+    data = read_json_if_exists(path)
+    content = {k: v for k, v in data.items() if k not in MANIFEST_PROVENANCE} if isinstance(data, dict) else data
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def clip_manifest_sha256(root: str | Path, clips_dir: str) -> str | None:
-    """The digest of a pipeline output's clip manifest; None where there is none."""
+    """The digest of a pipeline output's clips (:func:`manifest_content_sha256`); None where there is no
+    manifest."""
     manifest = clip_manifest(root, clips_dir)
-    return sha256_file(manifest) if manifest.is_file() else None
+    return manifest_content_sha256(manifest) if manifest.is_file() else None
 
 
 def read_object(path: Path) -> dict | None:
