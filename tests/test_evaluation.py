@@ -87,6 +87,24 @@ def test_game_motion_is_scored_against_the_level_the_game_model_asked_for(evalua
             f"the true level instead; the model asked for the true level in {asked_right:.3f} of the turns).") in report
 
 
+def test_fewer_games_or_turns_than_asked_are_named_with_the_reason(toy_run, caplog):
+    from animegamer.config.compose import compose_config
+    from animegamer.evaluation.runner import held_out_games
+
+    pipeline, _ = toy_run
+    base = ["experiment=quickstart_eval", f"pipeline.output={pipeline}", "data.sessions=clips", *SMALL_CLIPS]
+    cfg = OmegaConf.to_object(compose_config("evaluate", [*base, "evaluation.games=1", "evaluation.turns=1"]))
+    with caplog.at_level("WARNING", logger="animegamer.evaluation.runner"):
+        assert len(held_out_games(cfg)["games"]) == 1
+    assert "ask for more" not in caplog.text
+    cfg = OmegaConf.to_object(compose_config("evaluate", [*base, "evaluation.games=99", "evaluation.turns=99"]))
+    with caplog.at_level("WARNING", logger="animegamer.evaluation.runner"):
+        games = held_out_games(cfg)["games"]
+    turns = "/".join(str(len(game["turns"])) for game in games)
+    assert (f"evaluation: {len(games)} game(s) of {turns} turn(s) where evaluation.games=99 and evaluation.turns=99 "
+            "ask for more") in caplog.text
+
+
 def test_reconstruction_has_psnr_beside_its_shuffled_baseline(evaluations):
     reconstruction = evaluations.trained["reconstruction"]
     own, shuffled = reconstruction["psnr"], reconstruction["baselines"][SHUFFLED]["psnr"]

@@ -109,7 +109,7 @@ def test_a_game_that_played_nothing_exits_1_with_the_way_on(start, tmp_path, mon
     argv = ["--film", "f.mp4", "--captions", "f.jsonl", "--from", str(start), "--out", str(tmp_path / "ft"),
             *(["--constrained-states"] if constrained else [])]
     _run(monkeypatch, argv, {"evaluation turns planned": 4, "evaluation turns played": 0,
-                             "5-turn game turns planned": 5, "5-turn game turns played": 0})
+                             "demonstration game turns planned": 5, "demonstration game turns played": 0})
     with caplog.at_level("ERROR", logger=finetune.log.name), pytest.raises(SystemExit) as done:
         finetune.cli()
     assert done.value.code == NOTHING_PLAYED_EXIT_CODE == 1
@@ -120,7 +120,7 @@ def test_a_game_that_played_nothing_exits_1_with_the_way_on(start, tmp_path, mon
 def test_a_game_that_played_exits_0(start, tmp_path, monkeypatch):
     argv = ["--film", "f.mp4", "--captions", "f.jsonl", "--from", str(start), "--out", str(tmp_path / "ft")]
     _run(monkeypatch, argv, {"evaluation turns planned": 4, "evaluation turns played": 1,
-                             "5-turn game turns planned": 5, "5-turn game turns played": 5})
+                             "demonstration game turns planned": 5, "demonstration game turns played": 5})
     assert finetune.cli() is None
 
 

@@ -54,7 +54,7 @@ def test_quickstart_again_resumes_and_skips(quickstart):
     played = game.stat().st_mtime_ns
     summary = run_quickstart([], out=root)
     assert read() == before
-    assert game.stat().st_mtime_ns == played and summary["5-turn game turns played"] == 5  # read back, not replayed
+    assert game.stat().st_mtime_ns == played and summary["demonstration game turns played"] == 5  # read back, not replayed
 
 
 def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp_path):

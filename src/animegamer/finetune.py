@@ -94,7 +94,9 @@ class Schedule:
 def duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds >= 1 else "under 1 s"
 
 
 def trained_steps(export: Path, phase: str) -> tuple[int, str, float | None] | None:

@@ -92,6 +92,9 @@ class Recipe:
 
 
 STORY_TURNS = 5
+# The summary's name of the demonstration game: up to STORY_TURNS turns, as many as the film's longest run of
+# captioned clips holds.
+STORY = "demonstration game"
 # The demonstration game's record, written once it is played: the fingerprint it was played with and its result.
 STORY_RECORD = "story_record.json"
 # A recipe's stages each train into ``output_dir`` (``${phase.name}`` below it); a plain folder would put every
@@ -246,7 +249,7 @@ def played_nothing(summary: dict) -> list[str]:
     """What of a recipe's summary planned turns and played none: the evaluation, the demonstration game."""
     empty = []
     for what, played, planned in (("the evaluation", "evaluation turns played", "evaluation turns planned"),
-                                  ("the demonstration game", "5-turn game turns played", "5-turn game turns planned")):
+                                  ("the demonstration game", f"{STORY} turns played", f"{STORY} turns planned")):
         if summary.get(planned) and not summary.get(played):
             empty.append(f"{what} (0 of {summary[planned]} turns)")
     return empty
@@ -522,9 +525,9 @@ def run_recipe(recipe: Recipe) -> dict:
         "evaluation games": str(Path(report["out"]) / "games") if report else None,
         "evaluation turns planned": played.get("planned_turns"),
         "evaluation turns played": played.get("completed_turns"),
-        "5-turn game": story["page"] if story else None,
-        "5-turn game turns planned": story["planned"] if story else None,
-        "5-turn game turns played": story["played"] if story else None,
+        STORY: story["page"] if story else None,
+        f"{STORY} turns planned": story["planned"] if story else None,
+        f"{STORY} turns played": story["played"] if story else None,
     }
     for name, value in summary.items():
         if value is not None:  # what this recipe has no stage for (a VAE, a decoder base) goes unsaid

@@ -232,8 +232,13 @@ def plot_state_accuracy(per_state: Mapping[str, Mapping], path: Path, paper_acc:
 def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
     """What the numbers were measured on: "2 games, 4 turns" or "2 clips"."""
     if games:
-        return f"{len(games)} games, {sum(len(g.get('turns', [])) for g in games)} turns"
-    return f"{int(metrics.get('clips') or 0)} clips"
+        turns = sum(len(g.get("turns", [])) for g in games)
+        return f"{_count(len(games), 'game')}, {_count(turns, 'turn')}"
+    return _count(int(metrics.get("clips") or 0), "clip")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _scope(metrics: Mapping, games: Sequence[Mapping]) -> str:

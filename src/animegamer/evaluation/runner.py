@@ -91,6 +91,12 @@ def held_out_games(cfg: RunConfig) -> dict:
         raise ValueError(f"{clips.locations[0].shard}: no held-out shot (data.val_fraction={cfg.data.val_fraction}); "
                          "evaluate exports trained with a larger data.val_fraction (at that fraction), another "
                          "pipeline output, or pass evaluation.benchmark")
+    played = [len(game["turns"]) for game in games]
+    if len(games) < cfg.evaluation.games or min(played) < turns:
+        log.warning("evaluation: %d game(s) of %s turn(s) where evaluation.games=%d and evaluation.turns=%d ask for "
+                    "more: a game is a run of consecutive held-out, captioned clips of one film, and the held-out "
+                    "shots (data.val_fraction=%s) give no more", len(games), "/".join(map(str, played)),
+                    cfg.evaluation.games, turns, cfg.data.val_fraction)
     return {"source": str(Path(cfg.data.root) / cfg.data.clips), "held_out": "shots", "games": games}
 
 

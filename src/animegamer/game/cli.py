@@ -67,7 +67,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help="output folder (clips, game.json, index.html); created, never a file")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: the config's seed)")
     parser.add_argument("--max-turns", type=int, default=0,
-                        help="stop after this many turns (default 0: play every instruction, or until an empty line)")
+                        help="stop after this many turns (default 0: every instruction of the file, whose blank lines "
+                             "are skipped; with --interactive, until an empty line)")
     parser.add_argument("--window-turns", type=int, default=None,
                         help="turns the MLLM sees, the new one included, >= 1: the last N-1 played turns are its "
                              "history (default K, the number of window lengths phase (b) trained on: "
