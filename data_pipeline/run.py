@@ -19,7 +19,7 @@ from tqdm import tqdm
 from animegamer.config.schema import PipelineConfig
 from animegamer.config.validate import PIPELINE_STEPS, ConfigError
 from animegamer.data.lineage import INDEX_FILES, SOURCES, stale_reason
-from animegamer.errors import INTERRUPTED_EXIT_CODE
+from animegamer.errors import INTERRUPTED_EXIT_CODE, stop_if_interrupted
 from animegamer.utils.folder_lock import folder_lock, part_lock_name
 from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
@@ -270,6 +270,7 @@ def _session_shards_wanted(cfg: PipelineConfig) -> bool:
 
 @contextmanager
 def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
+    stop_if_interrupted()  # a Ctrl-C swallowed during the last step stops the run before this one
     started = time.perf_counter()
     yield
     seconds[step] = time.perf_counter() - started

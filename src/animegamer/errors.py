@@ -7,10 +7,13 @@ other exception keeps its traceback, because it is a bug to report.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
-from typing import Callable, TypeVar
+import threading
+from typing import Callable, Iterator, TypeVar
 
 USER_ERROR_EXIT_CODE = 2  # what argparse uses for a wrong command line
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
@@ -60,6 +63,38 @@ def _say(line: str) -> None:
         sys.stderr.flush()
 
 
+_ctrl_c = {"pressed": False}
+
+
+def _on_ctrl_c(signum, frame) -> None:
+    _ctrl_c["pressed"] = True
+    raise KeyboardInterrupt
+
+
+def stop_if_interrupted() -> None:
+    """Raise ``KeyboardInterrupt`` where a Ctrl-C was pressed but swallowed (Python ignores an exception raised in
+    an object's ``__del__``, where the signal may land), so a long command stops at its next step instead of
+    running to its end; called between a command's steps."""
+    if _ctrl_c["pressed"]:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[None]:
+    """Python's own Ctrl-C behaviour, with the press noted for :func:`stop_if_interrupted` (only where Python's
+    handler is in place: a command started with Ctrl-C ignored keeps ignoring it)."""
+    noted = (threading.current_thread() is threading.main_thread()
+             and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if noted:
+        signal.signal(signal.SIGINT, _on_ctrl_c)
+    try:
+        yield
+    finally:
+        if noted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _ctrl_c["pressed"] = False
+
+
 def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:
     """Run an entry point; a user error becomes ``error: <message>`` on stderr (once per node under a distributed
     launch) and exit code 2; Ctrl-C that reaches it (outside a training step, which saves first) becomes
@@ -68,7 +103,8 @@ def exit_on_user_error(func: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
+            with _ctrl_c_noted():
+                return func(*args, **kwargs)
         except KeyboardInterrupt:
             _say(INTERRUPTED_MESSAGE)
             raise SystemExit(INTERRUPTED_EXIT_CODE) from None

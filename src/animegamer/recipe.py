@@ -47,7 +47,7 @@ from animegamer.data.split_checks import (captions_problems, counts_of, held_out
                                          session_problems, split_suggestion, training_problems, validation_gap)
 from animegamer.data.split_counts import SplitCounts
 from animegamer.data.trained_data import clip_content_sha256
-from animegamer.errors import InvalidInputError
+from animegamer.errors import InvalidInputError, stop_if_interrupted
 from animegamer.evaluation.preflight import check_evaluation
 from animegamer.evaluation.reuse import evaluate_or_reuse, evaluation_fingerprint
 from animegamer.evaluation.runner import story_instructions
@@ -147,6 +147,7 @@ def train_stage(overrides: list[str], new_folder: str = "") -> dict:
     run is kept beside it (:func:`supersede`), never deleted. A changed setting that alters the training
     still stops the stage, as it stops ``train.py``, with the two ways on; ``new_folder`` is how the
     command that runs the stage trains into another folder (empty: ``train.py``'s ``output_dir``)."""
+    stop_if_interrupted()  # a Ctrl-C swallowed in the stage before stops the recipe here
     composed = compose_config("train", overrides)
     try:
         return train_run(composed)
