@@ -101,18 +101,11 @@ def build_run_captioner(cfg: PipelineConfig, films: dict[str, str]):
     """The run's caption backend, knowing every film of the run (id -> path); warns once about the
     caption import's coverage of the films. Raises ConfigError when the caption source is unusable."""
     try:
-        captioner = build_captioner(cfg.caption, {film_id: path for path, film_id in films.items()})
+        return build_captioner(cfg.caption, {film_id: path for path, film_id in films.items()})
     except CaptionFileError as error:  # every bad line, one problem each
         raise ConfigError(bad_line_problems(cfg, error.problems)) from None
     except (OSError, ValueError) as error:
         raise ConfigError([f"pipeline.caption ({cfg.caption.backend}): {error}"]) from None
-    uncovered = captioner.films_without_records() if cfg.caption.backend == BACKEND_JSONL else []
-    if films and len(uncovered) == len(films) and cfg.caption.min_captioned_share > 0:
-        # every clip would fail to caption: the run would stop after cutting them all
-        raise ConfigError([f"pipeline.caption.path={cfg.caption.path}: no caption record names any of the films "
-                           f"({', '.join(sorted(films.values()))}; a record names a film by its id, path, file name "
-                           f"or file stem), so no clip could be captioned: give the films' own caption file"])
-    return captioner
 
 
 def bad_line_problems(cfg: PipelineConfig, bad_lines: list[str]) -> list[str]:

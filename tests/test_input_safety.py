@@ -250,28 +250,6 @@ def test_films_without_records_and_overlapping_records_are_warned_about_once(tmp
     assert captioner.find_record("ep01", 9.0).source == f"{path}:2"  # warned, still the later start
 
 
-def test_a_caption_file_of_other_films_is_refused_before_any_clip_is_cut(tmp_path):
-    """Every clip would fail to caption, and the run would stop only after cutting them all."""
-    from animegamer.config.schema import CaptionConfig, PipelineConfig
-    from animegamer.config.validate import ConfigError
-    from data_pipeline.preflight import build_run_captioner
-
-    path = tmp_path / "other.jsonl"
-    path.write_text(json.dumps(_record("some_other_film", 0, 10)) + "\n")
-    films = {str(tmp_path / f"{name}.mp4"): name for name in ("bikes", "carphone")}
-    with pytest.raises(ConfigError) as caught:
-        _run_captioner(path, films)
-    [problem] = caught.value.problems
-    assert problem.startswith(f"pipeline.caption.path={path}: no caption record names any of the films (bikes, "
-                              "carphone;"), problem
-    # One film covered, or a run that accepts uncaptioned clips: warned about, not refused.
-    path.write_text(json.dumps(_record("bikes", 0, 10)) + "\n")
-    _run_captioner(path, films)
-    path.write_text(json.dumps(_record("some_other_film", 0, 10)) + "\n")
-    accepting = CaptionConfig(backend="jsonl", path=str(path), min_captioned_share=0.0)
-    build_run_captioner(PipelineConfig(caption=accepting), films)
-
-
 def test_a_worker_captioner_warns_about_nothing(tmp_path, caplog):
     from animegamer.config.schema import CaptionConfig
     from data_pipeline.captioners.registry import build_captioner
