@@ -25,7 +25,7 @@ from animegamer.utils.io import clean_stale_temps, read_json, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from animegamer.utils.threads import use_threads
 from data_pipeline.adaptation import build_adaptation_shards
-from data_pipeline.captioners.base import BACKEND_NONE
+from data_pipeline.captioners.base import BACKEND_JSONL, BACKEND_NONE
 from data_pipeline.captioners.failures import CaptionsFailedError, caption_secrets, stop_reason, summary, tally_captions
 from data_pipeline.captioners.probe import probe_problems, probed
 from data_pipeline.clips import short_shots_warning
@@ -203,6 +203,18 @@ def caption_outcome(cfg: PipelineConfig, films: dict[str, str], captioner) -> tu
             stop_reason(tallies, cfg.caption.min_captioned_share))
 
 
+def refuse_uncaptionable(cfg: PipelineConfig, planned: list[str], captioner) -> None:
+    """Stop before any clip is cut when the caption import names none of the films that can be cut (the
+    ``planned`` ones): every clip would fail to caption, and the run would stop only after cutting them all.
+    Films the ingest rejected are left to the report, which names each with its reason."""
+    if cfg.caption.backend != BACKEND_JSONL or not planned or cfg.caption.min_captioned_share <= 0:
+        return
+    if set(planned) <= set(captioner.films_without_records()):
+        raise ConfigError([f"pipeline.caption.path={cfg.caption.path}: no caption record names any of the films "
+                           f"({', '.join(sorted(planned))}; a record names a film by its id, path, file name or file "
+                           f"stem), so no clip could be captioned: give the films' own caption file"])
+
+
 def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
     """Plan every film, then run every clip task; both reuse what is current (same fingerprint) and
     redo the rest. Returns reused/recomputed counts per stage (plans, clip tasks, caption tasks)."""
@@ -212,11 +224,12 @@ def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
     root = str(cfg.output)
     plan_jobs = _plan_jobs(staging, cfg, films)
     _map(plan_film, [(path, film_id, cfg_dict, root) for path, film_id in plan_jobs], cfg.workers, "shots")
-    jobs, total_tasks, captions_only, retried = [], 0, 0, 0
+    jobs, total_tasks, captions_only, retried, planned = [], 0, 0, 0, []
     for path, film_id in films.items():
         plan = staging.plan(film_id, plan_fingerprint(path, cfg, staging.hash_cache))
         if plan is None:  # rejected
             continue
+        planned.append(film_id)
         plan = staging.relocate(film_id, plan, path)  # its tasks decode the film where it is now
         warning = short_shots_warning(*film_from_plan(plan), cfg.clips)
         if warning:
@@ -228,6 +241,7 @@ def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:
         total_tasks += len(plan["tasks"])
         captions_only += only_captions
         retried += failed_captions
+    refuse_uncaptionable(cfg, planned, captioner)
     _map(run_task, jobs, cfg.workers, "clips")
     reuse = {"plans": reuse_counts(len(films) - len(plan_jobs), len(plan_jobs)),
              "clip_tasks": reuse_counts(total_tasks - len(jobs) + captions_only, len(jobs) - captions_only),

@@ -337,3 +337,25 @@ def test_a_mistyped_finetune_start_does_not_exist(tmp_path):
 
     with pytest.raises(MissingInputError, match=f"{tmp_path / 'nowhere' / 'a_joint' / 'export'} does not exist"):
         finetune_recipe("f.mp4", "f.jsonl", tmp_path / "nowhere", tmp_path / "out", "tiny", (1, 1, 1))
+
+
+def test_a_caption_file_of_other_films_stops_the_run_before_any_clip_is_cut():
+    """Every clip would fail to caption and the run would stop only after cutting them all; films the ingest
+    rejected are left to the report, which names each with its reason."""
+    from types import SimpleNamespace
+
+    from animegamer.config.schema import CaptionConfig, PipelineConfig
+    from animegamer.config.validate import ConfigError
+    from data_pipeline.run import refuse_uncaptionable
+
+    captioner = SimpleNamespace(films_without_records=lambda: ["bikes", "carphone"])
+    cfg = PipelineConfig(caption=CaptionConfig(backend="jsonl", path="other.jsonl"))
+    with pytest.raises(ConfigError) as caught:
+        refuse_uncaptionable(cfg, ["carphone", "bikes"], captioner)
+    [problem] = caught.value.problems
+    assert problem.startswith("pipeline.caption.path=other.jsonl: no caption record names any of the films "
+                              "(bikes, carphone;"), problem
+    refuse_uncaptionable(cfg, [], captioner)  # every input rejected: the report says why
+    refuse_uncaptionable(cfg, ["bikes", "kiki"], SimpleNamespace(films_without_records=lambda: ["bikes"]))
+    accepting = PipelineConfig(caption=CaptionConfig(backend="jsonl", path="other.jsonl", min_captioned_share=0.0))
+    refuse_uncaptionable(accepting, ["bikes"], captioner)
