@@ -65,14 +65,22 @@ class FilmInfo:
         return asdict(self)
 
 
+def _folder_films(folder: Path, exts: set[str]) -> list[Path]:
+    """Everything under ``folder`` named like a film (by extension), links that point nowhere included."""
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in exts)
+
+
+def _dangling(named: Iterable[Path]) -> list[BadInput]:
+    return [BadInput(str(link), BROKEN_LINK, f"a link to {os.readlink(link)}, which does not exist")
+            for link in named if link.is_symlink() and not link.exists()]
+
+
 def broken_links(patterns: Iterable[str], extensions: Iterable[str]) -> list[BadInput]:
     """The links among the folders' films (by extension, as :func:`find_inputs` finds them) that point
     nowhere: :func:`find_inputs` leaves them out, and the report names them."""
     exts = {e.lower() for e in extensions}
     folders = [Path(pattern) for pattern in patterns if Path(pattern).is_dir()]
-    return [BadInput(str(link), BROKEN_LINK, f"a link to {os.readlink(link)}, which does not exist")
-            for folder in folders for link in sorted(folder.rglob("*"))
-            if link.suffix.lower() in exts and link.is_symlink() and not link.exists()]
+    return [bad for folder in folders for bad in _dangling(_folder_films(folder, exts))]
 
 
 def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path]:
@@ -82,8 +90,9 @@ def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir():
-            found.update(p for p in path.rglob("*") if p.suffix.lower() in exts and p.is_file())
-            for broken in broken_links([pattern], extensions):
+            named = _folder_films(path, exts)  # one walk of the folder for its films and its broken links
+            found.update(p for p in named if p.is_file())
+            for broken in _dangling(named):
                 log.warning("%s: %s; skipped", broken.path, broken.detail)
         elif path.exists():
             found.add(path)  # named explicitly: probed whatever its extension

@@ -27,6 +27,7 @@ from animegamer.utils.threads import use_threads
 from data_pipeline.adaptation import build_adaptation_shards
 from data_pipeline.captioners.base import BACKEND_JSONL, BACKEND_NONE
 from data_pipeline.captioners.failures import CaptionsFailedError, caption_secrets, stop_reason, summary, tally_captions
+from data_pipeline.captioners.jsonl import FILM_NAMING
 from data_pipeline.captioners.probe import probe_problems, probed
 from data_pipeline.clips import short_shots_warning
 from data_pipeline.fingerprint import RECOMPUTED, REUSED, plan_fingerprint, reuse_counts, task_fingerprints
@@ -211,8 +212,8 @@ def refuse_uncaptionable(cfg: PipelineConfig, planned: list[str], captioner) -> 
         return
     if set(planned) <= set(captioner.films_without_records()):
         raise ConfigError([f"pipeline.caption.path={cfg.caption.path}: no caption record names any of the films "
-                           f"({', '.join(sorted(planned))}; a record names a film by its id, path, file name or file "
-                           f"stem), so no clip could be captioned: give the films' own caption file"])
+                           f"({', '.join(sorted(planned))}; {FILM_NAMING}), so no clip could be captioned: give the "
+                           f"films' own caption file"])
 
 
 def process(cfg: PipelineConfig, films: dict[str, str], captioner) -> dict:

@@ -43,6 +43,8 @@ JSONL_SUFFIX = ".jsonl"
 VERSION_HEX_CHARS = 12
 LISTED_BAD_LINES = 100  # bad lines an error names one by one; the rest are counted
 LISTED_OVERLAPS = 20  # overlapping pairs the warning names one by one; the rest are counted
+# How a caption record names its film, for the messages about films no record names.
+FILM_NAMING = "a record names a film by its id, path, file name or file stem"
 
 
 class CaptionFileError(ValueError):
@@ -200,8 +202,8 @@ class JsonlCaptioner:
             logger.warning("caption records name films that are not among the inputs: %s (the inputs' film ids: %s; a "
                            "record may also name a film by its file name or path)", unknown, sorted(self._film_paths))
         for film_id in self.films_without_records():
-            logger.warning("film %r (%s) has no caption record: none of its clips will be captioned (a record names "
-                           "a film by its id, path, file name or file stem)", film_id, self._film_paths[film_id])
+            logger.warning("film %r (%s) has no caption record: none of its clips will be captioned (%s)", film_id,
+                           self._film_paths[film_id], FILM_NAMING)
         overlaps = self.overlaps()
         if overlaps:
             logger.warning("caption records of one film overlap (where they do, a clip takes the record with the later "

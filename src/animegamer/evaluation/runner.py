@@ -222,12 +222,11 @@ def set_aside_earlier_outputs(out: Path, benchmark: dict, untrained: bool, recon
     evaluation's: the game folders of games ``benchmark`` does not name (the untrained game's too), the
     held-out clips its turns do not name, the untrained game's folder when ``untrained`` is off, the
     reconstruction's when ``reconstruction`` is. Returns where things went."""
-    ids = {game["id"] for game in benchmark["games"]}
-    moved = [set_aside_other_games(out / GAMES_FOLDER, ids),
-             set_aside_other_truth(out / TRUTH_FOLDER, benchmark_keys(benchmark))]
+    ids, keys = {game["id"] for game in benchmark["games"]}, benchmark_keys(benchmark)
+    moved = [set_aside_other_games(out / GAMES_FOLDER, ids), set_aside_other_truth(out / TRUTH_FOLDER, keys)]
     if untrained:
         moved += [set_aside_other_games(out / UNTRAINED_FOLDER / GAMES_FOLDER, ids),
-                  set_aside_other_truth(out / UNTRAINED_FOLDER / TRUTH_FOLDER, benchmark_keys(benchmark))]
+                  set_aside_other_truth(out / UNTRAINED_FOLDER / TRUTH_FOLDER, keys)]
     else:
         moved.append(set_aside_folder(out / UNTRAINED_FOLDER))
     if not reconstruction:
