@@ -65,6 +65,9 @@ class FilmInfo:
         return asdict(self)
 
 
+_WARNED_LINKS: set[str] = set()
+
+
 def _folder_films(folder: Path, exts: set[str]) -> list[Path]:
     """Everything under ``folder`` named like a film (by extension), links that point nowhere included."""
     return sorted(p for p in folder.rglob("*") if p.suffix.lower() in exts)
@@ -93,7 +96,9 @@ def find_inputs(patterns: Iterable[str], extensions: Iterable[str]) -> list[Path
             named = _folder_films(path, exts)  # one walk of the folder for its films and its broken links
             found.update(p for p in named if p.is_file())
             for broken in _dangling(named):
-                log.warning("%s: %s; skipped", broken.path, broken.detail)
+                if broken.path not in _WARNED_LINKS:  # a run looks for its inputs at several steps: said once
+                    _WARNED_LINKS.add(broken.path)
+                    log.warning("%s: %s; skipped", broken.path, broken.detail)
         elif path.exists():
             found.add(path)  # named explicitly: probed whatever its extension
         else:
