@@ -440,3 +440,12 @@ def test_command_line_user_errors_exit_with_a_message(exports, tmp_path, monkeyp
         err = capfd.readouterr().err
         assert stopped.value.code == USER_ERROR_EXIT_CODE and message in err and "Traceback" not in err, err
     assert not any((tmp_path / name).exists() for name in "hij")
+
+
+def test_storyboard_meta_says_how_many_earlier_turns_each_turn_reads():
+    from animegamer.game.html import page_meta
+
+    record = {"turns": [{}], "seed": 3, "window_turns": 5, "turn_limit": 1}
+    assert page_meta(record)[:4] == ["1 turn", "seed 3", "each turn reads up to 4 earlier turns", "limit 1 turn"]
+    assert "each turn reads up to 1 earlier turn" in page_meta({**record, "window_turns": 2})
+    assert "each turn reads no earlier turn" in page_meta({**record, "window_turns": 1})

@@ -36,6 +36,7 @@ from animegamer.metrics.common import as_metric, format_metric, is_metric, metri
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
 from animegamer.utils.io import read_json_object
+from animegamer.utils.text import count_of
 
 logger = logging.getLogger(__name__)
 
@@ -233,12 +234,8 @@ def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
     """What the numbers were measured on: "2 games, 4 turns" or "2 clips"."""
     if games:
         turns = sum(len(g.get("turns", [])) for g in games)
-        return f"{_count(len(games), 'game')}, {_count(turns, 'turn')}"
-    return _count(int(metrics.get("clips") or 0), "clip")
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+        return f"{count_of(len(games), 'game')}, {count_of(turns, 'turn')}"
+    return count_of(int(metrics.get("clips") or 0), "clip")
 
 
 def _scope(metrics: Mapping, games: Sequence[Mapping]) -> str:
@@ -252,7 +249,7 @@ def _scope(metrics: Mapping, games: Sequence[Mapping]) -> str:
 def _setup_lines(setup: Mapping | None, counts: str) -> list[str]:
     """Who produced which numbers: ours (preset, parameters, precision, hardware) and the paper's."""
     if setup:
-        sizes = ", ".join(f"{label} {format_count(int(n))}" for label, n in setup["parameters"].items())
+        sizes = ", ".join(f"{label} {formatcount_of(int(n))}" for label, n in setup["parameters"].items())
         steps = f", {setup['sampling_steps']} sampling steps per clip" if setup.get("sampling_steps") else ""
         steps += f" with the step cache {setup['sampling_cache']}" if setup.get("sampling_cache") else ""
         cpu = f"; CPU {setup['cpu']}" if setup.get("cpu") and setup["cpu"] != setup["hardware"] else ""

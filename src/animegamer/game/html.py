@@ -11,6 +11,7 @@ from pathlib import Path
 
 from animegamer.contracts.states import CHARACTER_STATES, ENTERTAINMENT, SOCIAL, STAMINA, STATE_LABELS
 from animegamer.pages import clip_entry, write_page
+from animegamer.utils.text import count_of
 
 STATE_COLOURS = {SOCIAL: "#e0719e", ENTERTAINMENT: "#f2a93b", STAMINA: "#4caf7a"}
 TEMPLATE = "storyboard.html.j2"
@@ -36,11 +37,14 @@ def turn_card(turn: dict, folder: Path) -> dict:
 
 
 def page_meta(record: dict) -> list[str]:
-    meta = [f"{len(record.get('turns', []))} turns", f"seed {record.get('seed')}"]
+    meta = [count_of(len(record.get("turns", [])), "turn"), f"seed {record.get('seed')}"]
     if record.get("window_turns") is not None:
-        meta.append(f"window {record['window_turns']} turns")
+        # The window counts the turn being predicted; the model reads the turns before it in the window.
+        earlier = int(record["window_turns"]) - 1
+        meta.append(f"each turn reads up to {count_of(earlier, 'earlier turn')}" if earlier
+                    else "each turn reads no earlier turn")
     if record.get("turn_limit"):
-        meta.append(f"limit {record['turn_limit']} turns")
+        meta.append(f"limit {count_of(int(record['turn_limit']), 'turn')}")
     if record.get("seconds_per_turn") is not None:
         meta.append(f"{float(record['seconds_per_turn']):.2f} s/turn")
     if record.get("model"):

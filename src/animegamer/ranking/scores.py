@@ -7,6 +7,7 @@ from typing import Mapping, Optional, Sequence
 
 from animegamer.evaluation.judge_record import DIMENSION_LABELS, DIMENSIONS, judge_cell
 from animegamer.ranking.runs import RANK_SCORES, Run
+from animegamer.utils.text import count_of
 
 SCORE_DECIMALS = 2
 STATUS_COMPLETE, STATUS_INCOMPLETE, STATUS_DUPLICATE = "complete", "incomplete", "duplicate"
@@ -74,16 +75,12 @@ def _number(value: Optional[float], decimals: int = SCORE_DECIMALS) -> str:
     return "-" if value is None else f"{value:.{decimals}f}"
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def report_lines(result: Mapping, runs: Sequence[Run]) -> list[str]:
     """report.md: Table 2 with each run's MLLM judge and human scores, then the raters' agreement."""
     names = result["runs"]
     scores_text = "/".join(str(s) for s in result["rank_scores"])
     lines = ["# AnimeGamer human ranking (Table 2)", "",
-             f"{len(names)} runs, {len(result['games'])} games, {_count(len(result['raters']), 'rater')}; a complete "
+             f"{len(names)} runs, {len(result['games'])} games, {count_of(len(result['raters']), 'rater')}; a complete "
              f"ranking of a game in a dimension gives ranks 1..{len(names)} the scores {scores_text} (the paper's "
              "mapping), and a run's human score is the mean over complete rankings.", ""]
     lines += [f"- `{run.name}`: {run.folder}" for run in runs] + [""]
