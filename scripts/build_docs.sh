@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the documentation site into site/ with `mkdocs build --strict`: a broken link, a missing page,
-# a page left out of the nav or a bad anchor fails the build. The configuration reference page is
-# generated from the config schema during the build (scripts/mkdocs_hooks.py). Works offline once the
+# a page left out of the nav or a bad anchor fails the build, and so does a configuration reference page
+# that differs from the config schema (rewrite it with `python scripts/mkdocs_hooks.py`). Works offline once the
 # `docs` extra is installed; it is installed here when mkdocs is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,10 +1,15 @@
-"""mkdocs hook: the configuration reference page, written at build time from the typed schema.
+"""The configuration reference page, ``docs/configuration-reference.md``, written from the typed schema.
 
 Every key of the config tree is a field of a dataclass in ``animegamer.config.schema``; each command has
 its own root (``schema.COMMANDS``). This lists each command's keys, then walks every root's nodes and
 writes one table per node with each key's type, default, the commands that read it and the comment or
-docstring that explains it in the schema, so the page cannot drift from the code.
-``mkdocs.yml`` names this file under ``hooks``; ``render_reference()`` is also usable on its own.
+docstring that explains it in the schema. The page is kept in the repository, so that it reads on any
+checkout, and rewritten from the schema by
+
+    python scripts/mkdocs_hooks.py
+
+``mkdocs.yml`` names this file under ``hooks``: the strict docs build fails when the page differs from what
+the schema gives, as does a test, so the page cannot drift from the code.
 """
 from __future__ import annotations
 
@@ -30,8 +35,8 @@ Each command (`animegamer train`, `animegamer eval`, `animegamer pipeline`) comp
 and reads only its own keys: a key another command reads is refused naming that command. This page lists
 every config group with its options (each command's experiments apart), each command's keys, then every
 key with its type, its default in the schema, the commands that read it and what it means. It is
-generated when the site is built, from the config files and the dataclasses in `animegamer.config.schema`:
-a group's option (a model preset, a phase, a trainer, an experiment) overrides the schema's defaults. How
+written from the config files and the dataclasses in `animegamer.config.schema` (`python
+scripts/mkdocs_hooks.py`; the docs build and the tests fail when it is out of date): a group's option (a model preset, a phase, a trainer, an experiment) overrides the schema's defaults. How
 the tree is composed and checked: [Configuration](configuration.md).
 
 """
@@ -247,10 +252,20 @@ def render_reference() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def on_files(files, config):
-    """Add the generated page to the site's files (mkdocs >= 1.6)."""
-    from mkdocs.structure.files import File
+def reference_path(docs_dir: str | Path | None = None) -> Path:
+    """Where the page lives: ``docs/`` of the repository, or the docs folder the build names."""
+    return Path(docs_dir or Path(__file__).resolve().parents[1] / "docs") / PAGE
 
-    files.append(File.generated(config, PAGE, content=render_reference()))
-    logger.info("generated %s from animegamer.config.schema", PAGE)
+
+def on_files(files, config):
+    """The strict build stops (a warning) when the committed page differs from the schema's."""
+    path = reference_path(config["docs_dir"])
+    if not path.is_file() or path.read_text() != render_reference():
+        logger.warning("%s differs from animegamer.config.schema: run python scripts/mkdocs_hooks.py", path)
     return files
+
+
+if __name__ == "__main__":
+    target = reference_path()
+    target.write_text(render_reference())
+    print(f"wrote {target}")

@@ -100,6 +100,11 @@ def test_the_configuration_reference_lists_every_key_with_its_comment():
     assert "&lt;output_dir&gt;" in row["resume_with_changes"]
 
 
+def test_the_configuration_reference_page_is_the_schemas():
+    page = ROOT / "docs" / "configuration-reference.md"
+    assert page.read_text() == _hooks().render_reference(), "rewrite it: python scripts/mkdocs_hooks.py"
+
+
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
