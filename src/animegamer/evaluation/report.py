@@ -249,7 +249,7 @@ def _scope(metrics: Mapping, games: Sequence[Mapping]) -> str:
 def _setup_lines(setup: Mapping | None, counts: str) -> list[str]:
     """Who produced which numbers: ours (preset, parameters, precision, hardware) and the paper's."""
     if setup:
-        sizes = ", ".join(f"{label} {formatcount_of(int(n))}" for label, n in setup["parameters"].items())
+        sizes = ", ".join(f"{label} {format_count(int(n))}" for label, n in setup["parameters"].items())
         steps = f", {setup['sampling_steps']} sampling steps per clip" if setup.get("sampling_steps") else ""
         steps += f" with the step cache {setup['sampling_cache']}" if setup.get("sampling_cache") else ""
         cpu = f"; CPU {setup['cpu']}" if setup.get("cpu") and setup["cpu"] != setup["hardware"] else ""
