@@ -97,11 +97,26 @@ def test_a_search_path_adds_a_folder_of_experiments_after_the_commands_own(tmp_p
 
 def test_a_recipes_shared_overrides_go_to_the_commands_that_read_them():
     shared = ["model=tiny", "trainer=cpu", "phase.max_steps=3", "source=films", "pipeline.workers=2",
-              "evaluation.games=2", "data.val_fraction=0.3", "output_dir=o", "seed=1", "sede=1"]
-    assert overrides_for("pipeline", shared) == ["model=tiny", "source=films", "pipeline.workers=2", "seed=1", "sede=1"]
+              "evaluation.games=2", "data.val_fraction=0.3", "output_dir=o", "seed=1", "hydra.job.chdir=false"]
+    assert overrides_for("pipeline", shared) == ["model=tiny", "source=films", "pipeline.workers=2", "seed=1",
+                                                 "hydra.job.chdir=false"]
     assert overrides_for("evaluate", shared) == ["model=tiny", "source=films", "pipeline.workers=2",
-                                                 "evaluation.games=2", "data.val_fraction=0.3", "seed=1", "sede=1"]
+                                                 "evaluation.games=2", "data.val_fraction=0.3", "seed=1",
+                                                 "hydra.job.chdir=false"]
     assert overrides_for("train", shared) == [o for o in shared if not o.startswith("evaluation.")]
+
+
+def test_a_shared_override_no_stage_reads_is_refused_with_the_closest_key_of_every_stage():
+    roots = ("train", "pipeline", "evaluate")
+    # the closest key is the train command's, though the pipeline's stage is composed first
+    with pytest.raises(OverrideError) as refused:
+        overrides_for("pipeline", ["seed=1", "tranier.devices=2", "sede=1"], roots)
+    assert str(refused.value).splitlines() == [
+        "tranier.devices=2: no stage reads 'tranier' (the stages run animegamer train, pipeline and eval); "
+        "did you mean trainer?",
+        "sede=1: no stage reads 'sede' (the stages run animegamer train, pipeline and eval); did you mean seed?"]
+    with pytest.raises(OverrideError, match=r"'zzz' .*; their keys: model, seed, log_level, .*, evaluation$"):
+        overrides_for("train", ["zzz=1"], roots)
 
 
 def test_the_evaluation_of_a_trained_config_carries_its_networks_and_data():

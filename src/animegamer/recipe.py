@@ -100,8 +100,8 @@ STORY_RECORD = "story_record.json"
 # A recipe's stages each train into ``output_dir`` (``${phase.name}`` below it); a plain folder would put every
 # stage into one, where the next stage is refused.
 RECIPE_NEW_FOLDER = "'output_dir=NEW_FOLDER/${phase.name}'"
-OUT_NEW_FOLDER = "--out NEW_FOLDER"
-ROOTS = ("train", "pipeline", "evaluate")  # the roots a recipe's stages compose, in the order of check_stages  # the same, for a command whose --out option holds every stage's folder
+OUT_NEW_FOLDER = "--out NEW_FOLDER"  # the same, for a command whose --out option holds every stage's folder
+ROOTS = ("train", "pipeline", "evaluate")  # the roots a recipe's stages compose, in the order of check_stages
 # The pipeline steps that read a stage's export: the recipe runs them after that stage, never in its first call.
 LATER_STEPS = ("representations", "session_shards", "adaptation")
 # What the base stage adds to its overrides: the base is a plain video diffusion transformer.

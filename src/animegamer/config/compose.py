@@ -37,6 +37,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from animegamer.config.schema import COMMANDS, register_configs
 from animegamer.errors import UserError, exit_on_user_error
+from animegamer.utils.text import join_words
 
 CONFIG_DIR_ENV = "ANIMEGAMER_CONFIG_DIR"
 CONFIG_PACKAGE_DIR = "configs"  # the package data folder of animegamer holding the YAML configs
@@ -148,11 +149,20 @@ def read_elsewhere(name: str, override: str) -> str | None:
 
 def overrides_for(name: str, overrides: Sequence[str], among: Sequence[str] = tuple(COMMANDS)) -> list[str]:
     """What of ``overrides``, given for every command of ``among`` (the roots a recipe composes), the root
-    ``name`` reads: each whose top-level key or group is one of the root's. One that none of ``among`` knows
-    goes to every root, where it is refused naming the closest key (or the command that reads it)."""
-    known = {root: {*_field_names(COMMANDS[root].schema), *config_groups(root)} for root in among}
-    return [o for o in overrides if top_key(o) in known.get(name, ())
-            or not any(top_key(o) in names for names in known.values())]
+    ``name`` reads: each whose top-level key or group is one of the root's. One that none of ``among`` reads
+    is refused (:class:`OverrideError`) naming the closest key of them all."""
+    known = {root: [*_field_names(COMMANDS[root].schema), *config_groups(root)] for root in among}
+    unread = [o for o in overrides if top_key(o) != HYDRA_KEY and not any(top_key(o) in k for k in known.values())]
+    if unread:
+        everything = list(dict.fromkeys(key for root in among for key in known[root]))
+        verbs = "animegamer " + join_words([COMMANDS[root].verb for root in among])
+        refusals = []
+        for override in unread:
+            match = difflib.get_close_matches(top_key(override), everything, n=1)
+            hint = f"did you mean {match[0]}?" if match else f"their keys: {', '.join(everything)}"
+            refusals.append(f"{override}: no stage reads '{top_key(override)}' (the stages run {verbs}); {hint}")
+        raise OverrideError("\n".join(refusals))
+    return [o for o in overrides if top_key(o) in known.get(name, ()) or top_key(o) == HYDRA_KEY]
 
 
 def carried_over(name: str, cfg: DictConfig, overrides: Sequence[str] = ()) -> DictConfig:
@@ -163,6 +173,9 @@ def carried_over(name: str, cfg: DictConfig, overrides: Sequence[str] = ()) -> D
     for key in sorted(shared):
         composed[key] = cfg[key]
     return composed
+
+
+HYDRA_KEY = "hydra"  # Hydra's own settings (hydra.*): every root has them
 
 
 def top_key(override: str) -> str:
