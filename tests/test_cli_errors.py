@@ -45,6 +45,10 @@ REFUSED = {
         [*TRAIN, "experiment=quickstart_a", "trainer=ddp", "trainer.devices=1", "trainer.num_nodes=2"], NO_GPU,
         ["trainer.accelerator='gpu' needs a CUDA GPU, and torch sees none on this machine",
          "in several CPU processes with trainer=cpu trainer.strategy=ddp trainer.devices=1 trainer.num_nodes=2"]),
+    "train, a one-GPU preset without a GPU": (
+        [*TRAIN, "experiment=quickstart_a", "trainer=gpu", "trainer.devices=1"], NO_GPU,
+        ["trainer.accelerator='gpu' needs a CUDA GPU, and torch sees none on this machine: train on the CPU with "
+         "trainer=cpu\n"]),
     "pipeline, an unknown key": (
         [*PIPELINE, "pipeline.clips.widht=144"], {},
         ["pipeline.clips.widht=144: pipeline.clips (ClipsConfig) has no key 'widht'; did you mean "

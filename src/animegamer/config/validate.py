@@ -184,8 +184,11 @@ def check_gpu_available(trainer) -> list[str]:
 
     if str(trainer.accelerator).lower() not in GPU_ACCELERATORS or torch.cuda.is_available():
         return []
-    per_node = os.environ.get(LOCAL_PROCESSES_ENV) or (trainer.devices if trainer.devices > 0 else CPU_PROCESSES)
+    per_node = int(os.environ.get(LOCAL_PROCESSES_ENV) or (trainer.devices if trainer.devices > 0 else CPU_PROCESSES))
+    refusal = (f"trainer.accelerator={trainer.accelerator!r} needs a CUDA GPU, and torch sees none on this machine: "
+               "train on the CPU with trainer=cpu")
+    if per_node * int(trainer.num_nodes) == 1:  # one process: the CPU run is the same layout
+        return [refusal]
     cpu = f"trainer=cpu trainer.strategy=ddp trainer.devices={per_node} trainer.num_nodes={trainer.num_nodes}"
-    return [f"trainer.accelerator={trainer.accelerator!r} needs a CUDA GPU, and torch sees none on this machine: "
-            f"train on the CPU with trainer=cpu, or in several CPU processes with {cpu} (trainer.devices "
-            f"processes on each of trainer.num_nodes machines; under torchrun, --nproc_per_node and --nnodes)"]
+    return [f"{refusal}, or in several CPU processes with {cpu} (trainer.devices processes on each of "
+            "trainer.num_nodes machines; under torchrun, --nproc_per_node and --nnodes)"]
