@@ -219,3 +219,28 @@ def test_sweep_jobs_are_split_as_hydras_basic_sweeper_does():
 
     assert sweep_jobs(["model=tiny", "phase.lr=1e-3,5e-4"]) == [["model=tiny", "phase.lr=0.001"],
                                                                   ["model=tiny", "phase.lr=0.0005"]]
+
+
+@pytest.mark.parametrize("body, said", [
+    ("data: {val_fracton: 0.72}", "experiment/mine.yaml: data.val_fracton: data (TrainDataConfig) has no key "
+                                  "'val_fracton'; did you mean data.val_fraction?"),
+    ("trainer: {devices: two}", "experiment/mine.yaml: trainer.devices: Value 'two' of type 'str' could not be "
+                                "converted to Integer"),
+])
+def test_a_bad_key_or_value_in_a_users_experiment_file_is_one_line_naming_the_file(tmp_path, body, said):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(f"# @package _global_\n{body}\n")
+    with pytest.raises(OverrideError) as refused:
+        compose_config("train", ["experiment=mine"], search_path=[tmp_path])
+    assert str(refused.value) == said
+
+
+def test_an_experiment_file_that_is_not_yaml_is_a_user_error_naming_its_line(tmp_path):
+    from animegamer.errors import is_user_error
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nphase: {max_steps: 100 warmup_steps: 5}\n")
+    with pytest.raises(Exception) as refused:
+        compose_config("train", ["experiment=mine"], search_path=[tmp_path])
+    assert is_user_error(refused.value)
+    assert f'in "{tmp_path / "experiment" / "mine.yaml"}", line 2, column 36' in str(refused.value)

@@ -50,10 +50,13 @@ class UnsafeCheckpointError(InvalidInputError):
 
 def is_user_error(error: BaseException) -> bool:
     """True for :class:`UserError` (the configuration check's ``ConfigError`` included) and Hydra's refusal of an
-    override (unknown group or key, wrong type, bad syntax) in a config composed by the command."""
+    override (unknown group or key, wrong type, bad syntax) in a config composed by the command, or of a config
+    file that is not YAML (a user's experiment file: the parser's message names the file, line and column)."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from yaml import YAMLError
 
-    return isinstance(error, (UserError, ConfigCompositionException, MissingConfigException, OverrideParseException))
+    return isinstance(error, (UserError, ConfigCompositionException, MissingConfigException, OverrideParseException,
+                              YAMLError))
 
 
 def _say(line: str) -> None:

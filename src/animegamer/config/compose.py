@@ -35,6 +35,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
+from animegamer.config import schema as schema_module
 from animegamer.config.schema import COMMANDS, register_configs
 from animegamer.errors import UserError, exit_on_user_error
 from animegamer.utils.text import join_words
@@ -235,8 +236,22 @@ def describe_refusal(error: HydraException, overrides: Sequence[str], name: str 
             if cause.key in kinds:
                 said += f" ({full_key}: {kinds[cause.key]})"
         return f"{override}: {said}"
+    in_file = _FILE_REFUSAL.match(str(error))
+    if in_file:  # a config file's key or value (a user's experiment file): Hydra chains no cause
+        where, key = f"{in_file['file']}.yaml", in_file["key"]
+        schema = getattr(schema_module, in_file["type"], None)
+        if in_file["kind"] == "ConfigKeyError" and dataclasses.is_dataclass(schema):
+            return f"{where}: {no_such_key(key, key, schema, name)}"
+        return f"{where}: {key}: {in_file['said']}"
     message = _first_line(error) if isinstance(cause, OmegaConfBaseException) else str(error)
     return f"{message}: {_first_line(cause)}" if cause is not None else message
+
+
+# Hydra's refusal of a key or value set in a config file, e.g. "In 'experiment/mine': ConfigKeyError raised while
+# composing config:\nKey 'x' not in 'TrainDataConfig'\n    full_key: data.x\n    reference_type=...\n
+# object_type=TrainDataConfig".
+_FILE_REFUSAL = re.compile(r"In '(?P<file>[^']+)': (?P<kind>\w+) raised while composing config:\n(?P<said>[^\n]*)\n"
+                           r"\s*full_key: (?P<key>\S+)\n\s*reference_type=\S*\n\s*object_type=(?P<type>\w+)")
 
 
 def renamed_group(override: str) -> str:
