@@ -154,7 +154,7 @@ def test_train_names_two_setting_problems_and_a_missing_data_folder_at_once(tmp_
                                    f"output_dir='{out}'"])
     problems = refusal(lambda: exit_on_user_error(run)(cfg), capsys)
     assert problems[0].startswith("phase.name='c")
-    assert f"data.root='{root}': no such folder; run the pipeline first (python -m data_pipeline ...) or set " \
+    assert f"data.root='{root}': no such folder; run the pipeline first (animegamer pipeline ...) or set " \
            f"data.root" in problems
     assert "trainer.accumulate_grad_batches=0 must be >= 1" in problems
     assert len(problems) == 3

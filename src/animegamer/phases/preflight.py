@@ -84,26 +84,30 @@ def check_phase(cfg, spec, data: bool = True) -> list[str]:
     return problems
 
 
+RUN_PIPELINE_FIRST = "run the pipeline first (animegamer pipeline ...) or set data.root"
+
+
 def data_root_problems(cfg) -> list[str]:
     """A local ``data.root`` that does not exist, where the phase's own shards cannot be named (an unknown
     phase, or the node of another phase): whichever phase is meant, its shards are not there."""
     root = str(cfg.data.root)
     if is_url(root) or Path(root).is_dir():
         return []
-    return [f"data.root={root!r}: no such folder; run the pipeline first (python -m data_pipeline ...) or set "
-            f"data.root"]
+    return [f"data.root={root!r}: no such folder; {RUN_PIPELINE_FIRST}"]
 
 
 def sample_shard_problems(cfg, spec) -> list[str]:
     """The phase's sample shards: there, and of the shapes this config makes."""
     source = data_source(cfg.data, getattr(cfg.data, spec.sample_key(cfg.phase)))  # a folder or a URL
+    if not source.remote and not Path(str(cfg.data.root)).is_dir():
+        return data_root_problems(cfg)
     missing = source.manifest_problem()
     if missing is None:
         stale = [] if source.remote else stale_folder_problems(cfg.data.root, source.folder)
         return check_shard_shapes(source, spec.sample_shapes(cfg)) + stale
     if source.remote:
         return [f"data.root={cfg.data.root!r}: {missing}"]
-    return [f"{missing}; run the pipeline first (python -m data_pipeline ...) or set data.root"]
+    return [f"{missing}; {RUN_PIPELINE_FIRST}"]
 
 
 def check_training(cfg, data: bool = True) -> list[str]:
