@@ -32,7 +32,7 @@ def test_every_variant_has_a_warmup_its_sizes_fit(tmp_path):
 
 def test_saved_scores_are_kept_only_for_the_same_data_seed_and_sampling(tmp_path):
     """What the reconstruction scores depend on besides the export and evaluation.*: the held-out data, the
-    seed, and the model's sampling steps when evaluation.sampling_steps is 0."""
+    seed, and the model's settings (the sampler's steps, guidance and step cache)."""
     from animegamer.config.compose import compose_config
     from animegamer.recipe import evaluation_of
     from animegamer.utils.io import write_json_atomic
@@ -45,7 +45,7 @@ def test_saved_scores_are_kept_only_for_the_same_data_seed_and_sampling(tmp_path
     write_json_atomic(done, {"metrics": {"export_sha256": "d", SCORED_WITH: settings, "clips": 1}})
     assert saved_scores(done, "d", settings)["clips"] == 1 and saved_scores(done, "e", settings) is None
     for change in (f"data.root={tmp_path / 'other'}", "data.val_fraction=0.3", "seed=7",
-                   "model.diffusion.sampling_steps=3"):
+                   "model.diffusion.sampling_steps=3", "model.diffusion.guidance_scale=1.0"):
         assert saved_scores(done, "d", scored_with(evaluation_config([*base, change]))) is None, change
 
 
@@ -121,3 +121,15 @@ def test_table3_shows_every_measured_metric_and_footnotes_what_was_not(tmp_path)
     baseline = table["variants"][0]
     assert [baseline[m]["available"] for m in METRICS] == [False, False, True, True, True]
     assert baseline[MINUS_SHUFFLED]["psnr"]["value"] == pytest.approx(2.25)
+
+
+def test_a_setting_every_stage_shares_is_refused_once(tmp_path):
+    from animegamer.config.validate import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        main(["--out", str(tmp_path / "t3"), "--steps", "5", "5", *TINY, "phase.lr=-1", f"data.root={tmp_path / 'none'}"])
+    assert refused.value.problems == [
+        "every stage: phase.lr=-1.0 must be > 0",
+        f"every stage: data.root='{tmp_path / 'none'}': no such folder; run the pipeline first (animegamer pipeline "
+        "...) or set data.root"]
+    assert not (tmp_path / "t3").exists()

@@ -100,8 +100,9 @@ def test_fewer_games_or_turns_than_asked_are_named_with_the_reason(toy_run, capl
     cfg = OmegaConf.to_object(compose_config("evaluate", [*base, "evaluation.games=99", "evaluation.turns=99"]))
     with caplog.at_level("WARNING", logger="animegamer.evaluation.runner"):
         games = held_out_games(cfg)["games"]
-    turns = "/".join(str(len(game["turns"])) for game in games)
-    assert (f"evaluation: {len(games)} game(s) of {turns} turn(s) where evaluation.games=99 and evaluation.turns=99 "
+    turns = [str(len(game["turns"])) for game in games]
+    said = f"{len(games)} game{'s' if len(games) > 1 else ''} of {', '.join(turns[:-1])}{' and ' if len(turns) > 1 else ''}"
+    assert (f"evaluation: {said}{turns[-1]} turns where evaluation.games=99 and evaluation.turns=99 "
             "ask for more") in caplog.text
 
 

@@ -106,3 +106,14 @@ def test_one_split_is_suggested_that_every_stage_can_use():
     # a hash on the grid itself: the fraction above it still holds that shot out
     on_grid = split_options(clips[:2], {"f/0": 0.29, "f/1": 0.57})
     assert [(o.val_fraction, o.held_out_shots) for o in on_grid] == [(0.3, 1)]
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_with_the_rate_it_reaches():
+    from animegamer.phases.preflight import schedule_warnings
+
+    phase = compose_config("train", ["experiment=quickstart_a", "phase.max_steps=20", "phase.warmup_steps=500"]).phase
+    assert schedule_warnings(phase) == [
+        "phase.warmup_steps=500 is not below phase.max_steps=20: the learning rate only rises, to 4% of phase.lr at "
+        "the last step; lower phase.warmup_steps for a short run"]
+    phase.warmup_steps = 5
+    assert schedule_warnings(phase) == []

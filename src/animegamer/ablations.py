@@ -141,16 +141,20 @@ def plan(names: list[str], out: Path, extra: list[str]) -> list[Variant]:
 def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int]) -> None:
     """Every stage's config and data, checked before the first one trains (the a2 stages without
     the warm-up export they will start from, which does not exist yet)."""
-    problems: list[str] = []
+    found: dict[str, list[str]] = {}  # a problem -> the stages that have it (a setting they share: all)
+    checked = []
     for v in variants:
         stages = [(A_JOINT, steps[1])] + ([(A_WARMUP, steps[0])] if v.warmup == OWN else [])
         for phase, n in stages:
+            checked.append(f"{v.name} {phase}")
             try:
                 validate_train_run(compose_config(TRAIN, v.stage(phase, extra, n)))
             except ConfigError as error:
-                problems += [f"{v.name} {phase}: {p}" for p in error.problems]
-    if problems:
-        raise ConfigError(problems)
+                for problem in error.problems:
+                    found.setdefault(problem, []).append(checked[-1])
+    if found:
+        raise ConfigError([f"{'every stage' if len(names) == len(checked) > 1 else ', '.join(names)}: {problem}"
+                           for problem, names in found.items()])
     for v in variants:
         joint = compose_config(TRAIN, v.stage(A_JOINT, extra, steps[1]))
         check_recipe(joint, evaluation=evaluation_of(joint, stage_overrides(EVALUATE, extra)), run=v.name)
@@ -158,13 +162,13 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
 
 def scored_with(composed) -> dict:
     """What a variant's reconstruction scores depend on besides its export: the evaluation settings, the
-    held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the sampling
-    steps the model config gives when ``evaluation.sampling_steps`` is 0."""
+    held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the model
+    settings (the sampler's steps, guidance and step cache among them)."""
     data = composed.data
     return {"evaluation": OmegaConf.to_container(composed.evaluation, resolve=True),
             "data": {"root": str(Path(data.root).resolve()), "clips": data.clips, "val_fraction": data.val_fraction,
                      "clip_manifest_sha256": clip_manifest_sha256(data.root, data.clips)},
-            "seed": composed.seed, "sampling_steps": composed.model.diffusion.sampling_steps}
+            "seed": composed.seed, "model": OmegaConf.to_container(composed.model, resolve=True)}
 
 
 def saved_scores(done: Path, digest: str, settings: dict) -> dict | None:

@@ -54,6 +54,7 @@ from animegamer.models.reconstruction import ClipBatch, build_reconstruction
 from animegamer.utils.io import first_free, write_bytes_atomic
 from animegamer.utils.logging import setup_logging
 from animegamer.utils.randomness import step_generator
+from animegamer.utils.text import count_of, join_words
 from animegamer.utils.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,10 @@ def held_out_games(cfg: RunConfig) -> dict:
                          "pipeline output, or pass evaluation.benchmark")
     played = [len(game["turns"]) for game in games]
     if len(games) < cfg.evaluation.games or min(played) < turns:
-        log.warning("evaluation: %d game(s) of %s turn(s) where evaluation.games=%d and evaluation.turns=%d ask for "
+        lengths = count_of(played[0], "turn") if len(played) == 1 else f"{join_words([str(n) for n in played])} turns"
+        log.warning("evaluation: %s of %s where evaluation.games=%d and evaluation.turns=%d ask for "
                     "more: a game is a run of consecutive held-out, captioned clips of one film, and the held-out "
-                    "shots (data.val_fraction=%s) give no more", len(games), "/".join(map(str, played)),
+                    "shots (data.val_fraction=%s) give no more", count_of(len(games), "game"), lengths,
                     cfg.evaluation.games, turns, cfg.data.val_fraction)
     return {"source": str(Path(cfg.data.root) / cfg.data.clips), "held_out": "shots", "games": games}
 

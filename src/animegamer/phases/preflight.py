@@ -9,6 +9,7 @@ its imports of torch and the config, before the trainer's.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import fields
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from animegamer.data.shapes import check_shard_shapes
 from animegamer.data.storage import check_remote_settings, data_source, is_url
 from animegamer.models.checks import check_kernels, check_model_sizes
 from animegamer.models.encoder import check_encoder_config
-from animegamer.phases.common import check_schedule
+from animegamer.phases.common import check_schedule, lr_lambda
 from animegamer.phases.specs import PHASES
 from animegamer.training.loggers import LOGGERS
 from animegamer.training.profiling import check_profiler
@@ -32,6 +33,8 @@ from animegamer.training.strategies import check_strategy
 from animegamer.training.sweep import job_output_dir
 from animegamer.utils.io import out_dir_problem
 from animegamer.utils.logging import setup_logging
+
+log = logging.getLogger(__name__)
 
 
 def _schema_of(node) -> type:
@@ -158,4 +161,16 @@ def prepare_train_run(cfg: DictConfig) -> DictConfig:
     setup_logging(cfg.log_level)
     cfg.output_dir = job_output_dir(cfg.output_dir)
     validate_train_run(cfg, machine=True)
+    for warning in schedule_warnings(cfg.phase):
+        log.warning("phase %s: %s", cfg.phase.name, warning)
     return cfg
+
+
+def schedule_warnings(phase) -> list[str]:
+    """Settings a run trains with but likely did not mean: a warm-up that does not end before the last step
+    keeps the learning rate below ``phase.lr`` for the whole run (a short test run of a long preset)."""
+    if phase.warmup_steps < phase.max_steps:
+        return []
+    reached = lr_lambda(phase)(phase.max_steps - 1)  # the factor of the last step
+    return [f"phase.warmup_steps={phase.warmup_steps} is not below phase.max_steps={phase.max_steps}: the learning "
+            f"rate only rises, to {reached:.0%} of phase.lr at the last step; lower phase.warmup_steps for a short run"]
