@@ -166,3 +166,30 @@ def test_inputs_follow_weights_an_engine_converted(data_root, tmp_path):
     clips = ClipBatch(*(item[k][None].to(torch.bfloat16) for k in ("latents", "text", "image")), item["flow"][None])
     loss = module.diffusion_loss(clips, SampleRandom(0, range(1)))
     assert torch.isfinite(loss) and loss.dtype == torch.float32
+
+
+def test_a_cpu_resume_takes_the_thread_count_the_run_started_with(data_root, tmp_path, monkeypatch):
+    """A CPU run's float sums depend on its thread count, which a start picks from the machine's load: the
+    resume takes the recorded count again, where a fresh start under the same load takes another."""
+    import json
+    import os
+
+    from animegamer.contracts.files import CPU_THREADS_FILE
+    from animegamer.utils import threads
+
+    before = torch.get_num_threads()
+    for name in threads.THREAD_ENV:
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    monkeypatch.setattr(threads, "_ASKED", "")  # no OMP_NUM_THREADS of the user's
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    try:
+        _run(data_root, tmp_path / "run", "phase=a_joint", "phase.max_steps=2")
+        assert json.loads((tmp_path / "run" / CPU_THREADS_FILE).read_text()) == {"cpu_threads": 2}
+        monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.2, 0.0, 0.0))  # one of the two cores busy now
+        _run(data_root, tmp_path / "other", "phase=a_joint", "phase.max_steps=1")
+        assert torch.get_num_threads() == 1
+        _run(data_root, tmp_path / "run", "phase=a_joint", "phase.max_steps=3")  # resumes from step 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -17,6 +17,9 @@ SHOTS_FILE = "shots.json"  # beside the clip shards: each clip's shot
 SESSIONS_FILE = "sessions.json"
 # A training run's folder and an evaluation's.
 RECORD_FILE = "run_config.json"  # the config and data digests a resume is checked against
+# A CPU run's thread count, which its float sums depend on: a resume uses it again, so that it ends bitwise
+# equal to an uninterrupted run.
+CPU_THREADS_FILE = "cpu_threads.json"
 LOSS_HISTORY = "loss_history.json"  # a run folder's [step, seconds, loss] rows, resumed attempts' included
 EXPORT_DIR = "export"
 METRICS_FILE = "metrics.json"

@@ -36,7 +36,7 @@ from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preempt
 from animegamer.training.loggers import make_logger
 from animegamer.training.process_group import host_rendezvous, process_group_lifetime
 from animegamer.training.profiling import make_profiler, summarise_traces
-from animegamer.training.run_record import check_run_folder, kept_only_once_trained
+from animegamer.training.run_record import check_run_folder, kept_only_once_trained, record_threads, recorded_threads
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, module_init
 from animegamer.training.sync_sites import SyncSites
@@ -139,14 +139,19 @@ def train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
 
 
 def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
-    use_threads(cfg.trainer.devices)  # each of this node's ranks its share of the cores the load leaves
-    L.seed_everything(cfg.seed, workers=True)
     out = Path(cfg.output_dir)
     folder = out / CHECKPOINT_DIR
     resolved = OmegaConf.to_container(resolved, resolve=True) if isinstance(resolved, DictConfig) else resolved
     # Pre-flight, before anything is built: the run folder's record against this config.
     clean_partials(folder)
     resume = resume_checkpoint(folder)
+    # Each of this node's ranks takes its share of the cores the load leaves; a CPU run's resume takes the
+    # count it started with, on which its float sums depend.
+    cpu = str(cfg.trainer.accelerator).lower() == "cpu"
+    threads = use_threads(cfg.trainer.devices, recorded_threads(out) if cpu and resume is not None else None)
+    if cpu and resume is None and is_global_zero():
+        record_threads(out, threads)
+    L.seed_everything(cfg.seed, workers=True)
     if resume is not None:
         # Refused here, before anything is built: FSDP and DeepSpeed read checkpoints past the
         # weights-only CheckpointIO, so every pickle file of the checkpoint is checked first.

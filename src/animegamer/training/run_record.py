@@ -43,7 +43,7 @@ from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.neutral_keys import ALLOWED, flatten
 from animegamer.config.schema import CONSTANT_SCHEDULE
 from animegamer.config.validate import ConfigError
-from animegamer.contracts.files import EXPORT_DIR, MANIFEST, RECORD_FILE
+from animegamer.contracts.files import CPU_THREADS_FILE, EXPORT_DIR, MANIFEST, RECORD_FILE
 from animegamer.data.storage import ShardSource, data_source, join
 from animegamer.errors import InvalidInputError
 from animegamer.media.fingerprint import shards_digest
@@ -275,6 +275,22 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
     entry = {"step": resume_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "forced": sorted(forced),
              "changes": {c.key: [c.old, c.new] for c in changes}}
     return Decision(changes, make_record(config, [*record.get("changes", []), entry], now))
+
+
+def recorded_threads(folder: str | Path) -> int | None:
+    """The CPU thread count the run in ``folder`` started with (None: not recorded, or not a count)."""
+    path = Path(folder) / CPU_THREADS_FILE
+    try:
+        count = read_json(path)["cpu_threads"] if path.is_file() else None
+    except (ValueError, KeyError, TypeError):
+        log.warning("%s: not a thread record; the resume picks its own count", path)
+        return None
+    return count if isinstance(count, int) and count > 0 else None
+
+
+def record_threads(folder: str | Path, count: int) -> None:
+    """Record the CPU thread count a fresh run starts with, for its resumes."""
+    write_json_atomic(Path(folder) / CPU_THREADS_FILE, {"cpu_threads": count})
 
 
 @contextmanager

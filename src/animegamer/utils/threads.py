@@ -70,8 +70,12 @@ def asked_threads(value: str) -> int | None:
     return int(value) if value.strip().isdigit() and int(value) > 0 else None
 
 
-def use_threads(processes: int = 1) -> int:
-    """The hook of each entry point that starts work: the count the user asked for, else this process's
-    share of the usable cores (:func:`threads_for`), applied."""
+def use_threads(processes: int = 1, kept: int | None = None) -> int:
+    """The hook of each entry point that starts work: the count the user asked for, else ``kept`` (the count
+    an interrupted run used: a CPU run's float sums depend on it), else this process's share of the usable
+    cores (:func:`threads_for`), applied."""
     asked = asked_threads(_ASKED)
-    return apply_threads(asked or threads_for(usable_cores(), processes, machine_load()))
+    if asked and kept and asked != kept:
+        log.warning("%s=%d where the run started with %d CPU threads: the resumed steps may differ in the last "
+                    "bits from an uninterrupted run's", USER_THREADS_ENV, asked, kept)
+    return apply_threads(asked or kept or threads_for(usable_cores(), processes, machine_load()))
