@@ -114,6 +114,25 @@ def test_refusal_names_every_key_with_both_values_and_the_ways_on(tmp_path):
     assert moved_on.changes == []  # the record moved on
 
 
+def test_a_change_to_a_finished_run_says_it_would_train_nothing(tmp_path, caplog):
+    old = _resolved("phase.max_steps=60")
+    new = _resolved("phase.max_steps=60", "phase.lr=5e-4")
+    check_run_folder(tmp_path, old, None, allow_changes=False, samples=SAMPLES, writer=True)
+    with pytest.raises(RunFolderChanged) as error:
+        check_run_folder(tmp_path, new, 60, allow_changes=False, samples=SAMPLES, writer=True)
+    assert str(error.value).endswith(
+        "\nThe run finished at step 60 (phase.max_steps=60): resuming it trains nothing, so the change takes effect "
+        "only in a new folder (output_dir=...), or with phase.max_steps above its last step (resume_with_changes=true).")
+    with caplog.at_level("WARNING"):
+        check_run_folder(tmp_path, new, 60, allow_changes=True, samples=SAMPLES, writer=True)
+    assert "the run finished at step 60 (phase.max_steps=60), so nothing is trained" in caplog.text
+    # with steps left to train, the change is taken on
+    longer = _resolved("phase.max_steps=80", "phase.lr=5e-4")
+    with pytest.raises(RunFolderChanged) as error:
+        check_run_folder(tmp_path, longer, 60, allow_changes=False, samples=SAMPLES, writer=True)
+    assert "The run finished" not in str(error.value) and "Either train into a new folder" in str(error.value)
+
+
 def test_only_global_rank_zero_writes_and_every_rank_decides_alike(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")  # a child Lightning started
     assert not run_record.is_global_zero()

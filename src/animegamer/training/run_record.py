@@ -132,22 +132,35 @@ def refused(changes: list[Change], old: dict, new: dict) -> list[tuple[Change, s
     return [(c, reason) for c in changes if (reason := reason_refused(c, old, new)) is not None]
 
 
+MAX_STEPS_KEY = "phase.max_steps"
+
+
 class RunFolderChanged(ConfigError):
     """A start into a run folder whose checkpoints were made with a config that differs in keys that
     change the training."""
 
     def __init__(self, folder: Path, source: Path, refusals: list[tuple[Change, str]],
-                 new_folder: str = NEW_FOLDER) -> None:
+                 new_folder: str = NEW_FOLDER, finished: str = "") -> None:
         super().__init__([f"{c.describe()} ({reason})" for c, reason in refusals])
-        self.refusals, self.folder, self.source = refusals, folder, source
+        self.refusals, self.folder, self.source, self.finished = refusals, folder, source, finished
+        way = (f"\n{finished[:1].upper()}{finished[1:]}: resuming it trains nothing, so the change takes effect only in a new folder "
+               f"({new_folder}), or with {MAX_STEPS_KEY} above its last step ({OVERRIDE}=true)." if finished else
+               f"\nEither train into a new folder ({new_folder}), or resume this run with the change "
+               f"({OVERRIDE}=true; the change is recorded in {RECORD_FILE}).")
         self.args = (f"{folder} holds checkpoints of a run with another config (recorded in {source}); "
-                     f"{len(refusals)} setting(s) differ:\n" + "\n".join(f"  - {p}" for p in self.problems) +
-                     f"\nEither train into a new folder ({new_folder}), or resume this run with the change "
-                     f"({OVERRIDE}=true; the change is recorded in {RECORD_FILE}).",)
+                     f"{len(refusals)} setting(s) differ:\n" + "\n".join(f"  - {p}" for p in self.problems) + way,)
 
     def advising(self, new_folder: str) -> "RunFolderChanged":
         """The same refusal, naming ``new_folder`` (the command's own option) as the way to a new folder."""
-        return RunFolderChanged(self.folder, self.source, self.refusals, new_folder)
+        return RunFolderChanged(self.folder, self.source, self.refusals, new_folder, self.finished)
+
+
+def finished_run(config: dict, resume_step: int) -> str:
+    """How a run resumed at its last step is named ("" while steps are left to train)."""
+    last = config.get("phase", {}).get("max_steps")
+    if not isinstance(last, int) or resume_step < last:
+        return ""
+    return f"the run finished at step {resume_step} ({MAX_STEPS_KEY}={last})"
 
 
 def read_record(folder: Path) -> tuple[dict, Path] | None:
@@ -262,10 +275,14 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
     else:
         log.warning("%s records no digest of the data its checkpoints were trained on (made before data digests): "
                     "recording the current data's without checking it", source)
+    finished = finished_run(config, resume_step)
     if refusals and not allow_changes:
-        raise RunFolderChanged(folder, source, refusals)
+        raise RunFolderChanged(folder, source, refusals, finished=finished)
     if not changes:
         return Decision([], None if "data" in record else make_record(config, record.get("changes", []), now))
+    if finished and refusals:  # forced with resume_with_changes=true
+        log.warning("%s: %s, so nothing is trained and the changed settings have no effect on its export; train "
+                    "into a new folder, or raise %s", folder, finished, MAX_STEPS_KEY)
     forced = {c.key for c, _ in refusals}
     for change in changes:
         if change.key in forced:
