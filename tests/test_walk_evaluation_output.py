@@ -99,3 +99,20 @@ def test_a_ranking_out_that_is_a_file_is_refused_by_name(tmp_path, capsys):
         rank_main(["--runs", *map(str, runs), "--out", str(file), "--report-only"])
     assert stopped.value.code == USER_ERROR_EXIT_CODE
     assert f"error: --out {file}: {file} is a file, not a folder" in capsys.readouterr().err
+
+
+def test_an_evaluation_played_again_sets_aside_the_earlier_report_before_it_rewrites_the_games(tmp_path):
+    """Its games are played again in place: a replay stopped halfway must not leave the earlier gallery
+    linking to clips not yet written again."""
+    out = tmp_path / "eval"
+    pages = ("metrics.json", "report.md", GALLERY_FILE, "benchmark.json", *STALE_PLOTS[:1])
+    _folder(out, pages)
+    _folder(out / GAMES_FOLDER / "film-000001")
+    moved = set_aside_earlier_outputs(out, _benchmark("film-000001"), untrained=True, reconstruction=True)
+    assert moved == [tmp_path / "eval.earlier-1"]
+    assert sorted(p.name for p in out.iterdir()) == [GAMES_FOLDER]
+    assert sorted(p.name for p in moved[0].iterdir()) == sorted(pages)
+    # a folder without an earlier evaluation's metrics keeps its files (a first run stopped before its report)
+    (out / "benchmark.json").write_text("{}")
+    assert set_aside_earlier_outputs(out, _benchmark("film-000001"), untrained=True, reconstruction=True) == []
+

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from animegamer.checkpoints.export import recorded_start
 from animegamer.checkpoints.trained_data import clip_manifest
 from animegamer.config.schema import PhaseAConfig, RunConfig
+from animegamer.contracts.files import METRICS_FILE
 from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.data.indexed import IndexedShardDataset
 from animegamer.data.phase_a import FEATURES, phase_a_dataset
@@ -179,7 +180,8 @@ def _earlier(path: Path) -> Path:
     return first_free(lambda n: path.with_name(f"{path.name}.earlier-{n}"))
 
 
-def _set_aside_others(folder: Path, others: list[Path], what: str) -> Path | None:
+def _set_aside_others(folder: Path, others: list[Path], what: str,
+                      why: str = "of an earlier evaluation that this one does not play") -> Path | None:
     """Move ``others`` (entries of ``folder``) into ``<folder>.earlier-N``, kept; returns where (None: none)."""
     if not others:
         return None
@@ -187,9 +189,16 @@ def _set_aside_others(folder: Path, others: list[Path], what: str) -> Path | Non
     kept.mkdir()
     for entry in others:
         entry.rename(kept / entry.name)
-    log.warning("%s: %d %s of an earlier evaluation that this one does not play moved to %s",
-                folder, len(others), what, kept)
+    log.warning("%s: %d %s %s moved to %s", folder, len(others), what, why, kept)
     return kept
+
+
+def set_aside_earlier_report(out: Path) -> Path | None:
+    """Move the report, gallery, plots and metrics of an earlier evaluation in ``out`` into ``<out>.earlier-N``,
+    kept: the games they describe are played again in place, so a replay stopped halfway would leave pages
+    linking to clips it has not written yet."""
+    files = sorted(p for p in out.iterdir() if p.is_file()) if (out / METRICS_FILE).is_file() else []
+    return _set_aside_others(out, files, "file(s)", "of an earlier evaluation, whose games this one plays again,")
 
 
 def set_aside_other_games(games: Path, ids: set[str]) -> Path | None:
@@ -223,9 +232,11 @@ def set_aside_earlier_outputs(out: Path, benchmark: dict, untrained: bool, recon
     not rewrite is moved beside it, kept, so that every game, clip and report in the folder is this
     evaluation's: the game folders of games ``benchmark`` does not name (the untrained game's too), the
     held-out clips its turns do not name, the untrained game's folder when ``untrained`` is off, the
-    reconstruction's when ``reconstruction`` is. Returns where things went."""
+    reconstruction's when ``reconstruction`` is, and its report, gallery, plots and metrics, which describe the
+    games played again here. Returns where things went."""
     ids, keys = {game["id"] for game in benchmark["games"]}, benchmark_keys(benchmark)
-    moved = [set_aside_other_games(out / GAMES_FOLDER, ids), set_aside_other_truth(out / TRUTH_FOLDER, keys)]
+    moved = [set_aside_earlier_report(out), set_aside_other_games(out / GAMES_FOLDER, ids),
+             set_aside_other_truth(out / TRUTH_FOLDER, keys)]
     if untrained:
         moved += [set_aside_other_games(out / UNTRAINED_FOLDER / GAMES_FOLDER, ids),
                   set_aside_other_truth(out / UNTRAINED_FOLDER / TRUTH_FOLDER, keys)]
