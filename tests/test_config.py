@@ -244,3 +244,10 @@ def test_an_experiment_file_that_is_not_yaml_is_a_user_error_naming_its_line(tmp
         compose_config("train", ["experiment=mine"], search_path=[tmp_path])
     assert is_user_error(refused.value)
     assert f'in "{tmp_path / "experiment" / "mine.yaml"}", line 2, column 36' in str(refused.value)
+
+
+def test_a_list_given_as_a_word_is_refused_showing_it_in_brackets():
+    with pytest.raises(OverrideError) as refused:
+        compose_config("pipeline", ["pipeline.inputs=user/films"])
+    assert str(refused.value).endswith("(pipeline.inputs: List[str]); a list is written in brackets: "
+                                       "'pipeline.inputs=[user/films]'")

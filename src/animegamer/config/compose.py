@@ -235,6 +235,9 @@ def describe_refusal(error: HydraException, overrides: Sequence[str], name: str 
             kinds = {f.name: f.type for f in dataclasses.fields(schema)}
             if cause.key in kinds:
                 said += f" ({full_key}: {kinds[cause.key]})"
+                key, _, value = override.partition("=")
+                if str(kinds[cause.key]).lower().startswith("list") and not value.startswith("["):
+                    said += f"; a list is written in brackets: '{key}=[{value}]'"
         return f"{override}: {said}"
     in_file = _FILE_REFUSAL.match(str(error))
     if in_file:  # a config file's key or value (a user's experiment file): Hydra chains no cause
