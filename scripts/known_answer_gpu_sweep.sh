@@ -17,7 +17,8 @@ BUDGET_S=${BUDGET_S:-548}
 WORKERS=${WORKERS:-8}  # pipeline workers per variant (16 cores on the host)
 STARTED=$(date +%s)
 # Each start resumes what an earlier start on the same host left in $ROOT; on a fresh host it all starts again.
-if [ -d "$ROOT" ]; then echo "resuming the variants kept in $ROOT"; else echo "no earlier start on this host: every variant starts from the beginning"; fi
+if [ -d "$ROOT" ]; then echo "resuming the variants kept in $ROOT"
+else echo "no earlier start on this host: every variant starts from the beginning"; fi
 source scripts/known_answer_env.sh
 export CUDA_VISIBLE_DEVICES=0
 left() { echo $((BUDGET_S - ($(date +%s) - STARTED))); }

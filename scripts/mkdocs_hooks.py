@@ -36,8 +36,9 @@ and reads only its own keys: a key another command reads is refused naming that 
 every config group with its options (each command's experiments apart), each command's keys, then every
 key with its type, its default in the schema, the commands that read it and what it means. It is
 written from the config files and the dataclasses in `animegamer.config.schema` (`python
-scripts/mkdocs_hooks.py`; the docs build and the tests fail when it is out of date): a group's option (a model preset, a phase, a trainer, an experiment) overrides the schema's defaults. How
-the tree is composed and checked: [Configuration](configuration.md).
+scripts/mkdocs_hooks.py`; the docs build and the tests fail when it is out of date): a group's option
+(a model preset, a phase, a trainer, an experiment) overrides the schema's defaults. How the tree is
+composed and checked: [Configuration](configuration.md).
 
 """
 

@@ -143,8 +143,9 @@ class RunFolderChanged(ConfigError):
                  new_folder: str = NEW_FOLDER, finished: str = "") -> None:
         super().__init__([f"{c.describe()} ({reason})" for c, reason in refusals])
         self.refusals, self.folder, self.source, self.finished = refusals, folder, source, finished
-        way = (f"\n{finished[:1].upper()}{finished[1:]}: resuming it trains nothing, so the change takes effect only in a new folder "
-               f"({new_folder}), or with {MAX_STEPS_KEY} above its last step ({OVERRIDE}=true)." if finished else
+        way = (f"\n{finished[:1].upper()}{finished[1:]}: resuming it trains nothing, so the change takes effect "
+               f"only in a new folder ({new_folder}), or with {MAX_STEPS_KEY} above its last step ({OVERRIDE}=true)."
+               if finished else
                f"\nEither train into a new folder ({new_folder}), or resume this run with the change "
                f"({OVERRIDE}=true; the change is recorded in {RECORD_FILE}).")
         self.args = (f"{folder} holds checkpoints of a run with another config (recorded in {source}); "
