@@ -87,6 +87,17 @@ def test_every_link_resolves_from_the_moved_folder_and_every_clip_has_a_frame_po
         assert pixels.mean() > BLACK and pixels.std() > 1.0, (poster, pixels.mean(), pixels.std())
 
 
+def test_the_report_links_each_games_storyboard_from_the_moved_folder(pages):
+    import re
+
+    report = pages.root / "eval" / "report.md"
+    games = json.loads((pages.root / "eval" / "metrics.json").read_text())["games"]
+    line = next(line for line in report.read_text().splitlines() if line.startswith("Each game turn by turn"))
+    links = dict(re.findall(r"\[([^\]]+)\]\(([^)]+)\)", line))
+    assert sorted(links) == sorted(game["id"] for game in games if game["turns"])
+    assert all((report.parent / target).is_file() and target.endswith("/index.html") for target in links.values())
+
+
 def test_gallery_shows_the_held_out_clip_beside_each_generated_one(pages):
     gallery = pages.root / "eval" / "gallery.html"
     metrics = json.loads((pages.root / "eval" / "metrics.json").read_text())

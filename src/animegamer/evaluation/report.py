@@ -32,6 +32,7 @@ from animegamer.errors import InvalidInputError, MissingInputError
 from animegamer.evaluation import motion_sweep
 from animegamer.evaluation.drawing import figure, markdown_row
 from animegamer.evaluation.judge_record import table2_lines
+from animegamer.game.writer import INDEX_FILE
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
@@ -238,6 +239,12 @@ def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
     return count_of(int(metrics.get("clips") or 0), "clip")
 
 
+def _storyboard_links(games: Sequence[Mapping], out: Path) -> list[str]:
+    """A markdown link to each played game's storyboard page (beside its clips), relative to ``out``."""
+    pages = [(game["id"], Path(game["turns"][0]["video"]).parent / INDEX_FILE) for game in games if game.get("turns")]
+    return [f"[{name}]({relative_path(page, out)})" for name, page in pages if page.is_file()]
+
+
 def _scope(metrics: Mapping, games: Sequence[Mapping]) -> str:
     if games:
         return (f"{_scope_counts(metrics, games)}. Clips: [{GALLERY_FILE}]({GALLERY_FILE}) (each generated clip "
@@ -328,9 +335,13 @@ def _markdown(
     paper: Mapping[str, float],
     paper_name: str,
     plots: Mapping[str, Path],
+    storyboards: Sequence[str] = (),
 ) -> str:
     setup = metrics.get("setup")
-    lines = [f"# {title}", "", _scope(metrics, games), ""] + _setup_lines(setup, _scope_counts(metrics, games))
+    lines = [f"# {title}", "", _scope(metrics, games), ""]
+    if storyboards:
+        lines += [f"Each game turn by turn, with its state bars: {', '.join(storyboards)}.", ""]
+    lines += _setup_lines(setup, _scope_counts(metrics, games))
     ours_name = f"Ours (`{setup['model']}`)" if setup else "Ours"
     lines += ["## Metrics", ""] + _metrics_table(ours, paper, paper_name, ours_name) + [""]
     shown = set(ours) | set(paper)
@@ -491,7 +502,8 @@ def write_report(
     written["metrics_json"] = out / METRICS_FILE
     written["metrics_json"].write_text(json.dumps(_jsonable(payload), indent=2, allow_nan=False) + "\n")
     written["report_md"] = out / "report.md"
-    written["report_md"].write_text(_markdown(title, ours, metrics, games, paper, paper_name, plots) + "\n")
+    markdown = _markdown(title, ours, metrics, games, paper, paper_name, plots, _storyboard_links(games, out))
+    written["report_md"].write_text(markdown + "\n")
     if games:
         written["gallery_html"] = write_gallery(out / GALLERY_FILE, title, games, [_scope_counts(metrics, games)])
     else:
