@@ -43,7 +43,7 @@ def _trained_b_export(composed, folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def evaluations(toy_run, tmp_path_factory):
     from animegamer.config.compose import compose_config
-    from animegamer.evaluation.runner import run as run_evaluation
+    from animegamer.evaluation.reuse import run as run_evaluation  # what animegamer eval runs
 
     pipeline, _ = toy_run
     root = tmp_path_factory.mktemp("evaluation")
@@ -59,8 +59,16 @@ def evaluations(toy_run, tmp_path_factory):
         return json.loads((root / out / "metrics.json").read_text())["metrics"]
 
     trained = evaluate(trained_b, "trained", "evaluation.games=2", f"evaluation.reconstruction_export={exports['c']}")
-    at_start = evaluate(exports["b"], "at_start", "evaluation.games=1", "evaluation.reconstruction_export=''")
-    return SimpleNamespace(root=root, trained=trained, at_start=at_start)
+    at_start_args = (exports["b"], "at_start", "evaluation.games=1", "evaluation.reconstruction_export=''")
+    at_start = evaluate(*at_start_args)
+    return SimpleNamespace(root=root, trained=trained, at_start=at_start, again=lambda: evaluate(*at_start_args))
+
+
+def test_the_command_run_again_with_nothing_changed_reads_its_evaluation_back(evaluations):
+    metrics = evaluations.root / "at_start" / "metrics.json"
+    written = metrics.stat().st_mtime_ns
+    assert evaluations.again() == evaluations.at_start
+    assert metrics.stat().st_mtime_ns == written  # read back, not played and written again
 
 
 def test_every_turn_has_a_psnr_against_its_held_out_clip(evaluations):

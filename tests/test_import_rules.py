@@ -395,7 +395,7 @@ def test_the_repository_keeps_the_import_rules():
     problems = graph_problems(REPO)
     named = {(e.source, e.target) for e in import_graph(REPO)}
     assert ("animegamer.cli.train", "animegamer.phases.run") in named  # the named bodies were read as imports
-    assert ("animegamer.cli.evaluate", "animegamer.evaluation.runner") in named
+    assert ("animegamer.cli.evaluate", "animegamer.evaluation.reuse") in named
     assert not problems, f"{len(problems)} import-rule breach(es) (docs/architecture.md, 'Import rules'):\n" + \
         "\n".join(problems)
 

@@ -41,7 +41,7 @@ from animegamer.config.compose import (carried_over, command_body, compose_confi
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
-from animegamer.contracts.files import CLIPS_DIR, LOSS_HISTORY
+from animegamer.contracts.files import CLIPS_DIR, GAME_PAGE_FILE, LOSS_HISTORY
 from animegamer.contracts.steps import CLIP_STEPS
 from animegamer.data.split_checks import (captions_problems, counts_of, held_out_problems, options_of,
                                          session_problems, split_suggestion, training_problems, validation_gap)
@@ -53,7 +53,7 @@ from animegamer.evaluation.reuse import evaluate_or_reuse, evaluation_fingerprin
 from animegamer.evaluation.runner import story_instructions
 from animegamer.game.models import load_game_models, read_level_flow
 from animegamer.game.scheduler import play_game
-from animegamer.game.writer import GAME_FILE, INDEX_FILE
+from animegamer.game.writer import GAME_FILE
 from animegamer.media.fingerprint import fingerprint
 from animegamer.models.decoder import BASE_FOLDER
 from animegamer.phases.preflight import check_training
@@ -268,9 +268,9 @@ def play_story(composed, out: Path) -> dict:
         record = play_game(models, script, out, seed=cfg.seed, overwrite=True)
     except ValueError as error:  # a malformed state generation ends the game; game.json records it
         log.warning("the demonstration game stopped: %s", error)
-        return {"page": f"{out / INDEX_FILE} (stopped early: {error})", "played": len(story_turns(out)),
+        return {"page": f"{out / GAME_PAGE_FILE} (stopped early: {error})", "played": len(story_turns(out)),
                 "planned": len(script)}
-    return {"page": str(out / INDEX_FILE), "played": len(record["turns"]), "planned": len(script)}
+    return {"page": str(out / GAME_PAGE_FILE), "played": len(record["turns"]), "planned": len(script)}
 
 
 def story_turns(out: Path) -> list[dict]:
@@ -284,7 +284,7 @@ def reused_story(out: Path, fp: str) -> dict | None:
     file of it is in place (None: play it; an unreadable record too)."""
     record = read_json_object(out / STORY_RECORD) or {}
     story = record.get("story") if record.get("fingerprint") == fp else None
-    if not isinstance(story, dict) or not (out / INDEX_FILE).is_file():
+    if not isinstance(story, dict) or not (out / GAME_PAGE_FILE).is_file():
         return None
     turns = story_turns(out)
     if len(turns) != story.get("played") or not all((out / str(t.get("video"))).is_file() for t in turns):

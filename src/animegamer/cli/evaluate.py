@@ -3,7 +3,8 @@
 Plays benchmark games (held-out sessions, or ``evaluation.benchmark=FILE``) with
 ``evaluation.mllm_export`` and ``evaluation.renderer_export`` (a phase (c) export; a phase (a) export
 gives the paper's "without adaptation" setting) and writes metrics.json, report.md, plots and an
-HTML gallery to ``evaluation.out``. See docs/game-and-evaluation.md.
+HTML gallery to ``evaluation.out``; run again with nothing changed, it reads that evaluation back. See
+docs/game-and-evaluation.md.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from animegamer.config.compose import command_body, config_dir, run_command
 from animegamer.errors import exit_on_user_error
 
 # The body (its pre-flight, then the games): torch and the networks load once the overrides passed.
-run = command_body("animegamer.evaluation.runner", "run")
+run = command_body("animegamer.evaluation.reuse", "run")
 
 
 @hydra.main(config_path=str(config_dir()), config_name="evaluate", version_base="1.3")

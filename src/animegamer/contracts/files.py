@@ -23,6 +23,7 @@ CPU_THREADS_FILE = "cpu_threads.json"
 LOSS_HISTORY = "loss_history.json"  # a run folder's [step, seconds, loss] rows, resumed attempts' included
 EXPORT_DIR = "export"
 METRICS_FILE = "metrics.json"
+GAME_PAGE_FILE = "index.html"  # a played game's storyboard page, beside its clips
 SHARD_SUFFIX = ".tar"  # every shard set is tar files of webdataset records
 SHARD_NAME_MAX = 255  # bytes in one file name on the usual file systems (and object-key segments)
 # Letters, digits, '.', '_' and '-', starting with a letter or a digit: no separator, no scheme, no

@@ -26,13 +26,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from animegamer.config.schema import NUM_MOTION_LEVELS
-from animegamer.contracts.files import METRICS_FILE
+from animegamer.contracts.files import GAME_PAGE_FILE, METRICS_FILE
 from animegamer.contracts.states import MOTION_LEVEL
 from animegamer.errors import InvalidInputError, MissingInputError
 from animegamer.evaluation import motion_sweep
 from animegamer.evaluation.drawing import figure, markdown_row
 from animegamer.evaluation.judge_record import table2_lines
-from animegamer.game.writer import INDEX_FILE
 from animegamer.metrics.common import as_metric, format_metric, is_metric, metric_value
 from animegamer.metrics.setup import format_count
 from animegamer.pages import clip_entry, relative_path, write_page
@@ -241,7 +240,7 @@ def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
 
 def _storyboard_links(games: Sequence[Mapping], out: Path) -> list[str]:
     """A markdown link to each played game's storyboard page (beside its clips), relative to ``out``."""
-    pages = [(game["id"], Path(game["turns"][0]["video"]).parent / INDEX_FILE) for game in games if game.get("turns")]
+    pages = [(game["id"], Path(game["turns"][0]["video"]).parent / GAME_PAGE_FILE) for game in games if game.get("turns")]
     return [f"[{name}]({relative_path(page, out)})" for name, page in pages if page.is_file()]
 
 

@@ -17,11 +17,11 @@ from animegamer.checkpoints.trained_data import preset_overrides
 from animegamer.config.compose import compose_config
 from animegamer.config.schema import RunConfig
 from animegamer.config.validate import ConfigError
+from animegamer.contracts.files import GAME_PAGE_FILE
 from animegamer.errors import UserError, exit_on_user_error
 from animegamer.game.models import load_game_models, read_level_flow
 from animegamer.game.preflight import input_problems
 from animegamer.game.scheduler import play_game
-from animegamer.game.writer import INDEX_FILE
 from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
 
@@ -122,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as error:
         log.error("game stopped: %s", error)
         return 1
-    log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / INDEX_FILE)
+    log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / GAME_PAGE_FILE)
     return 0
 
 

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from animegamer.contracts.files import GAME_PAGE_FILE
 from animegamer.contracts.states import CHARACTER_STATES
 from animegamer.errors import OutputExistsError
 from animegamer.game.html import write_storyboard
@@ -16,7 +17,6 @@ from animegamer.pages import POSTER_SUFFIX, poster_path, save_poster
 from animegamer.utils.io import out_dir_problem, write_bytes_atomic, write_json_atomic
 
 GAME_FILE = "game.json"
-INDEX_FILE = "index.html"
 GAME_FORMAT_VERSION = 2  # 2: "window_turns" (was "max_turns"), a poster (turn_NNN.jpg) beside each clip
 
 
@@ -35,7 +35,7 @@ class GameWriter:
                 raise OutputExistsError(f"{self.out_dir} already holds a game ({GAME_FILE}); choose another folder "
                                         "or overwrite it (--overwrite)")
             played = [*self.out_dir.glob("turn_*.mp4"), *self.out_dir.glob(f"turn_*{POSTER_SUFFIX}")]
-            for old in [*played, self.out_dir / GAME_FILE, self.out_dir / INDEX_FILE]:
+            for old in [*played, self.out_dir / GAME_FILE, self.out_dir / GAME_PAGE_FILE]:
                 old.unlink(missing_ok=True)
         self.turns: list[dict] = []
         self.error: Optional[str] = None
@@ -80,7 +80,7 @@ class GameWriter:
     def write_index(self) -> dict:
         record = self.record()
         write_json_atomic(self.out_dir / GAME_FILE, record)
-        write_storyboard(self.out_dir / INDEX_FILE, record)
+        write_storyboard(self.out_dir / GAME_PAGE_FILE, record)
         return record
 
     def fail(self, error: BaseException) -> None:
