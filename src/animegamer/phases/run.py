@@ -101,7 +101,9 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
-def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
+def make_trainer(cfg: RunConfig, callbacks: list, finished: bool = False) -> L.Trainer:
+    """``finished``: the run resumes at its last step, so it trains nothing and its model summary says nothing
+    new."""
     t = cfg.trainer
     quiet_lightning()
     return L.Trainer(
@@ -114,6 +116,7 @@ def make_trainer(cfg: RunConfig, callbacks: list) -> L.Trainer:
         log_every_n_steps=t.log_every_n_steps, deterministic=t.deterministic, benchmark=t.benchmark,
         logger=make_logger(cfg), callbacks=[*callbacks, StepProgressBar()], default_root_dir=cfg.output_dir,
         enable_progress_bar=True, num_sanity_val_steps=0, profiler=make_profiler(cfg),
+        enable_model_summary=not finished,
     )
 
 
@@ -177,7 +180,7 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         if cfg.trainer.sync_debug:
             callbacks.append(SyncSites(out))
         callbacks.extend(resuming)
-        trainer = make_trainer(cfg, callbacks)
+        trainer = make_trainer(cfg, callbacks, resume is not None and checkpoint_step(resume) >= cfg.phase.max_steps)
         host_rendezvous(trainer)  # before fit launches the other ranks
         module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
         # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
