@@ -164,7 +164,7 @@ def _install_faults(request: dict) -> None:
     if kill or pause:
         make_trainer = runner.make_trainer
         fault = _fault_callback(kill, pause, request["log"] + ".ready")
-        runner.make_trainer = lambda cfg, callbacks: make_trainer(cfg, [*callbacks, fault])
+        runner.make_trainer = lambda cfg, callbacks, **kw: make_trainer(cfg, [*callbacks, fault], **kw)
     if request.get("kill_in_save"):
         save, saves = torch.save, [0]
 

@@ -216,7 +216,8 @@ class Preempt(L.Callback):
 
 def test_keep_last_holds_after_a_preemption_save(features, tmp_path, monkeypatch):
     make_trainer = runner.make_trainer
-    monkeypatch.setattr(runner, "make_trainer", lambda cfg, callbacks: make_trainer(cfg, [*callbacks, Preempt()]))
+    monkeypatch.setattr(runner, "make_trainer",
+                        lambda cfg, callbacks, **kw: make_trainer(cfg, [*callbacks, Preempt()], **kw))
     handler = signal.getsignal(signal.SIGTERM)
     output = tmp_path / "run"
     try:

@@ -151,7 +151,8 @@ def deepspeed_run(features, output, monkeypatch, *overrides, nan_steps=(), huge_
     monkeypatch.setattr(PhaseA, "training_step", training_step)
     record = Record()
     make_trainer = runner.make_trainer
-    monkeypatch.setattr(runner, "make_trainer", lambda cfg, callbacks: make_trainer(cfg, [*callbacks, record]))
+    monkeypatch.setattr(runner, "make_trainer",
+                        lambda cfg, callbacks, **kw: make_trainer(cfg, [*callbacks, record], **kw))
     composed, cfg = tiny_train_cfg(features, output, "phase=a_joint", f"phase.max_steps={STEPS}", "logger=none",
                                    "trainer.strategy=deepspeed_stage_2", "trainer.precision=bf16-mixed",
                                    f"phase.grad_clip={CLIP}", *overrides)

@@ -30,6 +30,7 @@ from phase_c_helpers import write_synthetic_adaptation
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.contracts.files import EXPORT_DIR
+from animegamer.errors import INTERRUPTED_EXIT_CODE
 from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.training.checkpoint_integrity import RECORD_SUFFIX
 from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_partials, resume_checkpoint
@@ -167,7 +168,7 @@ PREEMPTIONS = {
 
 
 @pytest.mark.parametrize("case", sorted(PREEMPTIONS))
-def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, driver, data, references, tmp_path):
+def test_a_stop_signal_saves_at_a_step_boundary_exits_with_its_code_and_resumes(case, driver, data, references, tmp_path):
     accumulate, pause, step = PREEMPTIONS[case]
     overrides = _overrides("a_joint", data, f"trainer.accumulate_grad_batches={accumulate}")
     output = tmp_path / "preempted"
@@ -180,9 +181,10 @@ def test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly(case, dr
     os.kill(pid, getattr(signal, pause.get("signal", "SIGTERM")))  # from outside, as a scheduler (or a terminal) does
     rc = driver.wait(pid)
     log = driver.logs[pid].read_text()
-    assert rc == PREEMPTED_EXIT_CODE, log[-4000:]
-    assert f"preempted at step {step}" in log
-    assert ("Ctrl-C: saving a checkpoint" in log) == (pause.get("signal") == "SIGINT")
+    ctrl_c = pause.get("signal") == "SIGINT"  # a user's stop: the shell's code for Ctrl-C, not a scheduler's
+    assert rc == (INTERRUPTED_EXIT_CODE if ctrl_c else PREEMPTED_EXIT_CODE), log[-4000:]
+    assert f"{'stopped by Ctrl-C' if ctrl_c else 'preempted'} at step {step}" in log
+    assert ("Ctrl-C: saving a checkpoint" in log) == ctrl_c
 
     saved = resume_checkpoint(output / "checkpoints")
     assert saved.name == checkpoint_name(step)
@@ -307,7 +309,8 @@ def _nan_run(data, tmp_path, monkeypatch, nan_steps: set[int], *overrides: str):
 
     record = Record()
     make_trainer = runner.make_trainer
-    monkeypatch.setattr(runner, "make_trainer", lambda cfg, callbacks: make_trainer(cfg, [*callbacks, record]))
+    monkeypatch.setattr(runner, "make_trainer",
+                        lambda cfg, callbacks, **kw: make_trainer(cfg, [*callbacks, record], **kw))
     composed, cfg = tiny_train_cfg(data["features"], tmp_path / "run", "phase=a_joint", "phase.max_steps=4",
                                    "logger=none", *overrides)
     return record, lambda: runner.train(cfg, composed)

@@ -46,7 +46,7 @@ SLOW = frozenset({
     "test_evaluation.py",
     "test_faults.py::test_pipeline_killed_at_random_tasks_resumes_to_identical_shards",
     "test_faults.py::test_sigkill_at_random_steps_and_mid_checkpoint_write_resumes_exactly",
-    "test_faults.py::test_sigterm_saves_at_a_step_boundary_exits_143_and_resumes_exactly",
+    "test_faults.py::test_a_stop_signal_saves_at_a_step_boundary_exits_with_its_code_and_resumes",
     "test_fp8.py::test_fp8_benchmark_runs_both_variants_on_cpu",
     "test_fp8_play.py::test_play_stores_exactly_the_frozen_base_weights_in_float8",
     "test_frozen_encoders.py::test_tiny_encoders_are_small_enough_for_cpu",

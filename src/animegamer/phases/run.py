@@ -32,7 +32,7 @@ from animegamer.training.callbacks import ExportCallback, RecordOnSave, ResumeSe
 from animegamer.training.checkpointing import (CHECKPOINT_DIR, AtomicCheckpointIO, KeepLastCheckpoint,
                                                checkpoint_name, checkpoint_step, clean_partials, resume_checkpoint,
                                                save_checkpoint)
-from animegamer.training.faults import PREEMPTED_EXIT_CODE, LossHistory, Preemption
+from animegamer.training.faults import LossHistory, Preemption
 from animegamer.training.loggers import make_logger
 from animegamer.training.process_group import host_rendezvous, process_group_lifetime
 from animegamer.training.profiling import make_profiler, summarise_traces
@@ -180,7 +180,8 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         if cfg.trainer.sync_debug:
             callbacks.append(SyncSites(out))
         callbacks.extend(resuming)
-        trainer = make_trainer(cfg, callbacks, resume is not None and checkpoint_step(resume) >= cfg.phase.max_steps)
+        finished = resume is not None and checkpoint_step(resume) >= cfg.phase.max_steps
+        trainer = make_trainer(cfg, callbacks, finished=finished)
         host_rendezvous(trainer)  # before fit launches the other ranks
         module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
         # Lightning re-orders callbacks when fitting starts (checkpointing last), so adding them now is fine.
@@ -191,7 +192,7 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         try:
             trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
         except SIGTERMException as stop:
-            raise SystemExit(PREEMPTED_EXIT_CODE) from stop
+            raise SystemExit(preemption.exit_code) from stop
         finally:
             preemption.restore()
     # The periodic saves may miss the final step: save it so a longer run continues from here.

@@ -14,11 +14,14 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from animegamer.contracts.files import LOSS_HISTORY
+from animegamer.errors import INTERRUPTED_EXIT_CODE
 from animegamer.training.checkpointing import checkpoint_name, save_checkpoint
 
 log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect of a job stopped by a signal
+# The exit codes of a run that every rank stopped at the same step, saved: a scheduler's signal, or Ctrl-C.
+SAVED_STOP_CODES = (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)
 INTERRUPT_NOTE = (b"\nCtrl-C: saving a checkpoint at the end of this optimizer step, then exiting "
                   b"(press Ctrl-C again to stop at once without it)\n")
 
@@ -43,6 +46,16 @@ class Preemption(L.Callback):
         self.received: int | None = None
         self._requested = False
         self._before: dict[int, object] = {}  # the handlers to put back when the fit ends
+
+    @property
+    def interactive(self) -> bool:
+        """The stop was a user's Ctrl-C, not a scheduler's signal."""
+        return self.received == signal.SIGINT
+
+    @property
+    def exit_code(self) -> int:
+        """What the process exits with once saved: a scheduler's code for its signals, the shell's for Ctrl-C."""
+        return INTERRUPTED_EXIT_CODE if self.interactive else PREEMPTED_EXIT_CODE
 
     def _note(self, signum: int, _frame) -> None:
         if signum == signal.SIGINT:
@@ -103,8 +116,8 @@ class Preemption(L.Callback):
         path = self.folder / checkpoint_name(trainer.global_step)
         if not path.exists():
             save_checkpoint(trainer, path, self.keep_last)
-        log.warning("preempted at step %d: checkpoint %s saved; the next run resumes from it",
-                    trainer.global_step, path)
+        log.warning("%s at step %d: checkpoint %s saved; the next run resumes from it",
+                    "stopped by Ctrl-C" if self.interactive else "preempted", trainer.global_step, path)
         if self.received == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID") and trainer.is_global_zero:
             job = os.environ["SLURM_JOB_ID"]
             if os.environ.get("SLURM_ARRAY_JOB_ID"):

@@ -28,7 +28,7 @@ import logging
 import os
 from typing import Iterator
 
-from animegamer.training.faults import PREEMPTED_EXIT_CODE
+from animegamer.training.faults import SAVED_STOP_CODES
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,14 @@ def end_process_group(synchronize: bool) -> None:
 @contextlib.contextmanager
 def process_group_lifetime() -> Iterator[None]:
     """Around a training run: :func:`end_process_group` when it ends. After a finished run, or a preemption
-    (``SystemExit(PREEMPTED_EXIT_CODE)``: every rank stopped at the same step and saved together), the
+    (``SystemExit`` with a code of ``SAVED_STOP_CODES``: every rank stopped at the same step and saved together), the
     ranks synchronize first; after a failure they do not, as a peer may never arrive."""
     ended_together = False
     try:
         yield
         ended_together = True
     except SystemExit as stop:
-        ended_together = stop.code == PREEMPTED_EXIT_CODE
+        ended_together = stop.code in SAVED_STOP_CODES
         raise
     finally:
         end_process_group(synchronize=ended_together)
