@@ -168,7 +168,8 @@ PREEMPTIONS = {
 
 
 @pytest.mark.parametrize("case", sorted(PREEMPTIONS))
-def test_a_stop_signal_saves_at_a_step_boundary_exits_with_its_code_and_resumes(case, driver, data, references, tmp_path):
+def test_a_stop_signal_saves_at_a_step_boundary_exits_with_its_code_and_resumes(case, driver, data, references,
+                                                                               tmp_path):
     accumulate, pause, step = PREEMPTIONS[case]
     overrides = _overrides("a_joint", data, f"trainer.accumulate_grad_batches={accumulate}")
     output = tmp_path / "preempted"
