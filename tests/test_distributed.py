@@ -20,6 +20,7 @@ from phase_a_helpers import logged_losses, write_synthetic_features
 from phase_b_helpers import write_synthetic_sessions
 from phase_c_helpers import write_synthetic_adaptation
 
+from animegamer.errors import INTERRUPTED_EXIT_CODE
 from animegamer.training.faults import PREEMPTED_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,6 +224,7 @@ def test_a_port_chosen_outside_is_left_alone(monkeypatch):
 
 
 @pytest.mark.parametrize(("stop", "synchronized"), [(None, [True]), (SystemExit(PREEMPTED_EXIT_CODE), [True]),
+                                                    (SystemExit(INTERRUPTED_EXIT_CODE), [True]),  # Ctrl-C, saved
                                                     (SystemExit(1), [False]), (RuntimeError("a step failed"), [False])])
 def test_the_group_ends_however_the_run_ends(stop, synchronized, monkeypatch):
     """A finished or preempted run synchronizes before the group goes; a failed one does not wait for
