@@ -152,8 +152,6 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # count it started with, on which its float sums depend.
     cpu = str(cfg.trainer.accelerator).lower() == "cpu"
     threads = use_threads(cfg.trainer.devices, recorded_threads(out) if cpu and resume is not None else None)
-    if cpu and resume is None and is_global_zero():
-        record_threads(out, threads)
     L.seed_everything(cfg.seed, workers=True)
     if resume is not None:
         # Refused here, before anything is built: FSDP and DeepSpeed read checkpoints past the
@@ -168,6 +166,8 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # The record is written before the data is first read (the phase is built, then fitted): a fresh start
     # refused there (say, a data.root server without byte ranges) leaves no record of a run never trained.
     with kept_only_once_trained(out, resume is None and is_global_zero(), trained):
+        if cpu and resume is None and is_global_zero():
+            record_threads(out, threads)
         resuming = run_folder_callbacks(cfg, resolved, resume)
         keep_last = cfg.checkpoint.keep_last  # for every save: periodic, preemption and final
         checkpoints = KeepLastCheckpoint(folder, cfg.checkpoint.every_n_steps, keep_last)

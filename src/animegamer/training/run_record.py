@@ -313,18 +313,20 @@ def record_threads(folder: str | Path, count: int) -> None:
 
 @contextmanager
 def kept_only_once_trained(folder: str | Path, fresh: bool, trained: Callable[[], bool]) -> Iterator[None]:
-    """Around a start that writes the record of a fresh run (``fresh``: no checkpoint, global rank 0): when
-    the start fails before ``trained()`` (a step trained, or a checkpoint in the folder), the record
-    file is put back as it was before (removed, or the earlier bytes written again), so a start refused
-    at run time leaves no record of a run that never trained. A resume writes no record here: untouched."""
-    path = Path(folder) / RECORD_FILE
-    before = path.read_bytes() if fresh and path.is_file() else None
+    """Around a start that writes the records of a fresh run (``fresh``: no checkpoint, global rank 0): when
+    the start fails before ``trained()`` (a step trained, or a checkpoint in the folder), the record and
+    thread-count files are put back as they were before (removed, or the earlier bytes written again), so a
+    start refused at run time leaves no record of a run that never trained. A resume writes no record
+    here: untouched."""
+    paths = [Path(folder) / name for name in (RECORD_FILE, CPU_THREADS_FILE)]
+    before = {path: path.read_bytes() if fresh and path.is_file() else None for path in paths}
     try:
         yield
     except BaseException:
         if fresh and not trained():
-            if before is None:
-                path.unlink(missing_ok=True)
-            elif not path.is_file() or path.read_bytes() != before:
-                write_bytes_atomic(path, before)
+            for path, earlier in before.items():
+                if earlier is None:
+                    path.unlink(missing_ok=True)
+                elif not path.is_file() or path.read_bytes() != earlier:
+                    write_bytes_atomic(path, earlier)
         raise
