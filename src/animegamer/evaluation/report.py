@@ -240,7 +240,8 @@ def _scope_counts(metrics: Mapping, games: Sequence[Mapping]) -> str:
 
 def _storyboard_links(games: Sequence[Mapping], out: Path) -> list[str]:
     """A markdown link to each played game's storyboard page (beside its clips), relative to ``out``."""
-    pages = [(game["id"], Path(game["turns"][0]["video"]).parent / GAME_PAGE_FILE) for game in games if game.get("turns")]
+    pages = [(game["id"], Path(game["turns"][0]["video"]).parent / GAME_PAGE_FILE)
+             for game in games if game.get("turns")]
     return [f"[{name}]({relative_path(page, out)})" for name, page in pages if page.is_file()]
 
 

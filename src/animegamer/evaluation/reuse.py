@@ -21,12 +21,10 @@ from animegamer.checkpoints.export import EXPORT_FILE, TRAINED_FILE
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
 from animegamer.contracts.files import METRICS_FILE
 from animegamer.evaluation import runner
-from animegamer.evaluation.preflight import validate_eval_run
 from animegamer.evaluation.record import RECORD_FILE, forget_record
 from animegamer.evaluation.report import read_evaluation
 from animegamer.media.fingerprint import fingerprint
 from animegamer.utils.io import read_json_if_exists, sha256_file, write_json_atomic
-from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +67,5 @@ def evaluate_or_reuse(composed, play: Callable[[Any], dict] | None = None) -> di
 def run(composed) -> dict:
     """What ``animegamer eval`` runs: its pre-flight (every problem at once), then the evaluation, read back
     where it already ran to its end with nothing changed (:func:`evaluate_or_reuse`)."""
-    setup_logging(composed.log_level)
-    validate_eval_run(composed)
+    runner.preflight(composed)
     return evaluate_or_reuse(composed, lambda checked: runner.evaluate(OmegaConf.to_object(checked)))

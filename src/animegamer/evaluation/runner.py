@@ -503,8 +503,13 @@ def evaluate(cfg: RunConfig) -> dict:
     return {"metrics": metrics, "files": {k: str(v) for k, v in files.items()}, "out": str(out)}
 
 
-def run(composed) -> dict:
-    """Validate (every problem at once) and evaluate; what ``evaluate.py`` calls."""
+def preflight(composed) -> None:
+    """Logging, then every problem of the evaluation at once (:class:`~animegamer.config.validate.ConfigError`)."""
     setup_logging(composed.log_level)
     validate_eval_run(composed)
+
+
+def run(composed) -> dict:
+    """Validate (every problem at once) and evaluate, whatever an earlier evaluation left."""
+    preflight(composed)
     return evaluate(OmegaConf.to_object(composed))

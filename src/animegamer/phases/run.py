@@ -36,7 +36,8 @@ from animegamer.training.faults import LossHistory, Preemption
 from animegamer.training.loggers import make_logger
 from animegamer.training.process_group import host_rendezvous, process_group_lifetime
 from animegamer.training.profiling import make_profiler, summarise_traces
-from animegamer.training.run_record import check_run_folder, kept_only_once_trained, record_threads, recorded_threads
+from animegamer.training.run_record import (check_run_folder, finished_run, kept_only_once_trained, record_threads,
+                                            recorded_threads)
 from animegamer.training.safe_io import ensure_weights_only
 from animegamer.training.strategies import checkpoint_safe_globals, is_deepspeed, lightning_precision, module_init
 from animegamer.training.sync_sites import SyncSites
@@ -180,7 +181,7 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
         if cfg.trainer.sync_debug:
             callbacks.append(SyncSites(out))
         callbacks.extend(resuming)
-        finished = resume is not None and checkpoint_step(resume) >= cfg.phase.max_steps
+        finished = resume is not None and bool(finished_run(resolved, checkpoint_step(resume)))
         trainer = make_trainer(cfg, callbacks, finished=finished)
         host_rendezvous(trainer)  # before fit launches the other ranks
         module, data, export_fn, phase_callbacks = build_phase(cfg, module_init(cfg, trainer))
