@@ -144,8 +144,20 @@ def wait(proc: subprocess.Popen, log: Path, limit: float) -> int:
         raise RuntimeError(f"timed out; log tail:\n{log.read_text()[-3000:]}")
 
 
-def checkpoint_done(folder: Path, step: int) -> bool:
-    return is_complete(folder / CHECKPOINT_DIR / checkpoint_name(step))
+def metric_rows(out: Path) -> list[dict]:
+    """Every row of the run's CSV training logs, earlier attempts' included."""
+    return [r for path in sorted((out / "logs").glob("metrics*.csv")) for r in csv.DictReader(open(path))]
+
+
+def saved_and_logged(folder: Path, step: int) -> bool:
+    """The checkpoint of ``step`` is complete and its save row has reached the training log: a kill
+    before the log's flush would lose the launch's rows (its start-up time among them)."""
+    if not is_complete(folder / CHECKPOINT_DIR / checkpoint_name(step)):
+        return False
+    try:
+        return any(r.get("ckpt/save_s") and int(float(r["step"])) == step for r in metric_rows(folder))
+    except (OSError, ValueError, KeyError, csv.Error):  # the file is being written: look again
+        return False
 
 
 def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = None, gpu: int | None = None) -> dict:
@@ -159,7 +171,7 @@ def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = N
     proc = launch(cmd, log, gpu)
     killed = False
     if kill_at is not None:
-        while proc.poll() is None and not checkpoint_done(out, kill_at):
+        while proc.poll() is None and not saved_and_logged(out, kill_at):
             time.sleep(0.5)
         time.sleep(args.kill_delay)  # a few steps past the checkpoint: they are lost and redone
         if proc.poll() is None:
@@ -178,7 +190,7 @@ def train(args, phase, strategy, gpus, data, out, steps, kill_at: int | None = N
 def perf(out: Path) -> dict:
     """Medians of the throughput rows after the first (warm-up) one; every save's seconds and GiB
     (``ckpt/save_*``) and every launch's seconds to its first step (``perf/startup_s``, fresh or resumed)."""
-    every = [r for path in sorted((out / "logs").glob("metrics*.csv")) for r in csv.DictReader(open(path))]
+    every = metric_rows(out)
     rows = [r for r in every if r.get("perf/step_s")]
     found = {}
     for key in ("perf/samples_per_s", "perf/tokens_per_s", "perf/mfu", "perf/step_s", "perf/peak_mem_gib"):

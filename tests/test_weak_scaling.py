@@ -110,3 +110,19 @@ def test_cpu_rehearsal_two_nodes_equal_one_node_of_as_many_processes(rehearsals)
     assert record["single_node"]["gpus"] == 2 and len(record["single_node"]["loss_curve"]) == 4
     assert record["two_nodes_vs_single_node"] == {"steps": 4, "max_rel_diff": 0.0, "median_rel_diff": 0.0,
                                                   "bitwise_equal_steps": 4}
+
+
+def test_a_kill_waits_for_the_checkpoint_and_its_save_row_in_the_log(tmp_path):
+    """The kill lands only once the checkpoint is complete and the training log holds its save row:
+    killed between the two, a launch's rows (its start-up time among them) would never reach the log."""
+    import strategies
+    from animegamer.contracts.checkpoint_names import CHECKPOINT_DIR, checkpoint_name
+
+    (tmp_path / CHECKPOINT_DIR).mkdir()
+    (tmp_path / CHECKPOINT_DIR / checkpoint_name(2)).write_bytes(b"saved")
+    assert not strategies.saved_and_logged(tmp_path, 2)  # saved, the log not yet flushed
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.csv").write_text("step,perf/startup_s,ckpt/save_s\n1,3.0,\n")
+    assert not strategies.saved_and_logged(tmp_path, 2)
+    (tmp_path / "logs" / "metrics.csv").write_text("step,perf/startup_s,ckpt/save_s\n1,3.0,\n2,,0.4\n")
+    assert strategies.saved_and_logged(tmp_path, 2) and not strategies.saved_and_logged(tmp_path, 4)
