@@ -93,6 +93,15 @@ def test_table3_recipe_on_tiny_models(toy_run, clip_model, tmp_path):
     assert main(argv)["variants"] == table["variants"]  # resumed at the last step, the same scores: nothing redone
     assert stamps() == before
 
+    # The whole folder moved elsewhere (every stage's start and folder path changes): nothing redone there either.
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    out = moved
+    before = stamps()
+    again = main([*argv[:1], str(moved), *argv[2:]])["variants"]
+    assert [{**row, "export": None} for row in again] == [{**row, "export": None} for row in table["variants"]]
+    assert stamps() == before
+
 
 def test_table3_shows_every_measured_metric_and_footnotes_what_was_not(tmp_path):
     """A CPU run without CLIP or DreamSim weights still measures PSNR, ACC-F and MAE-F, and the gap to the

@@ -101,13 +101,28 @@ def test_the_sweep_renders_every_clip_at_every_level_and_names_what_it_could_not
 
 
 # --------------------------------------------------------------------------- in the evaluation
-def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_run, tmp_path: Path) -> None:
+def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_run, tmp_path: Path, monkeypatch) -> None:
     from test_pages import _untrained_exports
+    from tqdm import tqdm
 
     from animegamer.config.compose import compose_config
+    from animegamer.evaluation import runner
     from animegamer.evaluation.runner import RECONSTRUCTION_FOLDER
     from animegamer.evaluation.runner import run as run_evaluation
     from animegamer.game.models import read_level_flow
+
+    bars = []
+
+    class Bar(tqdm):  # the reconstruction's progress, counted whether or not a terminal shows it
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+            self.counted, self.planned = 0, kwargs["total"]
+            bars.append(self)
+
+        def update(self, n=1):
+            self.counted += n
+
+    monkeypatch.setattr(runner, "tqdm", Bar)
 
     pipeline, _ = toy_run
     base = ["experiment=quickstart_eval", f"pipeline.output={pipeline}", "data.sessions=clips", *SMALL_CLIPS]
@@ -124,6 +139,8 @@ def test_the_evaluation_sweeps_its_reconstructions_into_metrics_and_report(toy_r
     assert found["clips"] == reconstruction["clips"] == clips
     flows = read_level_flow(Path(pipeline) / "clips")
     assert found["requested"] == [flows[level] for level in LEVELS]  # the manifest's per-level median flows
+    # one bar step per clip sampled: its own representation, then each level's flow (no shuffle for one clip)
+    assert [(bar.counted, bar.planned) for bar in bars] == [(clips * (1 + len(LEVELS)),) * 2]
     pixel = found["measures"][PIXEL_FLOW]
     assert np.asarray(pixel["values"]).shape == (clips, len(LEVELS))
     assert reconstruction[HEADLINE[PIXEL_FLOW][1]]["value"] == pixel["rising_share"]

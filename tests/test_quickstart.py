@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import av
 import numpy as np
 import pytest
 
@@ -22,7 +23,9 @@ def test_quickstart_end_to_end(quickstart):
     manifest = read_manifest(summary["representations"])
     assert manifest["export_sha256"] and manifest["features_manifest_sha256"]
     assert summary["phase a2 val/loss"] is not None and np.isfinite(summary["phase a2 val/loss"])
-    assert list((root / "a_joint" / "validation").rglob("*.mp4"))
+    videos = list((root / "a_joint" / "validation").rglob("*.mp4"))
+    with av.open(str(videos[0])) as video:  # at the frame rate the clips were cut at
+        assert float(video.streams.video[0].average_rate) == read_manifest(summary["clip shards"])["config"]["pipeline"]["clips"]["fps"]
     sessions = read_manifest(summary["session shards"])
     assert sessions["counts"]["sessions"] > 0 and sessions["representations_manifest_sha256"]
     adaptation = list(iter_samples(shard_urls(summary["adaptation shards"]), video=False))

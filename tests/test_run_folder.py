@@ -67,6 +67,8 @@ def test_diff_lists_every_changed_key_and_refuses_only_what_alters_the_training(
     (["trainer.devices=-1"], ["trainer.devices=2"], ["trainer.devices"]),  # -1: unknown before the run
     ([], ["trainer.strategy=fsdp"], ["trainer.strategy"]),
     ([], ["model.decoder.gradient_checkpointing=true", "data.num_workers=2", "pipeline.workers=4"], []),
+    # The pipeline's settings: training reads the shards they made (digested), not them.
+    ([], ["pipeline.clips.height=96", "pipeline.clips.fps=4", "pipeline.workers=2"], []),
     # Sampling settings: only the game, the evaluation and validation's samples read them.
     ([], ["model.diffusion.sampling_steps=3", "model.diffusion.guidance_scale=1.0",
           "model.diffusion.guidance_exponent=1.0", "model.diffusion.cache=first_block",
@@ -189,6 +191,49 @@ def test_data_changed_under_the_run_folder_is_refused_naming_its_manifest(tmp_pa
     assert decision.changes == [] and "records no digest of the data" in caplog.text
     assert decision.pending["data"] == run_record.data_digests(config, SAMPLES)
     assert decision.pending["data"]["data.features"]
+
+
+def test_inputs_moved_with_what_they_hold_are_accepted_and_changed_contents_refused(tmp_path, caplog):
+    """A run folder copied with its data and its start (a recipe's --out): every path differs, what the
+    paths hold does not, so the resume goes on; a start of other content, or other shards, is refused."""
+    def inputs(where: Path, export_text: str, sha: str) -> list[str]:
+        (where / "export").mkdir(parents=True)
+        (where / "export" / "export.json").write_text(export_text)
+        for folder in ("feats", "clips"):
+            (where / "data" / folder).mkdir(parents=True)
+            (where / "data" / folder / "manifest.json").write_text(json.dumps(
+                {"kind": folder, "shards": [{"name": "shard-000000.tar", "count": 3, "sha256": sha}]}))
+        return [f"data.root={where / 'data'}", "data.features=feats", f"phase.init_from={where / 'export'}",
+                f"pipeline.output={where / 'data'}"]
+
+    out = tmp_path / "run"
+    out.mkdir()
+    check_run_folder(out, _resolved(*inputs(tmp_path / "first", '{"step": 20}', "a" * 64)), None,
+                     allow_changes=False, samples=SAMPLES, writer=True)
+    moved = _resolved(*inputs(tmp_path / "copy", '{"step": 20}', "a" * 64))
+    with caplog.at_level("INFO"):
+        decision = check_run_folder(out, moved, 30, allow_changes=False, samples=SAMPLES, writer=True)
+    assert sorted(c.key for c in decision.changes) == ["data.root", "phase.init_from", "pipeline.output"]
+    assert decision.pending["changes"][-1]["forced"] == [] and "resuming with phase.init_from" in caplog.text
+
+    other_start = _resolved(*inputs(tmp_path / "other", '{"step": 40}', "a" * 64))
+    with pytest.raises(RunFolderChanged) as error:
+        check_run_folder(out, other_start, 30, allow_changes=False, samples=SAMPLES, writer=True)
+    assert [c.key for c, _ in error.value.refusals] == ["phase.init_from"]
+    other_data = _resolved(*inputs(tmp_path / "shards", '{"step": 20}', "b" * 64))
+    with pytest.raises(RunFolderChanged) as error:
+        check_run_folder(out, other_data, 30, allow_changes=False, samples=SAMPLES, writer=True)
+    refused_keys = [c.key for c, _ in error.value.refusals]
+    assert refused_keys[0] == "data.root" and len(refused_keys) == 3  # and both manifests, named by path
+
+    # A record made before input digests: the recorded start's export, where it still is, is compared.
+    record = json.loads((out / RECORD_FILE).read_text())
+    del record["inputs"]
+    write_record(out, record)
+    assert check_run_folder(out, moved, 30, allow_changes=False, samples=SAMPLES, writer=True).pending
+    (tmp_path / "first" / "export" / "export.json").unlink()
+    with pytest.raises(RunFolderChanged, match="phase.init_from"):
+        check_run_folder(out, moved, 30, allow_changes=False, samples=SAMPLES, writer=True)
 
 
 # ------------------------------------------------------------------------------------------ train.py's path

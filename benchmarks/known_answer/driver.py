@@ -52,6 +52,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from animegamer.config.compose import path_override, quoted
+from animegamer.config.schema import INIT_FROM_KEY
 from animegamer.contracts.files import ADAPTATION_DIR, METRICS_FILE, REPRESENTATIONS_DIR
 from animegamer.contracts.shards import PRED_REP, REP
 from animegamer.data.shards import folder_shards, iter_samples
@@ -61,7 +62,7 @@ from animegamer.media.video import decode_mp4
 from animegamer.metrics.psnr import psnr
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.errors import InvalidInputError, UserError, exit_on_user_error
-from animegamer.recipe import (INIT_FROM, Recipe, evaluation_config, run_recipe, train_stage, trained_seconds,
+from animegamer.recipe import (Recipe, evaluation_config, run_recipe, train_stage, trained_seconds,
                               trained_vae)
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 from animegamer.utils.logging import setup_logging
@@ -276,7 +277,7 @@ def ablation_stage(layout: Layout, size: BenchmarkSize, name: str, extra: Sequen
     return [search_path(TRAIN), f"experiment=known_answer_{size.name}_a", f"seed={layout.seed}",
             *data_overrides(layout), *size.overrides, *vae_overrides(layout, size), *ablation.overrides, *extra,
             *size.for_stage("a"), stage_folders(layout.runs / ("ablation_" + name)), f"phase={phase}",
-            *([] if init_from is None else [path_override(INIT_FROM, init_from)])]
+            *([] if init_from is None else [path_override(INIT_FROM_KEY, init_from)])]
 
 
 def train_ablation(layout: Layout, size: BenchmarkSize, name: str, extra: Sequence[str]) -> str:

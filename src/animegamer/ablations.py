@@ -40,6 +40,7 @@ from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.checkpoints.trained_data import clip_manifest_sha256
 from animegamer.config.compose import compose_config, group_options, path_override
 from animegamer.config.validate import ConfigError
+from animegamer.config.schema import INIT_FROM_KEY
 from animegamer.contracts.files import METRICS_FILE, TRAINED_FILE
 from animegamer.errors import UserError, exit_on_user_error
 from animegamer.evaluation.preflight import check_evaluated_exports
@@ -49,7 +50,7 @@ from animegamer.metrics.baselines import SHUFFLED
 from animegamer.metrics.common import as_metric, available, format_metric
 from animegamer.phases.preflight import validate_train_run
 from animegamer.phases.specs import A_JOINT, A_WARMUP
-from animegamer.recipe import INIT_FROM, OUT_NEW_FOLDER, check_recipe, evaluation_of, stage_overrides, train_stage
+from animegamer.recipe import OUT_NEW_FOLDER, check_recipe, evaluation_of, stage_overrides, train_stage
 from animegamer.utils.io import read_json, sha256_file, write_json_atomic
 from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
@@ -97,7 +98,7 @@ class Variant:
     def stage(self, phase: str, extra: list[str], steps: int = 0, init_from: str = "") -> list[str]:
         """Train overrides of one stage of this variant, into its own folder (of ``extra``, those of the train
         root); every folder quoted, so any ``--out`` name reaches the stage as it is."""
-        return [f"experiment={self.experiment}", f"phase={phase}", path_override(INIT_FROM, init_from),
+        return [f"experiment={self.experiment}", f"phase={phase}", path_override(INIT_FROM_KEY, init_from),
                 *stage_overrides(TRAIN, extra),
                 *([f"phase.max_steps={steps}"] if steps else []), path_override("output_dir", self.folder / phase)]
 
@@ -161,11 +162,15 @@ def preflight(variants: list[Variant], extra: list[str], steps: tuple[int, int])
 
 
 def scored_with(composed) -> dict:
-    """What a variant's reconstruction scores depend on besides its export: the evaluation settings, the
+    """What a variant's reconstruction scores depend on besides its export: the evaluation settings (not
+    where the variant's folder and export are, so a copied or moved ``--out`` keeps its scores), the
     held-out data (the folder, absolute; its split; its clip manifest's digest), the seed and the model
     settings (the sampler's steps, guidance and step cache among them)."""
     data = composed.data
-    return {"evaluation": OmegaConf.to_container(composed.evaluation, resolve=True),
+    evaluation = OmegaConf.to_container(composed.evaluation, resolve=True)
+    for where in ("out", "reconstruction_export"):  # the variant's folder and export (digested apart): moved, the same
+        evaluation.pop(where)
+    return {"evaluation": evaluation,
             "data": {"root": str(Path(data.root).resolve()), "clips": data.clips, "val_fraction": data.val_fraction,
                      "clip_manifest_sha256": clip_manifest_sha256(data.root, data.clips)},
             "seed": composed.seed, "model": OmegaConf.to_container(composed.model, resolve=True)}

@@ -39,6 +39,7 @@ from animegamer.checkpoints.trained_data import clip_manifest, clip_size_of, tra
 from animegamer.config.compose import (carried_over, command_body, compose_config, override_key, overrides_for,
                                        path_override, quoted)
 from animegamer.config.disk_checks import read_json_object
+from animegamer.config.schema import INIT_FROM_KEY
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.contracts.files import CLIPS_DIR, GAME_PAGE_FILE, LOSS_HISTORY
@@ -65,7 +66,6 @@ from animegamer.utils.io import first_free, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-INIT_FROM = "phase.init_from"  # the export a stage starts from
 
 # A stage's training, in this process (what train.py runs after its checks): loaded when the first stage
 # trains, so a recipe refused by its checks never loads Lightning.
@@ -212,9 +212,9 @@ def check_stages(recipe: Recipe, first_steps: str) -> None:
     extra, pipeline_extra, evaluation_extra = (stage_overrides(root, recipe.extra) for root in ROOTS)
     # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
     # starts), left out where an earlier stage trains it.
-    made_later = f"{INIT_FROM}=''"
-    start_b = [path_override(INIT_FROM, recipe.start_b)] if recipe.start_b else []
-    start_a = path_override(INIT_FROM, recipe.start_a) if recipe.start_a else made_later
+    made_later = f"{INIT_FROM_KEY}=''"
+    start_b = [path_override(INIT_FROM_KEY, recipe.start_b)] if recipe.start_b else []
+    start_a = path_override(INIT_FROM_KEY, recipe.start_a) if recipe.start_a else made_later
     joint = compose_config("train", [*recipe.phase_a, "phase=a_joint", start_a, *extra])
     stages = [joint, compose_config("train", [*recipe.phase_b, *start_b, *extra]),
               compose_config("train", [*recipe.phase_c, made_later, *extra])]
@@ -482,12 +482,12 @@ def run_recipe(recipe: Recipe) -> dict:
         extra.append(path_override("model.decoder.path", base["folder"]))
     if not start_a:
         start_a = train(recipe.phase_a, "phase=a_warmup")["export"]
-    joint = train(recipe.phase_a, "phase=a_joint", path_override(INIT_FROM, start_a))
+    joint = train(recipe.phase_a, "phase=a_joint", path_override(INIT_FROM_KEY, start_a))
     reps = pipe("pipeline.steps=[representations,session_shards]",
                 path_override("pipeline.representations.export", joint["export"]))
-    game = train(recipe.phase_b, *([path_override(INIT_FROM, recipe.start_b)] if recipe.start_b else []))
+    game = train(recipe.phase_b, *([path_override(INIT_FROM_KEY, recipe.start_b)] if recipe.start_b else []))
     adaptation = pipe("pipeline.steps=[adaptation]", path_override("pipeline.adaptation.export", game["export"]))
-    adapted = train(recipe.phase_c, path_override(INIT_FROM, joint["export"]))
+    adapted = train(recipe.phase_c, path_override(INIT_FROM_KEY, joint["export"]))
     report, story = None, None
     if recipe.evaluation:
         root = Path(adapted["export"]).parent.parent

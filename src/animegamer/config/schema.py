@@ -12,6 +12,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 CONSTANT_SCHEDULE, COSINE_SCHEDULE = "constant", "cosine"
+# Keys that other modules name (in overrides, refusals and run records).
+MAX_STEPS_KEY, INIT_FROM_KEY = "phase.max_steps", "phase.init_from"
+DATA_ROOT_KEY = "data.root"
 LR_SCHEDULES = (CONSTANT_SCHEDULE, COSINE_SCHEDULE)  # phase.lr_schedule
 # A remote data folder's reads (data.remote_*): how often a failed request is sent again, and its seconds.
 DEFAULT_RETRIES = 3

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from animegamer.checkpoints.export import recorded_start
 from animegamer.checkpoints.trained_data import clip_manifest
@@ -319,6 +320,9 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
     keys = [dataset.locations[i].key for i in range(count)]
     clips = truth_clips(cfg, set(keys))
     items = [dataset[index] for index in range(count)]
+    # Every clip sampled from its own representation, at each swept level, and from another's (two or more).
+    swept = len(read_level_flow(clip_manifest(cfg.data.root, cfg.data.clips))) if e.motion_sweep else 0
+    bar = tqdm(total=count * (1 + swept + (count >= 2)), desc="reconstruction", unit="clip", disable=None)
 
     def pixels(latents: torch.Tensor) -> np.ndarray:
         return (vae.decode(latents)[0].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
@@ -332,8 +336,10 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
         clips = ClipBatch(own["latents"][None], other["text"][None].to(device, param.dtype),
                           other["image"][None].to(device, param.dtype), scope.to(device))
         with torch.no_grad():
-            return model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
-                                     e.sampling_steps)
+            latents = model.reconstruct(clips, cfg.model.diffusion, step_generator(cfg.seed, index, 0), param.dtype,
+                                        e.sampling_steps)
+        bar.update()
+        return latents
 
     def scored(frames: list[np.ndarray]) -> dict:
         """Clip i's frames against the true clip i: the mean scores and ACC-F / MAE-F."""
@@ -351,6 +357,7 @@ def reconstruction_metrics(cfg: RunConfig, scorers: Scorers) -> dict:
         truth = [(clips[keys[i]], items[i]["latents"], levels[keys[i]]) for i in range(count)]
         own.update(evaluation_sweep(cfg, count, lambda i, flow: reconstructed(i, i, flow), pixels, truth))
     shuffled = shuffled_reconstruction(cfg, count, lambda order: scored([pixels(reconstructed(i, j)) for i, j in enumerate(order)]))
+    bar.close()
     with torch.no_grad():  # the clips' own latents through the VAE: what any renderer can give back at best
         ceiling = {"label": VAE_ROUND_TRIP_LABEL, **scored([pixels(items[i]["latents"][None]) for i in range(count)])}
     setup = describe_setup(cfg.model.name, {"encoder + decoder": model, "VAE": vae}, param.device, param.dtype,

@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from animegamer.checkpoints.trained_data import at_clip_size, data_clip_size
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.exports import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.data import phase_a as data_a
@@ -56,7 +57,9 @@ def _build_reconstruction(cfg: RunConfig, init: Callable = contextlib.nullcontex
     callbacks = []
     if cfg.phase.val_clips > 0 and len(data.val_set):
         lookup = clip_lookup(cfg, data.val_set.keys()[: cfg.phase.val_clips])
-        callbacks.append(ValidationVideos(cfg, data.val_set, lookup, cfg.phase.val_every_n_steps,
+        # encoded at the frame rate the shards were cut at (pipeline.clips is the pipeline's setting)
+        at_data_size = at_clip_size(cfg, data_clip_size(cfg.data.root, cfg.data.clips))
+        callbacks.append(ValidationVideos(at_data_size, data.val_set, lookup, cfg.phase.val_every_n_steps,
                                           cfg.phase.val_clips, cfg.phase.val_sampling_steps))
     with init():
         module = phase_a.PhaseA(cfg, frozen)

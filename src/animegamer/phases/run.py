@@ -83,6 +83,9 @@ _EXPECTED_WARNINGS = (
     # CSV logger's earlier rows are kept as logs/metrics.attempt-N.csv: loggers.keep_earlier_attempt).
     r"Checkpoint directory .* exists and is not empty",
     r"Experiment logs directory .* exists and is not empty",
+    # A run folder copied or moved elsewhere: the saves are pruned from the folder's files
+    # (checkpointing.prune_checkpoints), never from the top-k Lightning no longer reloads.
+    r"The dirpath has changed from .* won't be reloaded",
     # An empty held-out split: training.shard_data.ShardData.val_dataloader has said so in words that name the cause.
     r"Total length of `list` across ranks is zero",
     # PhaseB moves its batches itself (bookkeeping stays on the host); its hook is the one meant.

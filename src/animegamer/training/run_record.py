@@ -18,6 +18,12 @@ by key (:func:`diff`); every differing key is then:
 The data is compared too: a shard folder whose manifest now describes other shards (the pipeline ran
 again into ``data.root``) is refused the same way, naming the manifest.
 
+An input named by a path is compared by what it holds, not by how the path is spelled: a new
+``data.root`` (or shard folder name) whose manifests hold the recorded shards and a new ``phase.init_from``
+whose export file is the recorded one's are allowed, so a run folder copied or moved with its inputs (a
+recipe's ``--out``) resumes there. The ``pipeline.*`` settings are the pipeline's: a training run reads
+the shards they made (digested above), never the settings themselves, so they may differ too.
+
 A fresh start that fails before it trains a step (:func:`kept_only_once_trained`: the data cannot be
 read, the model cannot be built) puts back what the folder held before it: no record, or the earlier
 one; once a step is trained or a checkpoint is in the folder, the record stays.
@@ -41,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.neutral_keys import ALLOWED, flatten
-from animegamer.config.schema import CONSTANT_SCHEDULE
+from animegamer.config.schema import (CONSTANT_SCHEDULE, DATA_ROOT_KEY, INIT_FROM_KEY, MAX_STEPS_KEY)
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import CPU_THREADS_FILE, EXPORT_DIR, MANIFEST, RECORD_FILE
 from animegamer.data.storage import ShardSource, data_source, join
@@ -65,8 +71,9 @@ PER_RANK_BATCH = ("phase.batch_size", "trainer.accumulate_grad_batches")
 WORLD_SIZE = ("trainer.devices", "trainer.num_nodes")
 # Strategies that keep full replicas and write the same checkpoint file (one process or DDP).
 REPLICATED_STRATEGIES = ("auto", "ddp")
-MAX_STEPS = "phase.max_steps"
 HELD_OUT_SOURCE = "clips"  # every phase's held-out split reads the clips' shots.json
+# The pipeline's settings: a training run reads the shards they made (their digests are compared), not them.
+PIPELINE_PREFIX = "pipeline."
 
 
 @dataclass(frozen=True)
@@ -109,11 +116,11 @@ def _product_changed(keys: tuple[str, ...], what: str, old: dict, new: dict) -> 
 def reason_refused(change: Change, old: dict, new: dict) -> str | None:
     """Why resuming with ``change`` would alter the run (None: allowed). ``old``/``new``: whole configs."""
     key = change.key
-    if _allowed(key):
+    if _allowed(key) or key.startswith(PIPELINE_PREFIX):
         return None
     if ABSENT in (change.old, change.new):
         return None  # a key added or removed by a newer version of the code: its default keeps the old behaviour
-    if key == MAX_STEPS:
+    if key == MAX_STEPS_KEY:
         schedules = {flatten(c).get("phase.lr_schedule") for c in (old, new)}
         return None if schedules == {CONSTANT_SCHEDULE} else "the cosine LR schedule spans phase.max_steps"
     if key in PER_RANK_BATCH:
@@ -131,8 +138,6 @@ def refused(changes: list[Change], old: dict, new: dict) -> list[tuple[Change, s
     """The changes a resume does not accept without ``resume_with_changes=true``, with the reason."""
     return [(c, reason) for c in changes if (reason := reason_refused(c, old, new)) is not None]
 
-
-MAX_STEPS_KEY = "phase.max_steps"
 
 
 class RunFolderChanged(ConfigError):
@@ -181,8 +186,36 @@ def read_record(folder: Path) -> tuple[dict, Path] | None:
 
 
 def make_record(config: dict, changes: list[dict], data: dict[str, str | None]) -> dict:
-    """``data``: the digests of :func:`data_digests`."""
-    return {"config": config, "data": data, "changes": changes}
+    """``data``: the digests of :func:`data_digests`; the record's ``inputs``: :func:`input_digests`."""
+    return {"config": config, "data": data, "inputs": input_digests(config), "changes": changes}
+
+
+
+def export_digest(folder: str | None) -> str | None:
+    """What an export folder holds, from its export file (which names the run, its step and its training
+    time): None for no folder or no export file."""
+    path = Path(folder) / EXPORT_FILE if folder else None
+    return sha256_bytes(path.read_bytes()) if path is not None and path.is_file() else None
+
+
+def input_digests(config: dict) -> dict[str, str | None]:
+    """The digest of each input named by a path whose content is not in the data digests."""
+    return {INIT_FROM_KEY: export_digest(flatten(config).get(INIT_FROM_KEY))}
+
+
+def moved_inputs(record: dict, config: dict, samples: str, data_now: dict[str, str | None]) -> set[str]:
+    """The changed path keys whose new path holds what the recorded one did (see the module's notes)."""
+    moved = set()
+    recorded_data = record.get("data")
+    if recorded_data and None not in data_now.values() and recorded_data == data_now:
+        moved |= {DATA_ROOT_KEY, *(f"data.{key}" for key in data_folders(samples))}
+    recorded_config = flatten(record["config"])
+    for key, digest in input_digests(config).items():
+        # a record made before input digests: the recorded path's content, where it is still there
+        recorded = record["inputs"].get(key) if "inputs" in record else export_digest(recorded_config.get(key))
+        if digest is not None and recorded == digest:
+            moved.add(key)
+    return moved
 
 
 def write_record(folder: Path, record: dict) -> None:
@@ -269,7 +302,8 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
     record, source = found
     now = data_digests(config, samples)
     changes = diff(record["config"], config)
-    refusals = refused(changes, record["config"], config)
+    moved = moved_inputs(record, config, samples, now)
+    refusals = [(c, reason) for c, reason in refused(changes, record["config"], config) if c.key not in moved]
     if "data" in record:
         moved = data_changes(record["data"], config, now)
         changes, refusals = changes + moved, refusals + [(c, DATA_REASON) for c in moved]
