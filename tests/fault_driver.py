@@ -152,6 +152,9 @@ def _fault_callback(kill: dict | None, pause: dict | None, ready: str):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             self._at("on_train_batch_end", trainer)
 
+        def on_train_end(self, trainer, pl_module) -> None:
+            self._at("on_train_end", trainer)
+
     return Fault()
 
 

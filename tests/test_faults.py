@@ -215,6 +215,26 @@ def test_a_stop_signal_saves_at_a_step_boundary_exits_with_its_code_and_resumes(
     assert not warn_if_unfinished(output / EXPORT_DIR)
 
 
+def test_ctrl_c_after_the_last_step_still_stops_the_command_once_the_run_is_saved(driver, data, tmp_path):
+    """A Ctrl-C that lands after the last optimizer step (in the final validation, say) finds no step end to
+    stop at: the fit runs to its end, the run is saved, and the command stops there with Ctrl-C's code
+    instead of going on (a recipe's next stage, its evaluation)."""
+    output = tmp_path / "last"
+    pid = driver.start(output, _overrides("a_joint", data), pause={"step": STEPS, "hook": "on_train_end",
+                                                                    "signal": "SIGINT"})
+    ready = Path(str(driver.logs[pid]) + ".ready")
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and running(pid):
+        time.sleep(0.01)
+    assert ready.exists(), driver.logs[pid].read_text()[-4000:]
+    os.kill(pid, signal.SIGINT)
+    rc = driver.wait(pid)
+    log = driver.logs[pid].read_text()
+    assert rc == INTERRUPTED_EXIT_CODE and "stopped by Ctrl-C after the last step: the run is saved" in log, log[-3000:]
+    assert resume_checkpoint(output / "checkpoints").name == checkpoint_name(STEPS)
+    assert json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())["finished"]
+
+
 def test_ctrl_c_twice_stops_at_once_and_an_ignored_signal_stays_ignored(tmp_path):
     """The first Ctrl-C asks for the save at the step's end; the second raises KeyboardInterrupt as
     Python's own handler would (the run resumes from its last save). A process started with SIGINT

@@ -208,6 +208,10 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
     # a run resumed at its last step trains no step in this launch, so it has no metrics to show
     said = metrics or "finished in an earlier launch, nothing to train"
     log.info("phase %s done at step %d: %s; export: %s", cfg.phase.name, trainer.global_step, said, out / EXPORT_DIR)
+    if preemption.pending:  # asked for after the last step: the run is whole, what follows it must not start
+        log.warning("%s after the last step: the run is saved", "stopped by Ctrl-C" if preemption.interactive else
+                    "preempted")
+        raise SystemExit(preemption.exit_code)
     return {"step": trainer.global_step, "metrics": metrics, "export": str(out / EXPORT_DIR), "module": module}
 
 

@@ -53,6 +53,12 @@ class Preemption(L.Callback):
         return self.received == signal.SIGINT
 
     @property
+    def pending(self) -> bool:
+        """A stop was asked for after the last step had ended (in the final validation, say): the fit ran
+        to its end, and the command stops once the run is saved."""
+        return self._requested
+
+    @property
     def exit_code(self) -> int:
         """What the process exits with once saved: a scheduler's code for its signals, the shell's for Ctrl-C."""
         return INTERRUPTED_EXIT_CODE if self.interactive else PREEMPTED_EXIT_CODE
