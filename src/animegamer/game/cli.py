@@ -7,7 +7,7 @@ import logging
 import sys
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -19,31 +19,15 @@ from animegamer.config.schema import RunConfig
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import GAME_PAGE_FILE
 from animegamer.errors import UserError, exit_on_user_error
+from animegamer.game.instructions import read_instructions, script_problems, stdin_instructions
 from animegamer.game.models import load_game_models, read_level_flow
 from animegamer.game.preflight import input_problems
+from animegamer.game.writer import unfinished_game
 from animegamer.game.scheduler import play_game
 from animegamer.utils.command import program_name
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("animegamer.game")  # the same name under ``python -m animegamer.game``
-
-
-def read_instructions(path: str | Path) -> list[str]:
-    """One instruction per line; blank lines and lines starting with ``#`` are skipped."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-
-
-def stdin_instructions(stream=None, prompt: bool = True) -> Iterable[str]:
-    """Instructions typed one per line; an empty line or EOF ends the game."""
-    stream = stream or sys.stdin
-    while True:
-        if prompt:
-            print("instruction (empty line ends)> ", end="", file=sys.stderr, flush=True)
-        line = stream.readline()
-        if not line or not line.strip():
-            return
-        yield line.strip()
 
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,22 +86,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problems = input_problems(args, cfg)
     if problems:
         raise ConfigError(problems)
+    level_flow = read_level_flow(args.clips_manifest)
     instructions = read_instructions(args.instructions) if args.instructions else None
     if instructions is not None and not instructions:
         raise UserError(f"{args.instructions}: no instructions")
     if args.max_turns and instructions is not None and len(instructions) > args.max_turns:
         log.info("--max-turns %d: playing the first %d of %d instructions", args.max_turns, args.max_turns,
                  len(instructions))
-    script = instructions if instructions is not None else stdin_instructions()
-    models = load_game_models(cfg, args.mllm, args.renderer, read_level_flow(args.clips_manifest),
-                              device=args.device, dtype=DTYPES[args.dtype])
+    window_turns = args.window_turns or len(cfg.data.window_weights)
+    if instructions is not None:
+        problems = script_problems(cfg, args.mllm, instructions[:args.max_turns or None], window_turns,
+                                   args.instructions)
+        if problems:
+            raise ConfigError(problems)
+    # An unfinished game in --out (stopped by Ctrl-C or a crash) goes on after the turns it played.
+    earlier = None if args.overwrite else unfinished_game(args.out)
+    played = len(earlier["turns"]) if earlier else 0
+    script = instructions[played:] if instructions is not None else stdin_instructions()
+    models = load_game_models(cfg, args.mllm, args.renderer, level_flow, device=args.device, dtype=DTYPES[args.dtype])
     seed = cfg.seed if args.seed is None else args.seed
     try:
         # Game's 0 steps: the config's; the pre-flight refused a given value below 1.
         sampling_steps = 0 if args.sampling_steps is None else args.sampling_steps
-        record = play_game(models, islice(script, args.max_turns or None), args.out, seed,
-                           window_turns=args.window_turns, sampling_steps=sampling_steps,
-                           overwrite=args.overwrite,
+        left = max(args.max_turns - played, 0) if args.max_turns else None
+        record = play_game(models, islice(script, left), args.out, seed, window_turns=args.window_turns,
+                           sampling_steps=sampling_steps, overwrite=args.overwrite, resume=not args.overwrite,
                            extra={"turn_limit": args.max_turns or None})
     except ValueError as error:
         log.error("game stopped: %s", error)

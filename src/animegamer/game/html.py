@@ -49,6 +49,8 @@ def page_meta(record: dict) -> list[str]:
         meta.append(f"{float(record['seconds_per_turn']):.2f} s/turn")
     if record.get("model"):
         meta.append(f"model {record['model']}")
+    if record.get("finished") is False:
+        meta.append("not finished: still playing, or stopped (the same command resumes it)")
     return meta
 
 

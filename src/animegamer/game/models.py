@@ -79,7 +79,10 @@ def read_level_flow(manifest: str | Path) -> dict[int, float]:
     path = Path(manifest)
     if path.is_dir():
         path = path / MANIFEST
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidInputError(f"{path}: not a manifest (not JSON: {error})") from None
     try:
         table = data["motion_bins"]["level_flow"]
     except (KeyError, TypeError):

@@ -11,7 +11,9 @@ from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.files import MANIFEST
-from animegamer.game.writer import GAME_FILE
+from animegamer.errors import UserError
+from animegamer.game.instructions import read_instructions
+from animegamer.game.writer import GAME_FILE, unfinished_game
 from animegamer.utils.io import out_dir_problem
 
 
@@ -35,6 +37,24 @@ def device_problems(device: Optional[str], option: str = "--device") -> list[str
         return [f"{option} {device}: torch sees {visible} CUDA device(s) on this machine (cuda:0 to "
                 f"cuda:{visible - 1}; CUDA_VISIBLE_DEVICES)"]
     return []
+
+
+def resume_problems(args: argparse.Namespace, earlier: dict) -> list[str]:
+    """An unfinished game in --out is resumed by the same command: its instruction file must still begin
+    with the instructions already played."""
+    if not args.instructions or not Path(args.instructions).is_file():
+        return []
+    played = [turn["instruction"] for turn in earlier["turns"]]
+    try:
+        script = read_instructions(args.instructions)
+    except UserError:
+        return []  # said by the instruction file's own check
+    if script[:len(played)] == played:
+        return []
+    first = next((i for i, (a, b) in enumerate(zip(played, script)) if a != b), min(len(played), len(script)))
+    return [f"--out {args.out} holds an unfinished game whose turn {first} was {played[first]!r}, where "
+            f"{args.instructions} now has {script[first] if first < len(script) else 'no such line'!r}: resume it "
+            f"with its own instructions, choose another folder, or start it again (--overwrite)"]
 
 
 def input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
@@ -62,11 +82,19 @@ def input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
     manifest = Path(args.clips_manifest)
     if not (manifest / MANIFEST if manifest.is_dir() else manifest).is_file():
         problems.append(f"--clips-manifest {manifest}: no such {MANIFEST} (run the pipeline first)")
-    if args.instructions and not Path(args.instructions).is_file():
+    if args.instructions and Path(args.instructions).is_dir():
+        problems.append(f"--instructions {args.instructions}: a folder, not an instruction file")
+    elif args.instructions and not Path(args.instructions).is_file():
         problems.append(f"--instructions {args.instructions}: no such file")
+    for key, path in (("model.mllm.official_checkpoint", cfg.model.mllm.official_checkpoint),
+                      ("model.decoder.official_checkpoint", cfg.model.decoder.official_checkpoint)):
+        if path and not Path(path).exists():
+            problems.append(f"{key}={path}: no such file or folder")
     out_problem = out_dir_problem(args.out)
     if out_problem:
         problems.append(f"--out {out_problem}; choose another folder")
+    elif not args.overwrite and (earlier := unfinished_game(args.out)) is not None:
+        problems += resume_problems(args, earlier)
     elif (Path(args.out) / GAME_FILE).exists() and not args.overwrite:
         problems.append(f"--out {args.out} already holds a game ({GAME_FILE}); choose another folder or --overwrite")
     problems += device_problems(args.device)

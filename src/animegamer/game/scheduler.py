@@ -14,7 +14,7 @@ from animegamer.game.writer import GameWriter
 
 def play_game(models: GameModels, instructions: Iterable[str], out_dir: str | Path, seed: int = 0, *,
               window_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None, sampling_steps: int = 0,
-              overwrite: bool = False, on_turn: Optional[Callable[[TurnResult], None]] = None,
+              overwrite: bool = False, resume: bool = False, on_turn: Optional[Callable[[TurnResult], None]] = None,
               extra: Optional[dict] = None) -> dict:
     """Play every instruction in order, writing the folder as it goes; returns game.json's content.
 
@@ -24,7 +24,8 @@ def play_game(models: GameModels, instructions: Iterable[str], out_dir: str | Pa
     """
     callback = None if on_turn is None else (lambda _number, result: on_turn(result))
     [played] = play_games(models, [instructions], [out_dir], seed, window_turns=window_turns, predict_fn=predict_fn,
-                          sampling_steps=sampling_steps, overwrite=overwrite, on_turn=callback, extra=extra)
+                          sampling_steps=sampling_steps, overwrite=overwrite, resume=resume, on_turn=callback,
+                          extra=extra)
     if played.error is not None:
         raise played.error
     return played.record
@@ -48,7 +49,7 @@ class PlayedGame:
 
 def play_games(models: GameModels, scripts: Sequence[Iterable[str]], out_dirs: Sequence[str | Path], seed: int = 0,
                *, batch_games: int = 1, window_turns: Optional[int] = None, predict_fn: Optional[PredictFn] = None,
-               sampling_steps: int = 0, overwrite: bool = False,
+               sampling_steps: int = 0, overwrite: bool = False, resume: bool = False,
                on_turn: Optional[Callable[[int, TurnResult], None]] = None,
                extra: Optional[dict] = None) -> list[PlayedGame]:
     """Play several games, up to ``batch_games`` of them advancing together through :func:`play_turns`.
@@ -58,6 +59,8 @@ def play_games(models: GameModels, scripts: Sequence[Iterable[str]], out_dirs: S
     Every game gets the same turns, states and clips as played alone with ``seed`` (``batch_games=1``
     plays them one after another). ``on_turn(game_number, result)`` runs after each written turn. Any
     other error stops every game, recorded in the game.json of those in the batch, and propagates.
+    ``resume``: a game whose folder holds an unfinished game (:func:`~animegamer.game.writer.unfinished_game`)
+    continues it; its script then holds only the turns still to play.
     """
     problems = check_batch_games("batch_games", batch_games)
     if problems:
@@ -71,6 +74,7 @@ def play_games(models: GameModels, scripts: Sequence[Iterable[str]], out_dirs: S
     def finish(number: int, game: Game, writer: GameWriter, error: Optional[ValueError] = None) -> None:
         if error is not None:
             writer.fail(error)
+        writer.close()
         played[number] = PlayedGame(writer.record(), list(game.results), error)
 
     while waiting or active:
@@ -83,8 +87,8 @@ def play_games(models: GameModels, scripts: Sequence[Iterable[str]], out_dirs: S
                 number = waiting.pop()
                 game = Game(models, seed=seed, window_turns=window_turns, predict_fn=predict_fn,
                             sampling_steps=sampling_steps)
-                entry = (number, game, GameWriter(game, out_dirs[number], overwrite=overwrite, extra=extra),
-                         iter(scripts[number]))
+                writer = GameWriter(game, out_dirs[number], overwrite=overwrite, extra=extra, resume=resume)
+                entry = (number, game, writer, iter(scripts[number]))
             instruction = next(entry[3], None)
             if instruction is None:
                 finish(*entry[:3])

@@ -10,7 +10,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from animegamer.contracts.states import CHARACTER_STATES, ENTERTAINMENT, MOTION_LEVEL, SOCIAL, STAMINA
+from animegamer.contracts.states import CHARACTER_STATES, ENTERTAINMENT, MOTION_LEVEL, PLAYED_STATES, SOCIAL, STAMINA
 from animegamer.game.models import GameModels
 from animegamer.game.render import decode_frames, render_latents
 from animegamer.game.state import INITIAL_STATE, TurnResult, update_states
@@ -67,15 +67,26 @@ class Game:
 
     @property
     def results(self) -> tuple[TurnResult, ...]:
+        """The turns this object played (a resumed game's earlier turns are in its game.json)."""
         return tuple(self._results)
 
     @property
     def turn_index(self) -> int:
-        """The number of the next turn (0-based)."""
+        """The number of the next turn (0-based; a resumed game counts the turns it resumed after)."""
         return len(self._history)
 
     def turn_seed(self, index: int) -> int:
         return step_seed(self.seed, index, 0)
+
+    def resume_from(self, turns: Sequence[dict], reps: Sequence[torch.Tensor]) -> None:
+        """Continue after ``turns`` (game.json's records of the turns played, oldest first) with their
+        representations ``reps`` (N, D): the states and the MLLM's history are theirs, so the next turn
+        is the one an uninterrupted game would have played."""
+        if self._history:
+            raise ValueError("a game resumes before its first turn")
+        for record, rep in zip(turns, reps, strict=True):
+            self._history.append(HistoryTurn(Turn(record["instruction"], record[PLAYED_STATES]), rep.float()))
+            self._states = {k: int(v) for k, v in record["states_after"].items()}
 
     # ---- one turn
     def _sync(self) -> None:
