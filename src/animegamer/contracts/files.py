@@ -24,6 +24,8 @@ LOSS_HISTORY = "loss_history.json"  # a run folder's [step, seconds, loss] rows,
 EXPORT_DIR = "export"
 METRICS_FILE = "metrics.json"
 GAME_PAGE_FILE = "index.html"  # a played game's storyboard page, beside its clips
+# game.json's record of the model preset a game was played with, and of its MLLM's window (the new turn included).
+GAME_MODEL_KEY, GAME_WINDOW_KEY = "model", "window_turns"
 SHARD_SUFFIX = ".tar"  # every shard set is tar files of webdataset records
 SHARD_NAME_MAX = 255  # bytes in one file name on the usual file systems (and object-key segments)
 # Letters, digits, '.', '_' and '-', starting with a letter or a digit: no separator, no scheme, no

@@ -11,7 +11,7 @@ from safetensors.torch import save as save_tensors
 
 from animegamer.checkpoints.safe_load import load_safetensors
 
-from animegamer.contracts.files import GAME_PAGE_FILE
+from animegamer.contracts.files import GAME_MODEL_KEY, GAME_PAGE_FILE, GAME_WINDOW_KEY
 from animegamer.contracts.states import CHARACTER_STATES
 from animegamer.errors import OutputExistsError
 from animegamer.game.html import write_storyboard
@@ -32,7 +32,7 @@ FINISHED = "finished"
 REP_SUFFIX = ".rep.safetensors"
 REP_KEY = "rep"
 # What a resumed game must share with the game it continues (the turns' seeds, window, clips and models).
-RESUME_KEYS = ("seed", "window_turns", "level_flow", "clips", "sampling", "model", "sources")
+RESUME_KEYS = ("seed", GAME_WINDOW_KEY, "level_flow", "clips", "sampling", GAME_MODEL_KEY, "sources")
 
 
 def rep_path(clip: Path) -> Path:
@@ -123,7 +123,7 @@ class GameWriter:
         return {
             "format_version": GAME_FORMAT_VERSION,
             "seed": game.seed,
-            "window_turns": game.window_turns,
+            GAME_WINDOW_KEY: game.window_turns,
             "initial_states": {k: INITIAL_STATE for k in CHARACTER_STATES},
             "state_rule": f"clamp(value + {STATE_STEP} * delta, {STATE_RANGE[0]}, {STATE_RANGE[1]})",
             "states": game.states,
@@ -132,7 +132,7 @@ class GameWriter:
             "sampling": {"steps": game.diffusion.sampling_steps, "guidance_scale": game.diffusion.guidance_scale,
                          "guidance_exponent": game.diffusion.guidance_exponent, "cache": game.diffusion.cache,
                          "cache_threshold": game.diffusion.cache_threshold},
-            "model": cfg.model.name,
+            GAME_MODEL_KEY: cfg.model.name,
             "sources": game.models.sources,
             "seconds_per_turn": round(sum(totals) / len(totals), 4) if totals else None,
             "error": self.error,
