@@ -45,14 +45,14 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--clips-manifest", required=True,
                         help="pipeline manifest.json (or its folder) with motion_bins.level_flow")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--instructions", help="text file, one instruction per line")
+    source.add_argument("--instructions", help="UTF-8 text file, one instruction per line (# starts a comment line)")
     source.add_argument("--interactive", action="store_true", help="read instructions from stdin")
     parser.add_argument("--out", required=True,
                         help="output folder (clips, game.json, index.html); created, never a file")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: the config's seed)")
     parser.add_argument("--max-turns", type=int, default=0,
                         help="stop after this many turns (default 0: every instruction of the file, whose blank lines "
-                             "are skipped; with --interactive, until an empty line)")
+                             "and lines starting with # are skipped; with --interactive, until an empty line)")
     parser.add_argument("--window-turns", type=int, default=None,
                         help="turns the MLLM sees, the new one included, >= 1: the last N-1 played turns are its "
                              "history (default K, the number of window lengths phase (b) trained on: "
