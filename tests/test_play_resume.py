@@ -147,3 +147,13 @@ def test_a_folder_a_manifest_that_is_not_json_and_a_missing_checkpoint_are_refus
     assert f"{not_json}: not a manifest (not JSON" in refused(manifest)
     err = refused([*argv, "model.mllm.official_checkpoint=/nope/mllm.bin"])
     assert "model.mllm.official_checkpoint=/nope/mllm.bin: no such file or folder" in err
+
+
+def test_a_second_game_command_into_the_same_folder_is_refused_while_the_first_plays(exports, tmp_path, refused):
+    from animegamer.utils.folder_lock import LOCK_FILE, folder_lock
+
+    out = tmp_path / "g"
+    with folder_lock(out, 0):  # the first command, still playing
+        err = refused(command(exports, out, *PLAY))
+    assert f"{out} is in use by another run" in err and f"delete {out / LOCK_FILE}" in err
+    assert not (out / "game.json").exists()

@@ -25,6 +25,7 @@ from animegamer.game.preflight import input_problems
 from animegamer.game.writer import unfinished_game
 from animegamer.game.scheduler import play_game
 from animegamer.utils.command import program_name
+from animegamer.utils.folder_lock import folder_lock
 from animegamer.utils.logging import setup_logging
 
 log = logging.getLogger("animegamer.game")  # the same name under ``python -m animegamer.game``
@@ -99,22 +100,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    args.instructions)
         if problems:
             raise ConfigError(problems)
-    # An unfinished game in --out (stopped by Ctrl-C or a crash) goes on after the turns it played.
-    earlier = None if args.overwrite else unfinished_game(args.out)
-    played = len(earlier["turns"]) if earlier else 0
-    script = instructions[played:] if instructions is not None else stdin_instructions()
-    models = load_game_models(cfg, args.mllm, args.renderer, level_flow, device=args.device, dtype=DTYPES[args.dtype])
     seed = cfg.seed if args.seed is None else args.seed
-    try:
-        # Game's 0 steps: the config's; the pre-flight refused a given value below 1.
-        sampling_steps = 0 if args.sampling_steps is None else args.sampling_steps
-        left = max(args.max_turns - played, 0) if args.max_turns else None
-        record = play_game(models, islice(script, left), args.out, seed, window_turns=args.window_turns,
-                           sampling_steps=sampling_steps, overwrite=args.overwrite, resume=not args.overwrite,
-                           extra={"turn_limit": args.max_turns or None})
-    except ValueError as error:
-        log.error("game stopped: %s", error)
-        return 1
+    # One game command per folder at a time (a second one waits, then is refused naming the first).
+    with folder_lock(args.out, cfg.lock_wait_seconds):
+        models = load_game_models(cfg, args.mllm, args.renderer, level_flow, device=args.device,
+                                  dtype=DTYPES[args.dtype])
+        # An unfinished game in --out (stopped by Ctrl-C or a crash) goes on after the turns it played.
+        earlier = None if args.overwrite else unfinished_game(args.out)
+        played = len(earlier["turns"]) if earlier else 0
+        script = instructions[played:] if instructions is not None else stdin_instructions()
+        try:
+            # Game's 0 steps: the config's; the pre-flight refused a given value below 1.
+            sampling_steps = 0 if args.sampling_steps is None else args.sampling_steps
+            left = max(args.max_turns - played, 0) if args.max_turns else None
+            record = play_game(models, islice(script, left), args.out, seed, window_turns=args.window_turns,
+                               sampling_steps=sampling_steps, overwrite=args.overwrite, resume=not args.overwrite,
+                               extra={"turn_limit": args.max_turns or None})
+        except ValueError as error:
+            log.error("game stopped: %s", error)
+            return 1
     log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / GAME_PAGE_FILE)
     return 0
 
