@@ -56,6 +56,8 @@ JUDGE_PROMPT_VERSION = "1"  # raise with every change of the prompt's text
 PROMPT_TEMPLATE = "judge_prompt.txt.j2"
 PROMPT_SHA_CHARS = 12
 NO_ENDPOINT = "no judge endpoint: set evaluation.judge.url and evaluation.judge.model_name"
+# What ``animegamer judge`` takes, as users make it (evaluate.py at the repository's root runs the same command).
+FOLDER_HINT = "pass a folder written by animegamer eval or evaluate.py (its evaluation.out)"
 LABEL = "judge"  # how the retry loop's log lines name this client
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
@@ -306,25 +308,28 @@ def judge_folder(folder: str | Path, cfg, backoff_s: float = RETRY_BACKOFF_S) ->
     """Judge the games of an ``evaluate.py`` folder again (another judge, more samples) without playing
     them: ``metrics.json``'s judge record and ``report.md`` are rewritten from the clips in the folder."""
     folder = Path(folder)
-    record = read_evaluation(folder, "pass a folder written by evaluate.py (evaluation.out)", ("metrics", "games"))
+    record = read_evaluation(folder, FOLDER_HINT, ("metrics", "games"))
     metrics, games = record["metrics"], record["games"]
     # metrics.json keeps clip paths relative to its folder; write_report reads them as this process sees them
     games = [{**game, "turns": [{**turn, **{key: str(folder / turn[key]) for key in VIDEO_KEYS if turn.get(key)}}
                                 for turn in game.get("turns", [])]} for game in games]
     judged = judge_report_games(cfg, games, backoff_s)
-    earlier = metrics.get("judge") or {}
-    if not judged["games_scored"] and earlier.get("games_scored"):
-        # A judge that scored nothing (its endpoint down, say) says nothing about the games: keep the scores.
-        raise JudgeFailed(f"{folder}: the judge scored no game ({judged.get('reason', 'no answer')}); the earlier "
-                          f"judge record ({earlier['games_scored']} of {earlier.get('games')} games scored) is kept, "
-                          f"metrics.json and report.md unchanged: check evaluation.judge.url and judge again")
+    if not judged["games_scored"]:
+        # A judge that scored nothing (its endpoint down, say) says nothing about the games: whatever the folder
+        # holds (an earlier judge's scores, or none) stays as it was, and the command fails with the reason.
+        earlier = metrics.get("judge") or {}
+        kept = (f"the earlier judge record ({earlier['games_scored']} of {earlier.get('games')} games scored) is "
+                "kept, " if earlier.get("games_scored") else "")
+        raise JudgeFailed(f"{folder}: the judge scored no game ({judged.get('reason', 'no answer')}); {kept}"
+                          "metrics.json and report.md unchanged: fix that (an endpoint that did not answer: check "
+                          "evaluation.judge.url and evaluation.judge.model_name) and judge again")
     metrics["judge"] = judged
     write_report(folder, metrics, games, paper=record.get("paper") or {})
     return metrics["judge"]
 
 
 class JudgeFailed(UserError):
-    """Judging a folder again scored no game, and the folder holds an earlier judge record that did."""
+    """Judging a folder scored no game: its files are left as they were."""
 
 
 JUDGE_TEMPERATURE_RANGE = (0.0, 2.0)  # what OpenAI-compatible servers accept
@@ -384,7 +389,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UserError(f"usage: {usage}")
         setup_logging("INFO")
         cfg = compose_config("evaluate", args[1:]).evaluation.judge
-        problems = check_judge(cfg) + ([] if cfg.url else ["evaluation.judge.url is empty: name the judge's endpoint"])
+        problems = check_judge(cfg)
+        if not cfg.url:  # check_judge allows no endpoint (evaluation without a judge); judging needs one
+            problems.append("evaluation.judge.url is empty: name the judge's endpoint")
+            if not cfg.model_name:
+                problems.append("evaluation.judge.model_name is empty: name the model the endpoint serves")
+        try:  # the folder too, so that one run names every problem
+            read_evaluation(args[0], FOLDER_HINT, ("metrics", "games"))
+        except UserError as error:
+            problems.append(str(error))
         if problems:
             raise ConfigError(problems)
         record = judge_folder(args[0], cfg)

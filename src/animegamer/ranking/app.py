@@ -54,10 +54,13 @@ class RankingApp:
     """Pages, clips, answers and the report for one ``--out`` folder. Each instance draws its own key
     for the raters' tokens: a page served by an earlier start of the server must be reloaded."""
 
-    def __init__(self, runs: Sequence[Run], out: str | Path) -> None:
+    def __init__(self, runs: Sequence[Run], out: str | Path, games: Optional[Sequence[str]] = None) -> None:
+        """``games``: what :func:`common_games` gave for ``runs``, where the caller checked them before
+        (the command line does, before it binds its port): the games are then not checked, nor their
+        warning logged, twice."""
         self.runs = list(runs)
         self.names = [run.name for run in self.runs]
-        self.games = common_games(self.runs)
+        self.games = common_games(self.runs) if games is None else list(games)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.salt = self._session()

@@ -19,6 +19,8 @@ RANK_SCORES = (10, 7, 4, 1)  # the paper: rank 1 (best) .. 4 -> score
 MIN_RUNS, MAX_RUNS = 2, len(RANK_SCORES)
 COLUMN_LABELS = string.ascii_uppercase[:MAX_RUNS]
 MAX_NAMED_GAMES = 5  # a refusal names this many differing games; the rest are counted
+# What --runs takes, as users make it (evaluate.py at the repository's root runs the same command).
+RUNS_HINT = "folders written by animegamer eval or evaluate.py (their evaluation.out)"
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Run:
 
 def load_run(folder: str | Path, name: str) -> Run:
     folder = Path(folder)
-    record = read_evaluation(folder, "--runs takes folders written by evaluate.py (evaluation.out)")
+    record = read_evaluation(folder, f"--runs takes {RUNS_HINT}")
     try:
         games = {str(g["id"]): g for g in record["games"]}
     except KeyError as error:

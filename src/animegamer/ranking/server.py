@@ -302,11 +302,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 class RankingServer(ThreadingHTTPServer):
     """The app on ``127.0.0.1:port`` (0: a free port); ``url`` is what to open. A request that stalls
-    for ``timeout_s`` seconds is dropped (its body: answered 408)."""
+    for ``timeout_s`` seconds is dropped (its body: answered 408). ``app`` may be None to bind the port
+    before the app's folder is written (a port that is taken then leaves the folder untouched); it is set
+    before serving."""
 
     daemon_threads = True
 
-    def __init__(self, app: RankingApp, port: int = DEFAULT_PORT, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, app: Optional[RankingApp], port: int = DEFAULT_PORT,
+                 timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         if not timeout_s > 0:
             raise UserError(f"the request timeout is a number of seconds > 0, got {timeout_s}")
         super().__init__((HOST, port), _Handler)
