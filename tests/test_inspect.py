@@ -9,16 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from omegaconf import OmegaConf
+
+from test_play_user_errors import SMALL, write_tiny_game_inputs
 
 from animegamer.cli.inspect import main as inspect
-from animegamer.config.compose import compose_config
 from animegamer.errors import USER_ERROR_EXIT_CODE
 from animegamer.mllm.tokens import NUM_FRAME_TOKENS
 
-SMALL = ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]
-LEVEL_FLOW = {1: 0.25, 2: 1.5, 3: 4.0, 4: 12.0, 5: 30.0}
 INSTRUCTIONS = ["Character: Qiqi; Motion: run; Background: town.",
                 "Character: Qiqi; Motion: sit down; Background: town at night.",
                 "Character: Qiqi; Motion: jump; Background: a bridge."]
@@ -54,23 +51,10 @@ def turn(instruction: str, ml: int = 1) -> dict:
 @pytest.fixture(scope="module")
 def played(tmp_path_factory) -> tuple[Path, list]:
     """A 3-turn game of a random tiny MLLM with a window of 2 turns, and every prompt the game's MLLM read."""
-    from animegamer.checkpoints.export import save_export
-    from animegamer.data.words import training_word_tokenizer
     from animegamer.game.cli import main as play
     from animegamer.mllm import predict
-    from animegamer.models.game_mllm import build_game_mllm
-    from animegamer.models.reconstruction import ReconstructionModel
 
-    cfg = OmegaConf.to_object(compose_config("train", SMALL))
-    root = tmp_path_factory.mktemp("inspect_played")
-    torch.manual_seed(0)
-    save_export(root / "b", build_game_mllm(cfg, [], words=training_word_tokenizer).model, {"phase": "b"})
-    renderer = ReconstructionModel(cfg)
-    renderer.decoder.add_lora()
-    save_export(root / "a", renderer, {"phase": "a_joint"})
-    (root / "manifest.json").write_text(json.dumps({"kind": "clips", "motion_bins": {
-        "edges": [0.5, 2.5, 10, 20], "level_flow": {str(k): v for k, v in LEVEL_FLOW.items()}}}))
-    (root / "turns.txt").write_text("\n".join(INSTRUCTIONS) + "\n")
+    root = write_tiny_game_inputs(tmp_path_factory.mktemp("inspect_played"), INSTRUCTIONS)
     prompts = []
 
     def recorded(*args, **kwargs):

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import torch
@@ -32,14 +33,17 @@ def tiny_cfg():
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> Path:
-    """Random tiny phase (b) and (a) exports, a clips manifest and an instruction file."""
+    return write_tiny_game_inputs(tmp_path_factory.mktemp("exports"))
+
+
+def write_tiny_game_inputs(root: Path, instructions: Sequence[str] = INSTRUCTIONS) -> Path:
+    """Random tiny phase (b) and (a) exports, a clips manifest and an instruction file, in ``root``."""
     from animegamer.checkpoints.export import save_export
     from animegamer.data.words import training_word_tokenizer
     from animegamer.models.game_mllm import build_game_mllm
     from animegamer.models.reconstruction import ReconstructionModel
 
     cfg = tiny_cfg()
-    root = tmp_path_factory.mktemp("exports")
     torch.manual_seed(0)
     save_export(root / "b", build_game_mllm(cfg, [], words=training_word_tokenizer).model, {"phase": "b"})
     renderer = ReconstructionModel(cfg)
@@ -47,7 +51,7 @@ def exports(tmp_path_factory) -> Path:
     save_export(root / "a", renderer, {"phase": "a_joint"})
     (root / "manifest.json").write_text(json.dumps({"kind": "clips", "motion_bins": {
         "edges": [0.5, 2.5, 10, 20], "level_flow": {str(k): v for k, v in LEVEL_FLOW.items()}}}))
-    (root / "turns.txt").write_text("\n".join(INSTRUCTIONS) + "\n")
+    (root / "turns.txt").write_text("\n".join(instructions) + "\n")
     return root
 
 
