@@ -32,10 +32,13 @@ def _stage(tmp_path: Path, monkeypatch, reasons: list[str]) -> tuple[list, Path]
     return calls, out
 
 
-def test_changed_shards_set_the_earlier_run_aside_and_train_afresh(tmp_path, monkeypatch):
-    calls, out = _stage(tmp_path, monkeypatch, [DATA_REASON])
+def test_changed_shards_set_the_earlier_run_aside_and_train_afresh(tmp_path, monkeypatch, caplog):
+    calls, out = _stage(tmp_path, monkeypatch, [DATA_REASON, DATA_REASON])
     (tmp_path / "c.superseded-1").mkdir()  # an earlier set-aside is not overwritten
-    assert recipe.train_stage(["phase=c", f"output_dir={out}"]) == {"export": str(out / "export")}
+    with caplog.at_level("WARNING", logger=recipe.log.name):
+        assert recipe.train_stage(["phase=c", f"output_dir={out}"]) == {"export": str(out / "export")}
+    # each changed shard folder named once, by its manifest
+    assert f"{out}: the shards it trained on changed since its checkpoints (key0, key1); the stage starts" in caplog.text
     assert calls == [["checkpoints"], []]  # the second run found the folder empty
     kept = tmp_path / "c.superseded-2"
     assert (kept / "checkpoints" / "step-0000002.ckpt").read_text() == "old"

@@ -156,7 +156,8 @@ def train_stage(overrides: list[str], new_folder: str = "") -> dict:
             raise (changed.advising(new_folder) if new_folder else changed) from None
         kept = supersede(Path(composed.output_dir), composed.lock_wait_seconds)
         log.warning("%s: the shards it trained on changed since its checkpoints (%s); the stage starts afresh, its "
-                    "earlier run is kept in %s", composed.output_dir, "; ".join(changed.problems), kept)
+                    "earlier run is kept in %s", composed.output_dir,
+                    ", ".join(change.key for change, _ in changed.refusals), kept)
         return train_run(composed)
 
 
