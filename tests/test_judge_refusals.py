@@ -5,13 +5,22 @@ from __future__ import annotations
 import json
 
 import pytest
-from http_fakes import FakeChatServer, no_proxy  # noqa: F401 - no_proxy: autouse
+from http_fakes import PROXY_VARIABLES, FakeChatServer
 from test_judge import report_games
 
+from animegamer.config.schema import JudgeConfig
 from animegamer.evaluation.judge import JudgeFailed, judge_folder, main
 from animegamer.evaluation.report import write_report
 
 FILES = ("metrics.json", "report.md")
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """urllib honours proxy variables; the closed local endpoint must be tried directly."""
+    for var in PROXY_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
 
 
 def never_judged(folder):
@@ -43,8 +52,6 @@ def test_a_folder_without_a_game_to_judge_fails_and_is_left_as_it_was(tmp_path):
     folder = tmp_path / "eval"
     write_report(folder, {"clip_i": 0.5}, [])
     kept = {name: (folder / name).read_bytes() for name in FILES}
-    from animegamer.config.schema import JudgeConfig
-
     with pytest.raises(JudgeFailed, match="the judge scored no game \\(no game was played\\)"):
         judge_folder(folder, JudgeConfig(url="http://127.0.0.1:9/v1", model_name="x"))
     assert {name: (folder / name).read_bytes() for name in FILES} == kept

@@ -15,6 +15,15 @@ from animegamer.ranking.cli import main
 from animegamer.ranking.server import RankingServer
 
 
+@pytest.fixture(autouse=True)
+def _never_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command that got as far as serving fails its test instead of serving until it is stopped."""
+    def serve_forever(self: RankingServer, *args: object) -> None:
+        raise AssertionError("the page was about to be served")
+
+    monkeypatch.setattr(RankingServer, "serve_forever", serve_forever)
+
+
 @pytest.fixture
 def two_runs(tmp_path) -> list[str]:
     return [str(write_run(tmp_path / name, {"g1": five()})) for name in ("alpha", "beta")]
