@@ -76,6 +76,15 @@ def test_tiny_configs_of_every_phase_are_valid(data_root, tmp_path, phase):
     assert text.startswith(f"{tmp_path / SHARDS_OF_PHASE[phase] / 'manifest.json'}: missing"), text
 
 
+@pytest.mark.parametrize("override, message", [
+    ("checkpoint.every_n_steps=-3", "checkpoint.every_n_steps=-3 must be >= 1"),
+    ("checkpoint.every_n_steps=0", "checkpoint.every_n_steps=0 must be >= 1"),
+    ("checkpoint.keep_last=-2", "checkpoint.keep_last=-2 must be -1 (keep all), 0 (no periodic saves) or a count"),
+])
+def test_checkpoint_settings_out_of_range_are_refused(data_root, override, message):
+    assert only_problem(validate_train_run, train_cfg(data_root, "a_joint", override)).startswith(message)
+
+
 # --------------------------------------------------------------------------- sizes
 def test_encoder_width_must_match_the_decoder(data_root):
     text = only_problem(validate_train_run, train_cfg(data_root, "a_joint", "model.encoder.width=48"))

@@ -43,6 +43,15 @@ def local_folder(key: str, path: str) -> list[str]:
     return []
 
 
+def check_checkpoints(c) -> list[str]:
+    """``checkpoint.*``: a save every N >= 1 steps; ``keep_last`` -1 (all), 0 (no periodic saves) or K."""
+    problems = [] if c.every_n_steps >= 1 else [f"checkpoint.every_n_steps={c.every_n_steps} must be >= 1 (a save "
+                                                  "every N steps; checkpoint.keep_last=0 turns the periodic saves off)"]
+    if c.keep_last < -1:
+        problems.append(f"checkpoint.keep_last={c.keep_last} must be -1 (keep all), 0 (no periodic saves) or a count")
+    return problems
+
+
 def check_bad_sample_budget(budget: int) -> list[str]:
     """``data.bad_sample_budget``: how many bad samples a run may skip (training/bad_data.py), so >= 0."""
     return [] if budget >= 0 else [f"data.bad_sample_budget={budget} must be >= 0"]
