@@ -72,9 +72,7 @@ def play_games(models: GameModels, scripts: Sequence[Iterable[str]], out_dirs: S
     active: list[tuple[int, Game, GameWriter, Iterator[str]]] = []
 
     def finish(number: int, game: Game, writer: GameWriter, error: Optional[ValueError] = None) -> None:
-        if error is not None:
-            writer.fail(error)
-        writer.close()
+        writer.close(error)
         played[number] = PlayedGame(writer.record(), list(game.results), error)
 
     while waiting or active:

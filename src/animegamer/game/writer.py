@@ -147,9 +147,11 @@ class GameWriter:
         write_storyboard(self.out_dir / GAME_PAGE_FILE, record)
         return record
 
-    def close(self) -> None:
-        """The script has ended (or a turn failed, which playing it again would repeat): nothing to resume."""
+    def close(self, error: Optional[BaseException] = None) -> None:
+        """The script has ended, or a turn failed with ``error`` (playing it again would repeat it): nothing
+        to resume."""
         self.finished = True
+        self.error = None if error is None else str(error)
         self.write_index()
 
     def fail(self, error: BaseException) -> None:

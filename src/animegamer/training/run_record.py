@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.config.neutral_keys import ALLOWED, flatten
-from animegamer.config.schema import (CONSTANT_SCHEDULE, DATA_ROOT_KEY, INIT_FROM_KEY, MAX_STEPS_KEY)
+from animegamer.config.schema import CONSTANT_SCHEDULE, DATA_ROOT_KEY, INIT_FROM_KEY, MAX_STEPS_KEY
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import CPU_THREADS_FILE, EXPORT_DIR, MANIFEST, RECORD_FILE
 from animegamer.data.storage import ShardSource, data_source, join
@@ -205,7 +205,7 @@ def input_digests(config: dict) -> dict[str, str | None]:
 
 def moved_inputs(record: dict, config: dict, samples: str, data_now: dict[str, str | None]) -> set[str]:
     """The changed path keys whose new path holds what the recorded one did (see the module's notes)."""
-    moved = set()
+    moved: set[str] = set()
     recorded_data = record.get("data")
     if recorded_data and None not in data_now.values() and recorded_data == data_now:
         moved |= {DATA_ROOT_KEY, *(f"data.{key}" for key in data_folders(samples))}
