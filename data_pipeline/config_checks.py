@@ -8,7 +8,8 @@ from typing import Sequence
 from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
-from animegamer.config.validate import PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline
+from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline,
+                                       check_pipeline_devices)
 from animegamer.models.checks import check_tokenizer
 from animegamer.models.mllm import check_mllm
 from data_pipeline.preflight import film_problems
@@ -37,6 +38,8 @@ def pipeline_problems(cfg) -> list[str]:
     if adaptation:
         problems += export_folder_problems(f"pipeline.adaptation.export={adaptation!r}", adaptation,
                                            "not a phase (b) export folder")
+    with_model = {"precompute": p.precompute.enabled, "representations": bool(reps), "adaptation": bool(adaptation)}
+    problems += check_pipeline_devices(p, [step for step in steps if with_model.get(step)])
     if "precompute" in steps and p.precompute.enabled:
         problems += check_encoders(cfg.model.encoders)
         problems += check_weight_folders(cfg.model, ("t5", "clip", "vae"))

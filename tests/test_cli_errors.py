@@ -57,6 +57,13 @@ REFUSED = {
         [*PIPELINE, "+pipeline.clip.stride_seconds=0.5"], {},
         ["+pipeline.clip.stride_seconds=0.5: pipeline (PipelineConfig) has no key 'clip'; did you mean "
          "pipeline.clips?"]),
+    "pipeline, a CUDA step without a GPU": (
+        [*PIPELINE, "pipeline.precompute.device=cuda"], NO_GPU,
+        ["pipeline.precompute.device='cuda' needs a CUDA GPU, and torch sees none on this machine: run on the CPU "
+         "with pipeline.precompute.device=cpu"]),
+    "quickstart, a later CUDA step without a GPU": (
+        [*QUICKSTART, "pipeline.adaptation.device=cuda"], NO_GPU,
+        ["pipeline.adaptation.device='cuda' needs a CUDA GPU, and torch sees none on this machine"]),
     "evaluate, an unknown key": (
         [*EVALUATE, "experiment=quickstart_eval", "evaluation.gams=3"], {},
         ["evaluation.gams=3: evaluation (EvalConfig) has no key 'gams'; did you mean evaluation.games?"]),

@@ -144,6 +144,44 @@ def test_a_step_cache_the_evaluation_would_refuse_stops_before_anything_trains(t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_gpu_size_on_a_machine_without_cuda_stops_before_any_film_is_drawn(tmp_path: Path, monkeypatch,
+                                                                             capsys) -> None:
+    """Every stage, pipeline step and the VAE stage that asks for CUDA is named in one refusal, exit 2, before
+    the films are drawn (the recipe's own pre-flight would come only after them)."""
+    import torch
+
+    from benchmarks.known_answer.driver import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "out"), "--size", "gpu"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err
+    assert "--size gpu is set for a GPU host (below); on this machine run --size ci" in err
+    assert "phase a_base, a_warmup, a_joint, b, c: trainer.accelerator='gpu' needs a CUDA GPU" in err
+    for step in ("precompute", "representations", "adaptation"):
+        assert f"pipeline.{step}.device='cuda' needs a CUDA GPU" in err
+    assert "--vae-device cuda needs a CUDA GPU, and torch sees none on this machine: run on the CPU with " \
+           "--vae-device cpu" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--vae-device", "cpu"], "--size ci trains no VAE (its stages use the preset's random one): --vae-device does "
+                              "not apply"),
+    (["--size", "gpu", "--vae-max-seconds", "-1"], "max_seconds must be >= 0, got -1.0 (--vae-max-seconds)"),
+    (["--ablations", "nope"], "unknown ablation(s) ['nope']"),
+])
+def test_options_the_size_cannot_take_are_one_line_and_exit_2(tmp_path: Path, capsys, args, words) -> None:
+    from benchmarks.known_answer.driver import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and words in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_rows_over_the_same_items_are_compared_item_by_item() -> None:
     """Two renderers of the same 4 turns: the trained one right on turns 0-2, the other on turns 0-1 and 3.
     The margin's paired standard error comes from the per-turn differences (0, 0, 1, -1), not from the two

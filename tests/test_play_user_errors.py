@@ -18,7 +18,7 @@ from animegamer.config.validate import ConfigError
 from animegamer.errors import USER_ERROR_EXIT_CODE, OutputExistsError, is_user_error
 from animegamer.game.cli import build_parser, main
 from animegamer.game.models import load_game_models
-from animegamer.game.preflight import device_problems
+from animegamer.config.validate import device_problems
 from animegamer.game.writer import GameWriter
 
 SMALL = ["model=tiny", "pipeline.clips.height=32", "pipeline.clips.width=48"]
@@ -130,11 +130,18 @@ def test_a_cuda_device_without_cuda_is_refused_before_loading(exports, tmp_path,
 
 
 def test_device_problems(monkeypatch):
-    assert device_problems(None) == device_problems("cpu") == []
+    def problems(device):
+        return device_problems(device, f"--device {device}", "--device cpu")
+
+    assert problems(None) == problems("cpu") == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert problems("cuda") == ["--device cuda needs a CUDA GPU, and torch sees none on this machine: run on the "
+                                "CPU with --device cpu"]
+    assert problems("gpu") == ["--device gpu: not a device torch knows (cuda, cuda:N or cpu)"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert device_problems("cuda") == device_problems("cuda:0") == []
-    assert "torch sees 1 CUDA device(s)" in device_problems("cuda:1")[0]
+    assert problems("cuda") == problems("cuda:0") == []
+    assert "torch sees 1 CUDA device(s)" in problems("cuda:1")[0]
 
 
 # --------------------------------------------------------------------------- counts

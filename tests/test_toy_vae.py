@@ -320,3 +320,21 @@ def test_an_init_folder_that_cannot_start_the_stage_is_refused_by_name(tmp_path:
     err = capsys.readouterr().err
     assert f"error: --init {init}: {words}" in err and "Traceback" not in err
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before  # nothing written
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "cuda"], "--device cuda needs a CUDA GPU, and torch sees none on this machine: run on the CPU "
+                           "with --device cpu"),
+    (["--device", "gpu"], "--device gpu: not a device torch knows"),
+    (["--steps", "-3"], "steps must be >= 0, got -3"),
+])
+def test_settings_and_a_device_this_machine_lacks_are_refused_before_the_clips_are_read(
+        tmp_path: Path, capsys, monkeypatch, root_logging, args, words) -> None:
+    from animegamer.toy_vae import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "vae"), "--data", str(tmp_path / "no_pipeline"), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and words in err and "Traceback" not in err
+    assert not (tmp_path / "vae").exists()

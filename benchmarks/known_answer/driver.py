@@ -53,6 +53,7 @@ import numpy as np
 
 from animegamer.config.compose import path_override, quoted
 from animegamer.config.schema import INIT_FROM_KEY
+from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import ADAPTATION_DIR, METRICS_FILE, REPRESENTATIONS_DIR
 from animegamer.contracts.shards import PRED_REP, REP
 from animegamer.data.shards import folder_shards, iter_samples
@@ -62,8 +63,8 @@ from animegamer.media.video import decode_mp4
 from animegamer.metrics.psnr import psnr
 from animegamer.phases.specs import A_BASE, A_JOINT, A_WARMUP, PHASE_B, PHASE_C
 from animegamer.errors import InvalidInputError, UserError, exit_on_user_error
-from animegamer.recipe import (Recipe, evaluation_config, run_recipe, train_stage, trained_seconds,
-                              trained_vae)
+from animegamer.recipe import (Recipe, evaluation_config, machine_problems, run_recipe, train_stage,
+                              trained_seconds, trained_vae)
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 from animegamer.utils.logging import setup_logging
 from benchmarks.known_answer.data import (
@@ -99,6 +100,7 @@ GALLERY_FILE = "gallery.png"
 VAE_DIR = "vae"
 VAE_FROM = "--vae-from"  # the option that hands the benchmark a trained VAE folder
 VAE_TRAINING_OPTIONS = ("--vae-max-seconds", "--vae-steps", "--vae-device")  # the size's VAE stage's settings
+VAE_OPTIONS = dict(zip(("max_seconds", "steps", "device"), VAE_TRAINING_OPTIONS))  # ToyVAETraining's field -> option
 A2_RENDERER = "game rendered by the a2 decoder"
 # The decoder base with the throwaway encoder it trained with: does the base itself render the motion that
 # phases (a) and (c) are to control? (Its reconstruction row only: it has no motion scope to play a game with.)
@@ -158,6 +160,7 @@ class BenchmarkSize:
         return [MOTION_SWEEP] if self.motion_sweep else []
 
 
+CPU_SIZE = "ci"  # the size that runs on a CPU machine
 SIZES = {
     # 2 CPU cores: the tiny presets' random frozen VAE. Training one does not fit: a step of 2 crops of
     # 9x16x32 took over 3 s on the loaded CI machine (docs/plans/known_answer.md), so CI asserts what
@@ -165,7 +168,7 @@ SIZES = {
     # Its 40-step decoder base (~10 s) checks that every stage runs over a pre-trained base. No motion sweep:
     # its pixels are noise, and five more samplings and decodes per reconstructed clip in every evaluation
     # would lengthen the CI test for nothing.
-    "ci": BenchmarkSize("ci", None, base=True, motion_sweep=False),
+    CPU_SIZE: BenchmarkSize(CPU_SIZE, None, base=True, motion_sweep=False),
     # One H200: the preset's VAE for 100 s (150 s gave 26.4 dB held out: docs/plans/known_answer.md).
     # The decoder base too: phases (a) and (c) train adapters over a frozen base, and the first GPU run's
     # random base made noise (docs/plans/known_answer.md).
@@ -371,18 +374,23 @@ def resolve_size(size: str, vae: dict[str, Any] | None, films: int | None, ablat
     """The size's settings with the caller's changes, its data size, and the ablations to run; checked
     before anything is drawn or trained."""
     if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
+        raise UserError(f"unknown size {size!r}; choose from {sorted(SIZES)}")
     bench = replace(SIZES[size], stage_extra=(*SIZES[size].stage_extra, *parse_stage_overrides(stage)))
     if vae:
         if bench.vae is None:
-            raise ValueError(f"size {size!r} trains no VAE: VAE settings {sorted(vae)} do not apply")
+            given = ", ".join(VAE_OPTIONS.get(name, name) for name in sorted(vae))
+            raise UserError(f"--size {size} trains no VAE (its stages use the preset's random one): {given} "
+                            "does not apply")
         bench = replace(bench, vae=replace(bench.vae, **vae))
-        bench.vae.validate()
+        try:
+            bench.vae.validate()
+        except ValueError as error:
+            raise UserError(f"{error} ({', '.join(VAE_OPTIONS[name] for name in sorted(vae))})") from None
     data_size = DATA_SIZES[size] if films is None else replace(DATA_SIZES[size], films=films)
     names = bench.ablations if ablations is None else tuple(ablations)
     unknown = sorted(set(names) - set(ABLATIONS))
     if unknown:
-        raise ValueError(f"unknown ablation(s) {unknown}; choose from {sorted(ABLATIONS)}")
+        raise UserError(f"unknown ablation(s) {unknown}; choose from {sorted(ABLATIONS)}")
     return bench, data_size, names
 
 
@@ -446,7 +454,7 @@ def comparison_parts(layout: Layout, bench: BenchmarkSize, summary: dict, extra:
         yield f"ablation {name}", [r for r in rows_of(f"ablation {name}", scored["metrics"]) if "baseline" not in r], {}
 
 
-def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Sequence[str] = (),
+def run_benchmark(out: str | Path, size: str = CPU_SIZE, seed: int = 0, extra: Sequence[str] = (),
                   ablations: Sequence[str] | None = None, films: int | None = None,
                   vae: dict[str, Any] | None = None, a2_renderer: bool = True,
                   stage: Sequence[str] = (), base_reconstruction: bool = True,
@@ -480,6 +488,11 @@ def run_benchmark(out: str | Path, size: str = "ci", seed: int = 0, extra: Seque
     eval_cfg = evaluation_config(eval_overrides)
     check_step_cache(eval_overrides, step_cache)
     recipe = recipe_of(layout, bench, extra)
+    # Before the films are drawn: the recipe's own pre-flight comes after them.
+    if problems := machine_problems(recipe, vae_device=VAE_TRAINING_OPTIONS[2]):
+        elsewhere = [] if size == CPU_SIZE else [f"--size {size} is set for a GPU host (below); on this machine "
+                                                 f"run --size {CPU_SIZE}"]
+        raise ConfigError(elsewhere + problems)
     if layout.vae_from:  # its clips are checked by the recipe once they are cut
         trained_vae(recipe, VAE_FROM)
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers), words)  # the pipeline's workers
@@ -529,7 +542,7 @@ def write_result(out: Path, result: dict, started: float) -> None:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="folder for the films, pipeline, VAE, runs and results")
-    parser.add_argument("--size", choices=sorted(SIZES), default="ci")
+    parser.add_argument("--size", choices=sorted(SIZES), default=CPU_SIZE)
     parser.add_argument("--seed", type=int, default=0, help="training and evaluation seed (data and VAE are shared)")
     parser.add_argument("--words", choices=CAPTION_WORDS, default=LEVEL_WORDS,
                         help="how the films' captions name the motion (each choice its own OUT): "
@@ -561,8 +574,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     setup_logging("INFO")
-    vae = {name: value for name, value in (("max_seconds", args.vae_max_seconds), ("steps", args.vae_steps),
-                                           ("device", args.vae_device)) if value is not None}
+    vae = {name: value for name in VAE_OPTIONS if (value := getattr(args, f"vae_{name}")) is not None}
     exit_on_user_error(run_benchmark)(args.out, args.size, args.seed, args.overrides, args.ablations, args.films, vae,
                                       args.a2_renderer, args.stage, args.base_reconstruction, args.step_cache,
                                       args.words, args.vae_from)

@@ -30,7 +30,7 @@ import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from omegaconf import OmegaConf
 
@@ -40,7 +40,8 @@ from animegamer.config.compose import (carried_over, command_body, compose_confi
                                        path_override, quoted)
 from animegamer.config.disk_checks import read_json_object
 from animegamer.config.schema import INIT_FROM_KEY
-from animegamer.config.validate import ConfigError
+from animegamer.config.validate import (PIPELINE_DEVICES, ConfigError, check_gpu_available, check_pipeline_devices,
+                                       device_problems)
 from animegamer.contracts.exports import TRAIN_SECONDS
 from animegamer.contracts.files import CLIPS_DIR, GAME_PAGE_FILE, LOSS_HISTORY
 from animegamer.contracts.steps import CLIP_STEPS
@@ -203,34 +204,62 @@ def base_stage_problems(overrides: Sequence[str]) -> list[str]:
     return []
 
 
-def check_stages(recipe: Recipe, first_steps: str) -> None:
-    """The recipe's pre-flight before its first stage, every problem in one :class:`ConfigError`: the clip
-    size ``start_a`` was trained at, each training stage's and the evaluation's settings (a problem of
-    several stages named once, with them), the first pipeline call's (``first_steps``) settings and,
-    where anything is refused, its films and caption import. What a stage reads from the pipeline's
-    output or from an earlier stage's export is made later: the pipeline's own pre-flight,
-    :func:`check_recipe` and each stage's validation check it in its turn."""
-    extra, pipeline_extra, evaluation_extra = (stage_overrides(root, recipe.extra) for root in ROOTS)
-    # Each stage starts from the export the recipe gives it: checked where it exists now (the recipe's
-    # starts), left out where an earlier stage trains it.
+def stage_configs(recipe: Recipe) -> list:
+    """Each training stage's composed config, in the order they train. Each starts from the export the recipe
+    gives it: checked where it exists now (the recipe's starts), left out where an earlier stage trains it."""
+    extra = stage_overrides("train", recipe.extra)
     made_later = f"{INIT_FROM_KEY}=''"
     start_b = [path_override(INIT_FROM_KEY, recipe.start_b)] if recipe.start_b else []
     start_a = path_override(INIT_FROM_KEY, recipe.start_a) if recipe.start_a else made_later
-    joint = compose_config("train", [*recipe.phase_a, "phase=a_joint", start_a, *extra])
-    stages = [joint, compose_config("train", [*recipe.phase_b, *start_b, *extra]),
+    stages = [compose_config("train", [*recipe.phase_a, "phase=a_joint", start_a, *extra]),
+              compose_config("train", [*recipe.phase_b, *start_b, *extra]),
               compose_config("train", [*recipe.phase_c, made_later, *extra])]
     if not recipe.start_a:
         stages.insert(0, compose_config("train", [*recipe.phase_a, "phase=a_warmup", *extra]))
-    problems = []
     if recipe.decoder_base is not None:
         stages.insert(0, compose_config("train", [*recipe.decoder_base, *extra, *BASE_OVERRIDES]))
-        problems += base_stage_problems(recipe.decoder_base)
-    found: dict[str, list[str]] = {}  # a problem -> the stages that have it (a setting they share: all)
+    return stages
+
+
+def by_stage(problems_of: Callable, stages: list) -> list[str]:
+    """``problems_of(stage)`` over the stages, each problem named once with the stages that have it (a setting
+    they share: all of them)."""
+    found: dict[str, list[str]] = {}
     for stage in stages:
-        for problem in check_training(stage, data=False):
+        for problem in problems_of(stage):
             found.setdefault(problem, []).append(str(stage.phase.name))
-    problems += start_clip_size_problems(joint, recipe.start_a) if recipe.start_a else []
-    problems += [f"phase {', '.join(names)}: {problem}" for problem, names in found.items()]
+    return [f"phase {', '.join(names)}: {problem}" for problem, names in found.items()]
+
+
+def machine_problems(recipe: Recipe, stages: list | None = None, vae_device: str = "Recipe.vae.device") -> list[str]:
+    """What this machine lacks for the recipe: a CUDA GPU that a stage's trainer, a pipeline step or the VAE
+    stage asks for (``stages``: :func:`stage_configs`, composed by the caller; ``vae_device``: how the caller's
+    user sets the VAE stage's device). Checked before anything is drawn or trained: each would stop only once
+    it reached its stage."""
+    stages = stage_configs(recipe) if stages is None else stages
+    problems = by_stage(lambda stage: check_gpu_available(stage.trainer), stages)
+    pipeline = compose_config("pipeline", [*recipe.pipeline, *stage_overrides("pipeline", recipe.extra)]).pipeline
+    problems += check_pipeline_devices(pipeline, PIPELINE_DEVICES)
+    if recipe.vae is not None:
+        problems += device_problems(recipe.vae.device, f"{vae_device} {recipe.vae.device}", f"{vae_device} cpu")
+    return problems
+
+
+def check_stages(recipe: Recipe, first_steps: str) -> None:
+    """The recipe's pre-flight before its first stage, every problem in one :class:`ConfigError`: the clip
+    size ``start_a`` was trained at, each training stage's and the evaluation's settings (a problem of
+    several stages named once, with them), what this machine lacks for them (:func:`machine_problems`), the
+    first pipeline call's (``first_steps``) settings and, where anything is refused, its films and caption
+    import. What a stage reads from the pipeline's output or from an earlier stage's export is made later:
+    the pipeline's own pre-flight, :func:`check_recipe` and each stage's validation check it in its turn."""
+    pipeline_extra, evaluation_extra = (stage_overrides(root, recipe.extra) for root in ROOTS[1:])
+    stages = stage_configs(recipe)
+    problems = base_stage_problems(recipe.decoder_base) if recipe.decoder_base is not None else []
+    if recipe.start_a:
+        joint = next(stage for stage in stages if stage.phase.name == "a_joint")
+        problems += start_clip_size_problems(joint, recipe.start_a)
+    problems += by_stage(lambda stage: check_training(stage, data=False), stages)
+    problems += machine_problems(recipe, stages)
     if recipe.evaluation:
         evaluated = evaluation_config([*recipe.evaluation, *evaluation_extra])
         problems += [f"evaluation: {problem}" for problem in check_evaluation(evaluated, made=False)]

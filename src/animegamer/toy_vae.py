@@ -39,11 +39,12 @@ from omegaconf import OmegaConf
 
 from animegamer.config.compose import compose_config
 from animegamer.config.schema import VAEConfig
+from animegamer.config.validate import device_problems
 from animegamer.contracts.files import CLIPS_DIR
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.split import HeldOut
 from animegamer.data.trained_data import clip_content_sha256
-from animegamer.errors import InvalidInputError, MissingInputError, exit_on_user_error
+from animegamer.errors import InvalidInputError, MissingInputError, UserError, exit_on_user_error
 from animegamer.models.frozen_vae import FrozenVAE
 from animegamer.models.vae_training import (
     LossWeights,
@@ -423,8 +424,13 @@ def ensure_trained(out: str | Path, data: str | Path, vae_cfg: VAEConfig, encode
 def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
         overrides: Sequence[str] = (), init: str | Path | None = None) -> dict[str, Any]:
     """The command: the VAE of preset ``model`` (with ``overrides``) trained on ``data`` (from the trained
-    folder ``init`` when given), or reused."""
-    run_cfg.validate()
+    folder ``init`` when given), or reused. Its settings and device are checked before anything is read."""
+    try:
+        run_cfg.validate()
+    except ValueError as error:  # the command's own options (each field is the option of that name)
+        raise UserError(str(error)) from None
+    if problems := device_problems(run_cfg.device, f"--device {run_cfg.device}", "--device cpu"):
+        raise UserError("; ".join(problems))
     vae_cfg, seed = vae_config(model, overrides)
     return ensure_trained(out, data, vae_cfg, seed, run_cfg, {"model": model, "overrides": list(overrides)}, init)
 

@@ -201,3 +201,40 @@ def check_gpu_available(trainer) -> list[str]:
     cpu = f"trainer=cpu trainer.strategy=ddp trainer.devices={per_node} trainer.num_nodes={trainer.num_nodes}"
     return [f"{refusal}, or in several CPU processes with {cpu} (trainer.devices processes on each of "
             "trainer.num_nodes machines; under torchrun, --nproc_per_node and --nnodes)"]
+
+
+def device_problems(device: str | None, named: str, on_cpu: str) -> list[str]:
+    """A device torch cannot name, or a CUDA one torch does not see on this machine: refused before any model
+    is built (torch would stop at the first tensor moved there). ``named``: the setting as the user gave it
+    (``--device cuda``, ``pipeline.precompute.device='cuda'``); ``on_cpu``: how to run on the CPU instead.
+    None (a command's default device) is never refused."""
+    import torch  # the config layer loads no torch until a command's checks ask for a device
+
+    if device is None:
+        return []
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        return [f"{named}: not a device torch knows (cuda, cuda:N or cpu)"]
+    if parsed.type != "cuda":
+        return []
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not visible:
+        return [f"{named} needs a CUDA GPU, and torch sees none on this machine: run on the CPU with {on_cpu}"]
+    if parsed.index is not None and parsed.index >= visible:
+        return [f"{named}: torch sees {visible} CUDA device(s) on this machine (cuda:0 to cuda:{visible - 1}; "
+                "CUDA_VISIBLE_DEVICES)"]
+    return []
+
+
+PIPELINE_DEVICES = ("precompute", "representations", "adaptation")  # the pipeline steps that set their own device
+
+
+def check_pipeline_devices(p: PipelineConfig, steps: Iterable[str]) -> list[str]:
+    """The devices of the pipeline steps among ``steps`` that run a model (:data:`PIPELINE_DEVICES`)."""
+    problems = []
+    for step in PIPELINE_DEVICES:
+        if step in steps:
+            key, device = f"pipeline.{step}.device", getattr(p, step).device
+            problems += device_problems(device, f"{key}={device!r}", f"{key}=cpu")
+    return problems

@@ -3,40 +3,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional
-
-import torch
 
 from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.schema import RunConfig
+from animegamer.config.validate import device_problems
 from animegamer.contracts.files import MANIFEST
 from animegamer.errors import UserError
 from animegamer.game.instructions import read_instructions
 from animegamer.game.writer import GAME_FILE, unfinished_game
 from animegamer.utils.io import out_dir_problem
-
-
-def device_problems(device: Optional[str], option: str = "--device") -> list[str]:
-    """A device torch cannot name, or a CUDA one where torch sees no such GPU: refused before any model is
-    built (torch would stop at the first tensor moved there), naming the CPU setting as the training
-    check does (animegamer.config.validate.check_gpu_available)."""
-    if device is None:  # the default: CUDA when torch sees a GPU, else the CPU
-        return []
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        return [f"{option} {device}: not a device torch knows (cuda, cuda:N or cpu)"]
-    if parsed.type != "cuda":
-        return []
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not visible:
-        return [f"{option} {device} needs a CUDA GPU, and torch sees none on this machine: play on the CPU with "
-                f"{option} cpu (or leave {option} out: CUDA when available, else the CPU)"]
-    if parsed.index is not None and parsed.index >= visible:
-        return [f"{option} {device}: torch sees {visible} CUDA device(s) on this machine (cuda:0 to "
-                f"cuda:{visible - 1}; CUDA_VISIBLE_DEVICES)"]
-    return []
 
 
 def resume_problems(args: argparse.Namespace, earlier: dict) -> list[str]:
@@ -97,5 +73,6 @@ def input_problems(args: argparse.Namespace, cfg: RunConfig) -> list[str]:
         problems += resume_problems(args, earlier)
     elif (Path(args.out) / GAME_FILE).exists() and not args.overwrite:
         problems.append(f"--out {args.out} already holds a game ({GAME_FILE}); choose another folder or --overwrite")
-    problems += device_problems(args.device)
+    problems += device_problems(args.device, f"--device {args.device}",
+                                "--device cpu (or leave --device out: CUDA when available, else the CPU)")
     return problems
