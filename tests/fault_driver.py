@@ -26,8 +26,8 @@ no chance to clean up. Faults (none of them touches the library, only this child
   file, then SIGKILLs itself.
 * ``pause: {"step": K, "hook": h, "micro": m}``: in hook ``h`` at ``global_step == K`` and micro-batch
   ``batch_idx % accumulate == m``, write ``<log>.ready`` and wait (at most 60 s) until the signal the
-  test sends from outside (``"signal"``, default SIGTERM) has arrived (and gone to the trainer's
-  handler); then carry on.
+  test sends from outside (``"signal"``, default SIGTERM) has arrived ``"times"`` times (default once),
+  each gone to the trainer's handler; then carry on.
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def _fault_callback(kill: dict | None, pause: dict | None, ready: str):
                 signal.signal(signum, note)
                 open(ready, "w").close()
                 deadline = time.monotonic() + 60
-                while not received and time.monotonic() < deadline:
+                while len(received) < pause.get("times", 1) and time.monotonic() < deadline:
                     time.sleep(0.005)
                 signal.signal(signum, handler)
 
@@ -206,10 +206,11 @@ def _child(request: dict) -> None:
             runpy.run_path(request["script"], run_name="__main__")
         else:
             from animegamer.config.compose import compose_config
+            from animegamer.errors import exit_on_user_error
             from animegamer.phases.run import run
 
             _install_faults(request)
-            run(compose_config("train", request["overrides"]))
+            exit_on_user_error(run)(compose_config("train", request["overrides"]))  # as the train command runs it
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1

@@ -30,7 +30,7 @@ from phase_c_helpers import write_synthetic_adaptation
 
 from animegamer.checkpoints.export import EXPORT_FILE
 from animegamer.contracts.files import EXPORT_DIR
-from animegamer.errors import INTERRUPTED_EXIT_CODE
+from animegamer.errors import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE
 from animegamer.training.callbacks import TRAIN_SECONDS
 from animegamer.training.checkpoint_integrity import RECORD_SUFFIX
 from animegamer.training.checkpointing import PARTIAL, checkpoint_name, clean_partials, resume_checkpoint
@@ -233,6 +233,30 @@ def test_ctrl_c_after_the_last_step_still_stops_the_command_once_the_run_is_save
     assert rc == INTERRUPTED_EXIT_CODE and "stopped by Ctrl-C after the last step: the run is saved" in log, log[-3000:]
     assert resume_checkpoint(output / "checkpoints").name == checkpoint_name(STEPS)
     assert json.loads((output / EXPORT_DIR / EXPORT_FILE).read_text())["finished"]
+
+
+def test_ctrl_c_twice_in_training_stops_at_once_with_ctrl_cs_exit_code(driver, data, tmp_path):
+    """The second Ctrl-C stops in the middle of the step without the save (Lightning's own interrupt path, which
+    exits 1): the command still reports a Ctrl-C, with its message and the shell's code, and the run keeps
+    only its periodic checkpoints, the last of which the next run resumes from."""
+    output = tmp_path / "twice"
+    pid = driver.start(output, _overrides("a_joint", data), pause={"step": STEPS - 1, "hook": "on_before_backward",
+                                                                    "signal": "SIGINT", "times": 2})
+    ready, log = Path(str(driver.logs[pid]) + ".ready"), driver.logs[pid]
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and running(pid):
+        time.sleep(0.01)
+    assert ready.exists(), log.read_text()[-4000:]
+    os.kill(pid, signal.SIGINT)
+    while "Ctrl-C: saving a checkpoint" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)  # two signals close together would arrive as one
+    os.kill(pid, signal.SIGINT)
+    rc = driver.wait(pid)
+    text = log.read_text()
+    assert rc == INTERRUPTED_EXIT_CODE and INTERRUPTED_MESSAGE in text, text[-4000:]
+    assert "Traceback" not in text and "stopped by Ctrl-C at step" not in text
+    periodic = sorted(p.name for p in (output / "checkpoints").iterdir() if p.name.endswith(".ckpt"))
+    assert periodic == [checkpoint_name(s) for s in range(EVERY, STEPS - 1, EVERY)]
 
 
 def test_ctrl_c_twice_stops_at_once_and_an_ignored_signal_stays_ignored(tmp_path):

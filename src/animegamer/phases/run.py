@@ -197,6 +197,12 @@ def _train(cfg: RunConfig, resolved: dict | DictConfig) -> dict:
             trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
         except SIGTERMException as stop:
             raise SystemExit(preemption.exit_code) from stop
+        except SystemExit:
+            # Lightning ends its KeyboardInterrupt path with exit code 1; a second Ctrl-C is still a Ctrl-C,
+            # which the command reports with the shell's code like any other
+            if preemption.stopped_at_once:
+                raise KeyboardInterrupt from None
+            raise
         finally:
             preemption.restore()
     # The periodic saves may miss the final step: save it so a longer run continues from here.

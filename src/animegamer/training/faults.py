@@ -45,6 +45,7 @@ class Preemption(L.Callback):
         self.folder, self.keep_last = Path(folder), keep_last  # checkpoint.keep_last holds for its save too
         self.received: int | None = None
         self._requested = False
+        self.stopped_at_once = False  # a second Ctrl-C: no save, Lightning's KeyboardInterrupt path
         self._before: dict[int, object] = {}  # the handlers to put back when the fit ends
 
     @property
@@ -66,6 +67,7 @@ class Preemption(L.Callback):
     def _note(self, signum: int, _frame) -> None:
         if signum == signal.SIGINT:
             if self._requested:  # Ctrl-C again: stop at once, as Python does, without the save
+                self.stopped_at_once = True
                 raise KeyboardInterrupt
             os.write(2, INTERRUPT_NOTE)  # a handler may interrupt logging itself: no logging here
         self.received, self._requested = signum, True
