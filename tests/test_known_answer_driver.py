@@ -182,6 +182,20 @@ def test_options_the_size_cannot_take_are_one_line_and_exit_2(tmp_path: Path, ca
     assert not (tmp_path / "out").exists()
 
 
+def test_another_seeds_results_are_kept_beside_under_their_seeds_names(tmp_path: Path) -> None:
+    from benchmarks.known_answer.driver import (CURVES_FILE, RESULT_FILE, TABLE_FILE, keep_other_seeds_results)
+
+    (tmp_path / RESULT_FILE).write_text(json.dumps({"seed": 0, "rows": []}))
+    (tmp_path / TABLE_FILE).write_text("seed 0's table")
+    (tmp_path / CURVES_FILE).write_bytes(b"png")
+    keep_other_seeds_results(tmp_path, 0)  # the same seed: its own files, replaced by its run
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([RESULT_FILE, TABLE_FILE, CURVES_FILE])
+    keep_other_seeds_results(tmp_path, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves_seed0.png", "known_answer_seed0.json",
+                                                          "known_answer_seed0.md"]
+    assert (tmp_path / "known_answer_seed0.md").read_text() == "seed 0's table"
+
+
 def test_rows_over_the_same_items_are_compared_item_by_item() -> None:
     """Two renderers of the same 4 turns: the trained one right on turns 0-2, the other on turns 0-1 and 3.
     The margin's paired standard error comes from the per-turn differences (0, 0, 1, -1), not from the two

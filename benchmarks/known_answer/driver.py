@@ -495,6 +495,7 @@ def run_benchmark(out: str | Path, size: str = CPU_SIZE, seed: int = 0, extra: S
         raise ConfigError(elsewhere + problems)
     if layout.vae_from:  # its clips are checked by the recipe once they are cut
         trained_vae(recipe, VAE_FROM)
+    keep_other_seeds_results(layout.out, seed)
     drawn = make_films(layout.films, data_size, int(eval_cfg.pipeline.workers), words)  # the pipeline's workers
     lap("films")
     summary = run_recipe(recipe)
@@ -514,6 +515,22 @@ def run_benchmark(out: str | Path, size: str = CPU_SIZE, seed: int = 0, extra: S
         write_result(layout.out, result, started)
     log.info("known-answer benchmark -> %s (%.0f s)", layout.out / RESULT_FILE, seconds["total"])
     return result
+
+
+def keep_other_seeds_results(out: Path, seed: int) -> None:
+    """``OUT``'s result files are one seed's: those of another seed are kept beside, under names that say
+    which (``known_answer_seed1.json``), before this seed's replace them."""
+    result = out / RESULT_FILE
+    if not result.is_file():
+        return
+    other = json.loads(result.read_text()).get("seed")
+    if other == seed:
+        return
+    kept = []
+    for path in (out / name for name in (RESULT_FILE, TABLE_FILE, CURVES_FILE, GALLERY_FILE)):
+        if path.is_file():
+            kept.append(path.replace(path.with_name(f"{path.stem}_seed{other}{path.suffix}")).name)
+    log.info("seed %s's results in %s kept as %s; this run writes seed %d's", other, out, ", ".join(kept), seed)
 
 
 def parse_stage_overrides(specs: Sequence[str]) -> list[tuple[str, str]]:
