@@ -2,6 +2,13 @@
 # lacks from WHEELS (default .device_wheels_ka, git-ignored; written by
 # `bash scripts/device_wheels.sh known_answer`) and checks that every package the benchmark imports is there.
 WHEELS=${WHEELS:-.device_wheels_ka}
+if [ -z "${OUT:-}" ] || [ ! -d "$OUT" ]; then  # where the results are copied, named by the caller
+  echo "OUT must name an existing folder for the results: OUT=results bash $0 ..." >&2; exit 2
+fi
+if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  echo "no wheels in WHEELS=$WHEELS: write them with 'bash scripts/device_wheels.sh known_answer' on a machine" \
+    "with network and copy the folder here (or name it: WHEELS=folder bash $0 ...)" >&2; exit 2
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$WHEELS"/*.whl || exit 1
 python3 scripts/register_checkout.py /tmp/site || exit 1  # the entry points the recipes find the pipeline by

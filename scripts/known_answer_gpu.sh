@@ -3,7 +3,8 @@
 # that resume:
 #   bash scripts/known_answer_gpu.sh [overrides for every stage, e.g. phase.max_steps=800]
 # WHEELS (default .device_wheels_ka, git-ignored) holds the wheels the host lacks, for Python 3.12 (written on a
-# machine with network by `bash scripts/device_wheels.sh known_answer`). Copies the results to $OUT:
+# machine with network by `bash scripts/device_wheels.sh known_answer`). Copies the results to $OUT (an existing
+# folder, required):
 # known_answer.json, known_answer.md, curves.png, gallery.png, the VAE's training.json, the evaluation's
 # metrics.json and report.md, and the log (known_answer.json is written once the benchmark finishes). Stage
 # lengths: benchmarks/known_answer/configs/train/experiment/known_answer_gpu_{base,a,b,c}.yaml (phase.max_steps)
