@@ -34,6 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from animegamer.utils.text import doc_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
@@ -175,7 +176,7 @@ def kernels(device: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc_summary(__doc__))
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20)

@@ -51,6 +51,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from animegamer.utils.text import doc_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a bare checkout (the GPU machine) has no installed package
@@ -226,7 +227,7 @@ def play_row(report: dict, built, cfg, shapes, device: torch.device, args) -> di
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc_summary(__doc__))
     ap.add_argument("--tiny", action="store_true", help="tiny config on CPU, float8 emulated (smoke test)")
     ap.add_argument("--recipe", default="tensorwise", choices=("tensorwise", "rowwise"))
     ap.add_argument("--steps", type=int, default=None, help="training steps per variant (default 200; tiny 4)")

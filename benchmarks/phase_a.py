@@ -72,6 +72,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from animegamer.utils.text import doc_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a bare checkout (the GPU machine) has no installed package
@@ -694,7 +695,7 @@ def comparisons(rows: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc_summary(__doc__))
     ap.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
     ap.add_argument("--device", default=None, help="default: cuda if available (never with --tiny unless given)")
     ap.add_argument("--warmup", type=int, default=None, help="default 3 (tiny: 1)")

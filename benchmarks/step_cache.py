@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from animegamer.utils.text import doc_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a bare checkout (the GPU machine) has no installed package
@@ -67,7 +68,7 @@ def timed_sample(built, clips, diffusion, device, repeats: int, count_steps: boo
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc_summary(__doc__))
     ap.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     ap.add_argument("--steps", type=int, default=None, help="DPM++ steps (default 50; tiny 5)")

@@ -34,6 +34,7 @@ from animegamer.metrics.latent_motion import clip_speed
 from animegamer.evaluation.motion_sweep import LATENT_SHIFT, LEVELS, sweep
 from animegamer.models.encoder import ActionAwareEncoder
 from animegamer.models.frozen_encoders import build_frozen_encoders
+from animegamer.utils.text import doc_summary
 from benchmarks.known_answer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
 
 WORDS = ("stands quietly", "strolls slowly", "walks steadily", "runs quickly", "dashes rapidly")  # per level
@@ -111,7 +112,7 @@ def speeds(decoder, cond: Conditioning, diff) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--condition", choices=("vector", "caption", MOTION_SCOPE), default="vector")
     parser.add_argument("--snr-shift", type=float, default=3.0)
     parser.add_argument("--steps", type=int, default=1500)

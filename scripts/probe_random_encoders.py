@@ -33,6 +33,7 @@ from animegamer.config.compose import compose_config
 from animegamer.data.shards import folder_shards, iter_samples
 from animegamer.data.split import HeldOut
 from animegamer.models.frozen_encoders import build_frozen_encoders
+from animegamer.utils.text import doc_summary
 from data_pipeline.toyfilm import CHARACTER_JOINER
 
 CLIPS_DIR = "clips"
@@ -81,7 +82,7 @@ def majority_accuracy(train_labels: list[dict], held_labels: list[dict]) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("data", type=Path, help="pipeline output folder holding clips/")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--val-fraction", type=float, default=0.2)

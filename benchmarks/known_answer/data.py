@@ -50,6 +50,7 @@ from animegamer.data.split_counts import split_counts
 from animegamer.errors import exit_on_user_error
 from animegamer.media.captions import STATUS_OK
 from animegamer.utils.logging import setup_logging
+from animegamer.utils.text import doc_summary
 from benchmarks.known_answer.experiments import EVALUATE, PIPELINE, search_path
 from data_pipeline.__main__ import run
 from data_pipeline.toyfilm import (
@@ -370,7 +371,7 @@ def build(out: str | Path, size: str = "ci", clips_only: bool = False, vae: str 
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.data", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.data", description=doc_summary(__doc__))
     parser.add_argument("out", type=Path, help="folder for films/, pipeline/ and known_answer.json")
     parser.add_argument("--size", choices=sorted(SIZES), default="ci")
     parser.add_argument("--words", choices=CAPTION_WORDS, default=LEVEL_WORDS, help="how captions name the motion: "

@@ -67,6 +67,7 @@ from animegamer.recipe import (Recipe, evaluation_config, machine_problems, run_
                               trained_seconds, trained_vae)
 from animegamer.toy_vae import TRAINING_RECORD, ToyVAETraining
 from animegamer.utils.logging import setup_logging
+from animegamer.utils.text import doc_summary
 from benchmarks.known_answer.data import (
     CAPTION_WORDS,
     CAPTION_WORDS_MEANING,
@@ -557,7 +558,7 @@ def write_result(out: Path, result: dict, started: float) -> None:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer", description=doc_summary(__doc__))
     parser.add_argument("out", type=Path, help="folder for the films, pipeline, VAE, runs and results")
     parser.add_argument("--size", choices=sorted(SIZES), default=CPU_SIZE)
     parser.add_argument("--seed", type=int, default=0, help="training and evaluation seed (data and VAE are shared)")

@@ -34,6 +34,7 @@ from animegamer.metrics.motion import measure_levels
 from animegamer.metrics.psnr import PSNR_CAP_DB, psnr
 from animegamer.utils.io import write_json_atomic
 from animegamer.utils.logging import setup_logging
+from animegamer.utils.text import doc_summary
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def frames_cells(row: dict) -> list[str]:
 
 def probe_parser(module: str, doc: str) -> argparse.ArgumentParser:
     """The probes' command line: the data set's pipeline folder and ``--out``; each adds its own options."""
-    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc_summary(doc))
     parser.add_argument("pipeline", type=Path, help="the data set's pipeline folder (holding clips/)")
     parser.add_argument("--out", type=Path, default=None, help="also write the result here as JSON")
     return parser

@@ -38,6 +38,7 @@ from animegamer.evaluation.report import read_evaluation
 from animegamer.metrics.baselines import UNTRAINED
 from animegamer.utils.io import read_json_object
 from animegamer.utils.logging import setup_logging
+from animegamer.utils.text import doc_summary
 from benchmarks.known_answer.data import CAPTION_WORDS_MEANING, LEVEL_WORDS, TRUTH_WORDS_KEY
 from benchmarks.known_answer.driver import RESULT_FILE, Layout
 from benchmarks.known_answer.report import LOWER_IS_BETTER, RECONSTRUCTION, comparisons
@@ -334,7 +335,7 @@ def summarise(folders: Sequence[Path], out: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.seeds", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer.seeds", description=doc_summary(__doc__))
     parser.add_argument("folders", nargs="+", type=Path, metavar="OUT", help="a benchmark run's folder, one per seed")
     parser.add_argument("--out", type=Path, required=True, help="folder for seeds.json, seeds.md and the sweep plot")
     args = parser.parse_args(argv)

@@ -55,6 +55,7 @@ from animegamer.metrics.latent_motion import clip_speed
 from animegamer.phases.common import lr_lambda, set_trainable
 from animegamer.phases.denoising import trained_parameters
 from animegamer.phases.groups import STAGE_GROUPS
+from animegamer.utils.text import doc_summary
 from benchmarks.known_answer.experiments import TRAIN, search_path
 from benchmarks.known_answer.motion_probe import LEVEL_SPEEDS, ProbeGeometry, probe_decoder, train, translating_clips
 
@@ -270,7 +271,7 @@ def table(by_seed: dict[int, dict], arms: tuple[str, ...]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()).rstrip(":"),
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__),
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--base-steps", type=int, default=900, help="N: the plain base's steps")
     parser.add_argument("--stage-steps", type=int, default=300, help="M: the motion-scope stage's (a1 + a2) steps")

@@ -57,6 +57,7 @@ from animegamer.models.vae_training import (
 from animegamer.utils.io import atomic_dir, read_json, read_json_if_exists, sha256_file, write_json_atomic
 from animegamer.utils.logging import setup_logging
 from animegamer.utils.randomness import step_generator, step_seed
+from animegamer.utils.text import doc_summary
 
 logger = logging.getLogger(__name__)
 
@@ -437,7 +438,7 @@ def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     defaults = ToyVAETraining()
-    parser = argparse.ArgumentParser(prog="python -m animegamer.toy_vae", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m animegamer.toy_vae", description=doc_summary(__doc__))
     parser.add_argument("out", type=Path, help="VAE folder to write (diffusers format)")
     parser.add_argument("--data", type=Path, required=True, help="pipeline output folder holding clips/")
     parser.add_argument("--model", default="tiny", help="model preset whose model.encoders.vae is trained")

@@ -17,6 +17,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Optional, Sequence
 
 from animegamer.errors import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
+from animegamer.utils.text import doc_summary
 
 PROG = "animegamer"
 COMMANDS_GROUP = "animegamer.commands"
@@ -46,7 +47,7 @@ def build_parser(verbs: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     listing = "\n".join(f"  {name:<11} {summary(ep)}" for name, ep in sorted(verbs.items()))
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n")[0].replace("``", ""),  # the docstring's literal marks are not for a terminal
+        description=doc_summary(__doc__),  # the docstring's literal marks are not for a terminal
         epilog=f"verbs:\n{listing}\n\nEvery verb takes key=value overrides; {PROG} VERB --help shows its own.")
     parser.add_argument("verb", metavar="VERB", help="one of the verbs below")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the verb's options and key=value overrides")

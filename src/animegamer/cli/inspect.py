@@ -26,6 +26,7 @@ from animegamer.config.compose import command_body, compose_config, group_option
 from animegamer.contracts.files import GAME_MODEL_KEY as GAME_MODEL
 from animegamer.contracts.files import GAME_WINDOW_KEY as GAME_WINDOW
 from animegamer.errors import InvalidInputError, UserError, exit_on_user_error
+from animegamer.utils.text import doc_summary
 
 ROOT = "evaluate"  # the root config whose model the layout is read from
 MODEL = "model"  # the one node of it the layout reads
@@ -42,7 +43,7 @@ representation_tokens = command_body("animegamer.models.encoder", "representatio
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="animegamer inspect", description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = argparse.ArgumentParser(prog="animegamer inspect", description=doc_summary(__doc__))
     parser.add_argument("game", type=Path,
                         help="game JSON file with a 'turns' list: the game.json animegamer play writes, or turns "
                              "with 'instruction' and 'states'")

@@ -19,6 +19,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, Iterable, List, Tuple
+from animegamer.utils.text import doc_summary
 
 STEP_PREFIX = "ProfilerStep#"
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -181,7 +182,7 @@ def write_summaries(folder: str | Path, since: float = 0.0, rank: int | None = N
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
