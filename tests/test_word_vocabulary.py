@@ -96,3 +96,13 @@ def test_the_adaptation_steps_preflight_asks_the_export_for_its_word_tokenizer(t
     assert check_tokenizer(model, [("pipeline.adaptation.export", str(tmp_path / "missing"))], words_from_data=False) == []
     (tmp_path / TOKENIZER_DIR).mkdir()
     assert check_tokenizer(model, export, words_from_data=False) == []
+
+
+def test_the_tokenizer_check_adds_the_animegamer_tokens_to_its_own_copy_silently(caplog):
+    """The pre-flight adds the tokens to a throwaway copy: the run that loads the tokenizer says it did, a
+    check (which may still refuse the run) does not."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        assert check_tokenizer(ModelConfig(mllm=MLLMConfig())) == []
+    assert "AnimeGamer tokens" not in caplog.text

@@ -98,8 +98,9 @@ def load_tokenizer(path: str | None):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True, legacy=False)
 
 
-def add_animegamer_tokens(tokenizer) -> list[str]:
-    """Add the AnimeGamer tokens the tokenizer lacks, in the official order; return the added names.
+def add_animegamer_tokens(tokenizer, say: bool = True) -> list[str]:
+    """Add the AnimeGamer tokens the tokenizer lacks, in the official order; return the added names
+    (``say``: log how many; a pre-flight's throwaway copy does not).
 
     They are added as special tokens (never split, not normalized), so a Mistral tokenizer of 32000
     gets exactly the official ids 32000..32283; the official tokenizer gets nothing.
@@ -111,7 +112,8 @@ def add_animegamer_tokens(tokenizer) -> list[str]:
             [AddedToken(name, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
              for name in missing],
             special_tokens=True)
-        logger.info("added %d AnimeGamer tokens (vocabulary now %d)", len(missing), len(tokenizer))
+        if say:
+            logger.info("added %d AnimeGamer tokens (vocabulary now %d)", len(missing), len(tokenizer))
     return missing
 
 

@@ -70,7 +70,7 @@ def check_tokenizer(model, mllm_exports: Iterable[tuple[str, str]] = (), words_f
             problems.append(f"{key}={folder!r}: the AnimeGamer tokens are not consecutive ids in the official "
                             f"order, so model.mllm.official_checkpoint's embedding rows would meet other tokens")
     base = len(tokenizer) - len(present)
-    add_animegamer_tokens(tokenizer)
+    add_animegamer_tokens(tokenizer, say=False)  # the check's own copy: the run that loads it says it
     try:
         TokenIds.from_tokenizer(tokenizer)
     except KeyError as exc:
