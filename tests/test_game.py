@@ -376,6 +376,12 @@ def test_command_line(exports, tmp_path, monkeypatch):
     assert [t["instruction"] for t in record["turns"]] == instructions(2)
     assert (tmp_path / "live" / "index.html").exists()
 
+    # Interactive, ended before the first instruction: no game, and no folder left behind.
+    for typed in ("", "\n"):
+        monkeypatch.setattr("sys.stdin", io.StringIO(typed))
+        assert main([*common, "--interactive", "--out", str(tmp_path / "none")]) == 0
+        assert not (tmp_path / "none").exists()
+
 
 # The shared log format (animegamer.utils.logging): "HH:MM:SS LEVEL [rankN] logger: message".
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[rank\d+\] [\w.]+: ")

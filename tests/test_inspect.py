@@ -187,7 +187,7 @@ def test_the_usage_asks_for_the_game_file_alone(capsys, monkeypatch):
 
 @pytest.mark.parametrize("prompt", [False, True])
 def test_an_empty_game_shows_zero_turns(tmp_path, capsys, prompt):
-    """An interactive game ended before its first turn writes a game.json of no turns: it read nothing."""
+    """A game stopped before its first turn has a game.json of no turns: it read nothing."""
     game = write_game(tmp_path, {"model": "tiny", "window_turns": 2, "turns": []})
     shown = described(capsys, str(game), *(["--prompt"] if prompt else []))
     assert shown["num_turns"] == 0 and shown["num_tokens"] == 0 and shown["tokens"] == shown["game_turns"] == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -101,6 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if problems:
             raise ConfigError(problems)
     seed = cfg.seed if args.seed is None else args.seed
+    made_out = not Path(args.out).exists()  # the lock makes the folder: removed again if no game is written
     # One game command per folder at a time (a second one waits, then is refused naming the first).
     with folder_lock(args.out, cfg.lock_wait_seconds):
         models = load_game_models(cfg, args.mllm, args.renderer, level_flow, device=args.device,
@@ -108,17 +109,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # An unfinished game in --out (stopped by Ctrl-C or a crash) goes on after the turns it played.
         earlier = None if args.overwrite else unfinished_game(args.out)
         played = len(earlier["turns"]) if earlier else 0
-        script = instructions[played:] if instructions is not None else stdin_instructions()
-        try:
-            # Game's 0 steps: the config's; the pre-flight refused a given value below 1.
-            sampling_steps = 0 if args.sampling_steps is None else args.sampling_steps
-            left = max(args.max_turns - played, 0) if args.max_turns else None
-            record = play_game(models, islice(script, left), args.out, seed, window_turns=args.window_turns,
-                               sampling_steps=sampling_steps, overwrite=args.overwrite, resume=not args.overwrite,
-                               extra={"turn_limit": args.max_turns or None})
-        except ValueError as error:
-            log.error("game stopped: %s", error)
-            return 1
+        script = iter(instructions[played:] if instructions is not None else stdin_instructions())
+        first = next(script, None)
+        record = None  # an interactive game ended before its first instruction: none
+        if first is not None or earlier is not None:
+            try:
+                # Game's 0 steps: the config's; the pre-flight refused a given value below 1.
+                sampling_steps = 0 if args.sampling_steps is None else args.sampling_steps
+                left = max(args.max_turns - played, 0) if args.max_turns else None
+                record = play_game(models, islice(chain([first] if first is not None else [], script), left),
+                                   args.out, seed, window_turns=args.window_turns, sampling_steps=sampling_steps,
+                                   overwrite=args.overwrite, resume=not args.overwrite,
+                                   extra={"turn_limit": args.max_turns or None})
+            except ValueError as error:
+                log.error("game stopped: %s", error)
+                return 1
+    if record is None:
+        if made_out:
+            try:
+                Path(args.out).rmdir()  # it held only the lock, released now
+            except OSError:  # something else came into it meanwhile: it stays
+                pass
+        log.info("no instruction given: no game played, nothing written to %s", args.out)
+        return 0
     log.info("%d turns, final states %s: %s", len(record["turns"]), record["states"], Path(args.out) / GAME_PAGE_FILE)
     return 0
 
