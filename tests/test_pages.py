@@ -38,15 +38,36 @@ def _untrained_exports(composed, root: Path) -> dict[str, Path]:
     return exports
 
 
-@pytest.fixture(scope="module")
-def pages(toy_run, tmp_path_factory):
-    """A run written from a relative folder (as the quick start does), then moved to another place."""
+@pytest.fixture(scope="session")
+def pages(request, tmp_path_factory):
+    """A run written from a relative folder (as the quick start does), then moved to another place; built once
+    per test run by the first worker that needs it (this file's tests and tests/test_baselines.py read it),
+    the others wait for it and read the same folder."""
+    from filelock import FileLock
+
+    from conftest import run_folder
+
+    shared = run_folder(tmp_path_factory) / "pages"
+    shared.mkdir(exist_ok=True)
+    summary = shared / "pages.json"
+    with FileLock(shared.with_suffix(".lock")):
+        if not summary.is_file():  # a failed build left no summary: the next worker builds it again
+            _build_pages(request.getfixturevalue("toy_run"), shared, summary)
+    built = json.loads(summary.read_text())
+    return SimpleNamespace(root=Path(built["root"]), result=built["result"], clips=Path(built["clips"]))
+
+
+def _build_pages(toy_run, shared: Path, summary: Path) -> None:
     from animegamer.config.compose import compose_config
     from animegamer.evaluation.runner import run as run_evaluation
     from animegamer.recipe import play_story
 
     pipeline, _ = toy_run
-    workdir = tmp_path_factory.mktemp("workdir")
+    workdir, moved = shared / "workdir", shared / "moved" / "elsewhere"
+    for leftover in (workdir, moved.parent):
+        shutil.rmtree(leftover, ignore_errors=True)
+    workdir.mkdir()
+    moved.parent.mkdir()
     # Evaluation reads the clip shards only; the session shards it checks for need a phase (a) export.
     base = ["experiment=quickstart_eval", f"pipeline.output={pipeline}", "data.sessions=clips", *SMALL_CLIPS]
     exports = _untrained_exports(compose_config("evaluate", base), workdir / "run")
@@ -60,9 +81,8 @@ def pages(toy_run, tmp_path_factory):
         play_story(compose_config("evaluate", overrides), Path("run/game"))
     finally:
         os.chdir(started)
-    moved = tmp_path_factory.mktemp("moved") / "elsewhere"
     shutil.move(str(workdir / "run"), moved)
-    return SimpleNamespace(root=moved, result=result, clips=Path(pipeline) / "clips")
+    summary.write_text(json.dumps({"root": str(moved), "result": result, "clips": str(Path(pipeline) / "clips")}))
 
 
 def _shard_clips(folder: Path, keys: set[str]) -> dict[str, bytes]:

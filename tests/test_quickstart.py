@@ -79,7 +79,8 @@ def test_evaluation_with_a_local_clip_model_reports_clip_metrics(quickstart, tmp
         path_override("evaluation.mllm_export", summary["phase b export"]),
         path_override("evaluation.renderer_export", summary["phase c export"]),
         path_override("evaluation.reconstruction_export", summary["phase a2 export"]),
-        path_override("evaluation.out", tmp_path / "eval"), "evaluation.games=1", "evaluation.turns=2"]))
+        path_override("evaluation.out", tmp_path / "eval"), "evaluation.games=1", "evaluation.turns=2",
+        "evaluation.reconstruction_clips=1", "model.diffusion.sampling_steps=2"]))
     metrics = result["metrics"]
     for name in ("clip_i", "clip_t", "clip_t_env"):
         assert metrics[name]["available"] and -1 <= metrics[name]["value"] <= 1

@@ -35,9 +35,11 @@ CAPTIONS = [
     {"film": "bigbuckbunny", "start": 0.0, "end": 6.0, "character": "Bunny", "motion": "stand", "adverb": "calmly",
      "environment": "meadow", "time_of_day": "morning", "states": {"SC": 0, "ET": 1, "ST": 1}},
 ]
-# Short real footage: 2-second clips every half second, 2-turn sessions, few steps and sampling steps.
+# Short real footage: 2-second clips every half second, 2-turn sessions, few steps and sampling steps, one
+# reconstructed clip.
 FAST = ["--model", "tiny", "--steps", "2", "2", "2", "--constrained-states", "pipeline.clips.stride_seconds=0.5",
-        "pipeline.sessions.turns=2", "model.diffusion.sampling_steps=2", "evaluation.games=1", "evaluation.turns=2"]
+        "pipeline.sessions.turns=2", "model.diffusion.sampling_steps=2", "evaluation.games=1", "evaluation.turns=2",
+        "evaluation.reconstruction_clips=1"]
 
 
 def _captions(folder, films) -> str:
