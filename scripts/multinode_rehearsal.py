@@ -80,7 +80,8 @@ def rehearsal(args, data: Path, results: dict) -> None:
                     "checkpoint_every": args.rehearsal_checkpoint, "extra": extra}
     results["rehearsal"] = record
     runs = {}
-    for name, kill in (("uninterrupted", None), ("killed", args.rehearsal_checkpoint)):
+    plan = [("uninterrupted", None)] + ([] if args.rehearsal_no_kill else [("killed", args.rehearsal_checkpoint)])
+    for name, kill in plan:
         out = args.work / "rehearsal" / name
         shutil.rmtree(out, ignore_errors=True)
         overrides = [o for o in phase_overrides(args, REHEARSAL_PHASE, strategy, world,
@@ -105,6 +106,8 @@ def rehearsal(args, data: Path, results: dict) -> None:
     if args.single_node:
         single_node(args, data, strategy, world, extra, record, runs["uninterrupted"]["loss_curve"])
         save(args, results)
+    if "killed" not in runs:
+        return
     reference, killed = runs["uninterrupted"]["loss_curve"], runs["killed"]["loss_curve"]
     resumed = checkpoint_step(runs["killed"]["resumed_from"]) if runs["killed"]["resumed_from"] else None
     before = {s: v for s, v in killed.items() if resumed is None or s <= resumed}
@@ -253,6 +256,8 @@ def main() -> None:
                         help="also the rehearsal's global batch on one node of as many GPUs, losses compared")
     parser.add_argument("--rehearsal-checkpoint", type=int, default=10, help="checkpoint cadence; node 1 dies after the first")
     parser.add_argument("--kill-delay", type=float, default=1.0, help="seconds between the checkpoint and the kill")
+    parser.add_argument("--rehearsal-no-kill", action="store_true",
+                        help="the uninterrupted two-node run only (and --single-node's), not the killed one")
     parser.add_argument("--survivor-limit", type=float, default=30.0,
                         help="seconds node 0 gets to stop by itself (NCCL may wait on a dead peer until its timeout)")
     parser.add_argument("--weak-phases", nargs="+", default=list(WEAK_PHASES), choices=list(WEAK_PHASES))

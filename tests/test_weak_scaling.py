@@ -48,7 +48,9 @@ def test_counts_are_checked_before_anything_runs(tmp_path):
 # The two CPU rehearsals: driver arguments, and the file each writes under its --out folder.
 WEAK = (["--no-rehearsal", "--weak-scaling", "--weak-phases", "b", "--weak-gpus", "1", "2", "--weak-kill-after", "2",
          "--steps", "12"], "weak_scaling_h200x2.json")
-TWO_NODES = (["--single-node", "--rehearsal-steps", "4", "--rehearsal-checkpoint", "2", "--survivor-limit", "3"],
+# The two-node kill and resume is tests/test_multinode.py's: here the two-node run against one node alone.
+TWO_NODES = (["--single-node", "--rehearsal-no-kill", "--rehearsal-steps", "4", "--rehearsal-checkpoint", "2",
+              "--survivor-limit", "3"],
              "multinode_h200x2.json")
 REHEARSALS = {"weak": WEAK, "two_nodes": TWO_NODES}
 TESTS = {"weak": "test_cpu_weak_scaling_with_a_kill_and_resume_in_each_run",  # the test that reads each
