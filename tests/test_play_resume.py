@@ -99,6 +99,13 @@ def test_a_resume_with_other_instructions_or_settings_is_refused(exports, tmp_pa
     with pytest.raises(SystemExit) as settings:  # another seed: known once the models are built
         main(_argv(exports, out, script, "--seed", "7"))
     assert settings.value.code == USER_ERROR_EXIT_CODE
+    capfd.readouterr()
+    constrained = "--constrained-states" in _argv(exports, out, script)
+    with pytest.raises(SystemExit) as decoding:  # the states decoded another way
+        main([a for a in _argv(exports, out, script) if a != "--constrained-states"] if constrained else
+             _argv(exports, out, script, "--constrained-states"))
+    assert decoding.value.code == USER_ERROR_EXIT_CODE
+    assert f"constrained_states: {constrained!r} -> {not constrained!r}" in capfd.readouterr().err
     assert len(json.loads((out / "game.json").read_text())["turns"]) == 1  # kept for its own command
 
 

@@ -31,8 +31,9 @@ GAME_FORMAT_VERSION = 3
 FINISHED = "finished"
 REP_SUFFIX = ".rep.safetensors"
 REP_KEY = "rep"
-# What a resumed game must share with the game it continues (the turns' seeds, window, clips and models).
-RESUME_KEYS = ("seed", GAME_WINDOW_KEY, "level_flow", "clips", "sampling", GAME_MODEL_KEY, "sources")
+CONSTRAINED_KEY = "constrained_states"  # the states decoded within the layout (play --constrained-states)
+# What a resumed game must share with the game it continues (the turns' seeds, window, clips, decoding and models).
+RESUME_KEYS = ("seed", GAME_WINDOW_KEY, "level_flow", "clips", "sampling", CONSTRAINED_KEY, GAME_MODEL_KEY, "sources")
 
 
 def rep_path(clip: Path) -> Path:
@@ -132,6 +133,7 @@ class GameWriter:
             "sampling": {"steps": game.diffusion.sampling_steps, "guidance_scale": game.diffusion.guidance_scale,
                          "guidance_exponent": game.diffusion.guidance_exponent, "cache": game.diffusion.cache,
                          "cache_threshold": game.diffusion.cache_threshold},
+            CONSTRAINED_KEY: bool(cfg.model.mllm.constrained_states),
             GAME_MODEL_KEY: cfg.model.name,
             "sources": game.models.sources,
             "seconds_per_turn": round(sum(totals) / len(totals), 4) if totals else None,
