@@ -357,7 +357,7 @@ def test_phase_c_export_from_a_gathered_state_equals_the_modules(exports, tmp_pa
         export_phase_c(module, tmp_path / "partial", {}, state={k: v for k, v in state.items() if k != lora})
 
 
-def test_command_line(exports, tmp_path, monkeypatch):
+def test_command_line(exports, tmp_path, monkeypatch, capfd):
     stub = StubPredict(exports.cfg)
     monkeypatch.setattr("animegamer.game.cli.play_game", partial(play_game, predict_fn=stub))  # main's games
     script = tmp_path / "instructions.txt"
@@ -375,6 +375,14 @@ def test_command_line(exports, tmp_path, monkeypatch):
     record = json.loads((tmp_path / "live" / "game.json").read_text())
     assert [t["instruction"] for t in record["turns"]] == instructions(2)
     assert (tmp_path / "live" / "index.html").exists()
+
+    # Interactive: a line the game could not play is refused with its reason, and the next one read instead.
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join([instructions(1)[0], "Wave <ML> hello.",
+                                                              *instructions(2)[1:]]) + "\n\n"))
+    assert main([*common, "--interactive", "--out", str(tmp_path / "typed")]) == 0
+    record = json.loads((tmp_path / "typed" / "game.json").read_text())
+    assert [t["instruction"] for t in record["turns"]] == instructions(2) and record["finished"]
+    assert "typed: instruction 2 'Wave <ML> hello.': it contains reserved tokens" in capfd.readouterr().err
 
     # Interactive, ended before the first instruction: no game, and no folder left behind.
     for typed in ("", "\n"):

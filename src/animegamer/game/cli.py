@@ -19,7 +19,8 @@ from animegamer.config.schema import RunConfig
 from animegamer.config.validate import ConfigError
 from animegamer.contracts.files import GAME_PAGE_FILE
 from animegamer.errors import UserError, exit_on_user_error
-from animegamer.game.instructions import read_instructions, script_problems, stdin_instructions
+from animegamer.game.instructions import (TYPED, checked_lines, read_instructions, script_checker, script_problems,
+                                          stdin_instructions)
 from animegamer.game.models import load_game_models, read_level_flow
 from animegamer.game.preflight import input_problems
 from animegamer.game.writer import unfinished_game
@@ -109,7 +110,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # An unfinished game in --out (stopped by Ctrl-C or a crash) goes on after the turns it played.
         earlier = None if args.overwrite else unfinished_game(args.out)
         played = len(earlier["turns"]) if earlier else 0
-        script = iter(instructions[played:] if instructions is not None else stdin_instructions())
+        if instructions is not None:
+            script = iter(instructions[played:])
+        else:  # each typed line checked as the file's are, before it is played
+            checker = script_checker(cfg, args.mllm)
+            script = checked_lines(stdin_instructions(), lambda lines: checker(lines, window_turns, TYPED),
+                                   [turn["instruction"] for turn in (earlier or {}).get("turns", [])])
         first = next(script, None)
         record = None  # an interactive game ended before its first instruction: none
         if first is not None or earlier is not None:

@@ -2,9 +2,10 @@
 before any model is built, so that a line the game could not play stops nothing halfway."""
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from animegamer.config.schema import RunConfig
 from animegamer.contracts.states import MOTION_LEVEL, STATE_KEYS
@@ -14,6 +15,8 @@ from animegamer.mllm.predict import STATE_TOKENS, window
 from animegamer.mllm.sequence import Turn, build_prompt
 from animegamer.models.encoder import representation_tokens
 from animegamer.models.game_mllm import game_tokenizer
+
+log = logging.getLogger(__name__)
 
 # A text editor's byte-order mark is not part of the first instruction.
 ENCODING = "utf-8-sig"
@@ -50,32 +53,60 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "...")
 
 
+def script_checker(cfg: RunConfig, mllm_export: str) -> Callable[[Sequence[str], int, str], list[str]]:
+    """:func:`script_problems` over the game's tokenizer, loaded once: a function of the instructions, the
+    window and the source's name, for a game that checks each typed line in its turn."""
+    tokenizer, ids = game_tokenizer(cfg, [mllm_export] if mllm_export else [], words=training_word_tokenizer)
+    queries = representation_tokens(cfg.model.encoder)
+    limit = cfg.model.mllm.sliding_window
+    neutral = {key: 0 for key in STATE_KEYS} | {MOTION_LEVEL: 1}
+
+    def problems_of(instructions: Sequence[str], window_turns: int, source: str) -> list[str]:
+        problems, played = [], []
+        for index, instruction in enumerate(instructions):
+            try:
+                prompt = build_prompt(ids, tokenizer, window(played, window_turns), instruction, queries)
+            except ValueError as error:
+                said = str(error).replace(f"instruction {instruction!r} ", "it ").replace(repr(instruction), "it")
+                problems.append(f"{source}: instruction {index + 1} {_shown(instruction)}: {said}")
+                played.append(Turn("", neutral))
+                continue
+            length = len(prompt.input_ids) + STATE_TOKENS
+            if length > limit:
+                history = min(index, window_turns - 1)
+                problems.append(f"{source}: instruction {index + 1} {_shown(instruction)}: its turn needs {length} "
+                                f"tokens ({history} earlier turns in the window, then this one), above the MLLM's "
+                                f"sliding window of {limit} (model.mllm.sliding_window): shorten it"
+                                + (", or play with a smaller --window-turns" if history else ""))
+            played.append(Turn(instruction, neutral))
+        return problems
+
+    return problems_of
+
+
 def script_problems(cfg: RunConfig, mllm_export: str, instructions: Sequence[str], window_turns: int,
                     source: str) -> list[str]:
     """What would stop the game at a turn of ``instructions`` (from ``source``): an instruction holding the
     MLLM's reserved tokens, or a turn whose prompt (its window of earlier turns, then the instruction) and
     state tokens do not fit in the MLLM's sliding window. The prompts are the game's own (their state
     values do not change their length)."""
-    tokenizer, ids = game_tokenizer(cfg, [mllm_export] if mllm_export else [], words=training_word_tokenizer)
-    queries = representation_tokens(cfg.model.encoder)
-    limit = cfg.model.mllm.sliding_window
-    neutral = {key: 0 for key in STATE_KEYS} | {MOTION_LEVEL: 1}
-    problems, played = [], []
-    for index, instruction in enumerate(instructions):
-        try:
-            prompt = build_prompt(ids, tokenizer, window(played, window_turns), instruction,
-                                  queries)
-        except ValueError as error:
-            said = str(error).replace(f"instruction {instruction!r} ", "it ").replace(repr(instruction), "it")
-            problems.append(f"{source}: instruction {index + 1} {_shown(instruction)}: {said}")
-            played.append(Turn("", neutral))
+    return script_checker(cfg, mllm_export)(instructions, window_turns, source)
+
+
+TYPED = "typed"  # how the problems of a typed instruction name their source
+
+
+def checked_lines(lines: Iterable[str], problems_of: Callable[[list[str]], list[str]],
+                  played: Sequence[str] = ()) -> Iterator[str]:
+    """Typed instructions, each checked as the game will play it, after ``played`` and the lines accepted
+    before it (``problems_of``: :func:`script_problems` over such a list, whose earlier lines passed): a
+    line the game could not play is refused with the reason, and the next one is read instead."""
+    accepted = list(played)
+    for line in lines:
+        problems = problems_of([*accepted, line])
+        if problems:
+            for problem in problems:
+                log.error("%s; type another instruction", problem)
             continue
-        length = len(prompt.input_ids) + STATE_TOKENS
-        if length > limit:
-            history = min(index, window_turns - 1)
-            problems.append(f"{source}: instruction {index + 1} {_shown(instruction)}: its turn needs {length} tokens "
-                            f"({history} earlier turns in the window, then this one), above the MLLM's sliding window "
-                            f"of {limit} (model.mllm.sliding_window): shorten it"
-                            + (", or play with a smaller --window-turns" if history else ""))
-        played.append(Turn(instruction, neutral))
-    return problems
+        accepted.append(line)
+        yield line
