@@ -9,7 +9,7 @@ from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.validate import (PIPELINE_STEPS, ConfigError, check_encoders, check_pipeline,
-                                       check_pipeline_devices)
+                                       check_pipeline_devices, check_seeds)
 from animegamer.models.checks import check_tokenizer
 from animegamer.models.mllm import check_mllm
 from data_pipeline.preflight import film_problems
@@ -29,7 +29,7 @@ def validate_pipeline_run(cfg, refused: Sequence[str] = ()) -> None:
 def pipeline_problems(cfg) -> list[str]:
     """Every problem of a pipeline run config's settings and the exports it reads."""
     p = cfg.pipeline
-    problems = check_pipeline(p, cfg.model.encoders)
+    problems = check_pipeline(p, cfg.model.encoders) + check_seeds(cfg)
     steps = p.steps or PIPELINE_STEPS
     reps, adaptation = p.representations.export, p.adaptation.export
     if reps:

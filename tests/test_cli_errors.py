@@ -57,6 +57,8 @@ REFUSED = {
         [*PIPELINE, "+pipeline.clip.stride_seconds=0.5"], {},
         ["+pipeline.clip.stride_seconds=0.5: pipeline (PipelineConfig) has no key 'clip'; did you mean "
          "pipeline.clips?"]),
+    "train, a seed numpy cannot take": (
+        [*TRAIN, "experiment=quickstart_a", "seed=-1"], {}, ["seed=-1 must be in [0, 4294967295]"]),
     "pipeline, a CUDA step without a GPU": (
         [*PIPELINE, "pipeline.precompute.device=cuda"], NO_GPU,
         ["pipeline.precompute.device='cuda' needs a CUDA GPU, and torch sees none on this machine: run on the CPU "

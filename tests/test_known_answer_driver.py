@@ -171,6 +171,7 @@ def test_a_gpu_size_on_a_machine_without_cuda_stops_before_any_film_is_drawn(tmp
                               "not apply"),
     (["--size", "gpu", "--vae-max-seconds", "-1"], "max_seconds must be >= 0, got -1.0 (--vae-max-seconds)"),
     (["--ablations", "nope"], "unknown ablation(s) ['nope']"),
+    (["--seed", "-1"], "--seed -1 must be in [0, 4294967295]"),
 ])
 def test_options_the_size_cannot_take_are_one_line_and_exit_2(tmp_path: Path, capsys, args, words) -> None:
     from benchmarks.known_answer.driver import main

@@ -238,3 +238,14 @@ def check_pipeline_devices(p: PipelineConfig, steps: Iterable[str]) -> list[str]
             key, device = f"pipeline.{step}.device", getattr(p, step).device
             problems += device_problems(device, f"{key}={device!r}", f"{key}=cpu")
     return problems
+
+
+SEED_RANGE = (0, 2**32 - 1)  # what numpy, torch and Lightning's seed_everything take
+
+
+def check_seeds(cfg) -> list[str]:
+    """The command's ``seed`` and the random builds' ``model.encoders.seed``, in :data:`SEED_RANGE` (a seed out of
+    it would stop the run only once the first stage seeds its draws)."""
+    low, high = SEED_RANGE
+    return [f"{key}={value} must be in [{low}, {high}]" for key, value in
+            (("seed", cfg.seed), ("model.encoders.seed", cfg.model.encoders.seed)) if not low <= value <= high]

@@ -9,7 +9,7 @@ from pathlib import Path
 from animegamer.checkpoints.export import export_folder_problems, recorded_start
 from animegamer.checkpoints.export_checks import check_export_role, check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
-from animegamer.config.validate import ConfigError, check_encoders
+from animegamer.config.validate import ConfigError, check_encoders, check_seeds
 from animegamer.contracts.files import EXPORT_FILE, MANIFEST, TRAINED_FILE
 from animegamer.data.lineage import stale_folder_problems
 from animegamer.data.split_checks import captions_problems, counts_of, held_out_problems
@@ -38,7 +38,7 @@ def check_evaluation(cfg, made: bool = True) -> list[str]:
     """Every problem of an evaluation config. ``made`` False: its exports and data are made later (a recipe
     checking its evaluation before its first stage): only its settings and the files it is given."""
     e = cfg.evaluation
-    problems = []
+    problems = check_seeds(cfg)
     if made:
         for key in ("mllm_export", "renderer_export"):
             path = getattr(e, key)

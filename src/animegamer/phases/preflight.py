@@ -19,7 +19,8 @@ from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_sizes
 from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.validate import (ACCELERATORS, ConfigError, check_bad_sample_budget, check_checkpoints,
-                                        check_encoders, check_gpu_available, choice, local_folder, positive)
+                                        check_encoders, check_gpu_available, check_seeds, choice, local_folder,
+                                        positive)
 from animegamer.data.lineage import stale_folder_problems
 from animegamer.data.shapes import check_shard_shapes
 from animegamer.data.storage import check_remote_settings, data_source, is_url
@@ -144,7 +145,7 @@ def check_training(cfg, data: bool = True) -> list[str]:
     if not is_url(str(cfg.output_dir)) and (out_problem := out_dir_problem(cfg.output_dir)):
         problems.append(f"output_dir={cfg.output_dir!r}: {out_problem}; choose another output folder")
     problems += check_bad_sample_budget(cfg.data.bad_sample_budget) + check_remote_settings(cfg.data)
-    problems += check_checkpoints(cfg.checkpoint)
+    problems += check_checkpoints(cfg.checkpoint) + check_seeds(cfg)
     return problems
 
 
