@@ -327,6 +327,7 @@ def test_an_init_folder_that_cannot_start_the_stage_is_refused_by_name(tmp_path:
                            "with --device cpu"),
     (["--device", "gpu"], "--device gpu: not a device torch knows"),
     (["--steps", "-3"], "steps must be >= 0, got -3"),
+    ([], "no_pipeline: not a pipeline output folder (no clips/ in it)"),
 ])
 def test_settings_and_a_device_this_machine_lacks_are_refused_before_the_clips_are_read(
         tmp_path: Path, capsys, monkeypatch, root_logging, args, words) -> None:

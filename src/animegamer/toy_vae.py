@@ -430,7 +430,10 @@ def run(out: str | Path, data: str | Path, model: str, run_cfg: ToyVAETraining,
         run_cfg.validate()
     except ValueError as error:  # the command's own options (each field is the option of that name)
         raise UserError(str(error)) from None
-    if problems := device_problems(run_cfg.device, f"--device {run_cfg.device}", "--device cpu"):
+    problems = device_problems(run_cfg.device, f"--device {run_cfg.device}", "--device cpu")
+    if not (Path(data) / CLIPS_DIR).is_dir():
+        problems.append(f"--data {data}: not a pipeline output folder (no {CLIPS_DIR}/ in it)")
+    if problems:
         raise UserError("; ".join(problems))
     vae_cfg, seed = vae_config(model, overrides)
     return ensure_trained(out, data, vae_cfg, seed, run_cfg, {"model": model, "overrides": list(overrides)}, init)
