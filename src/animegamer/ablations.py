@@ -338,7 +338,7 @@ def check_command_line(prog: str, parser: argparse.ArgumentParser, only: list[st
 
 def main(argv: list[str] | None = None) -> dict:
     prog = program_name("animegamer.ablations")
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", ""),  # no reST marks in a terminal
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="one folder per variant, and the table")
     parser.add_argument("--only", nargs="+", default=None, metavar="VARIANT",

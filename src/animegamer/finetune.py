@@ -163,7 +163,8 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.replace("``", ""),  # reST marks are not for a terminal
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--film", required=True, help="the new film, or a folder of films")
     parser.add_argument("--captions", default="",
                         help="caption-import JSONL of the film (docs/pipeline.md); left out when "

@@ -31,14 +31,14 @@ def commands() -> dict[str, EntryPoint]:
 
 
 def summary(entry_point: EntryPoint) -> str:
-    """The first line of the verb's module docstring, read from its source without importing it (the
-    verbs import the networks)."""
+    """The first paragraph of the verb's module docstring without its example command lines, read from its
+    source without importing it (the verbs import the networks)."""
     spec = importlib.util.find_spec(entry_point.module)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return ""
     with open(spec.origin, encoding="utf-8") as source:
         doc = ast.get_docstring(ast.parse(source.read())) or ""
-    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    first = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph: a first line may end mid-sentence
     words = EMPTY_PARENTHESES.sub("", INLINE_CODE.sub("", first))  # the words, without the example command lines
     return re.sub(r" ([:,;])", r"\1", " ".join(words.split())).strip(" :.,")
 
