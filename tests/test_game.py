@@ -463,3 +463,22 @@ def test_storyboard_meta_says_how_many_earlier_turns_each_turn_reads():
     assert page_meta(record)[:4] == ["1 turn", "seed 3", "each turn reads up to 4 earlier turns", "limit 1 turn"]
     assert "each turn reads up to 1 earlier turn" in page_meta({**record, "window_turns": 2})
     assert "each turn reads no earlier turn" in page_meta({**record, "window_turns": 1})
+
+
+def test_a_malformed_generation_stops_the_command_naming_the_way_on(exports, tmp_path, monkeypatch, capfd):
+    """Free decoding by a briefly trained MLLM stops the game with exit code 1; the message names
+    --constrained-states (unless the game already used it) and a longer phase (b)."""
+    def malformed(*args, **kwargs):
+        raise ValueError("turn 0 ('Qiqi runs'): malformed state generation (token 10 is not </ST>): '...'")
+
+    monkeypatch.setattr("animegamer.game.cli.play_game", malformed)
+    script = tmp_path / "instructions.txt"
+    script.write_text(instructions(1)[0] + "\n")
+    common = ["--mllm", str(exports.root / "b"), "--renderer", str(exports.root / "a"), "--instructions", str(script),
+              "--clips-manifest", str(exports.manifest), "--device", "cpu", *SMALL]
+    for constrained, out in ((False, "free"), (True, "constrained")):
+        capfd.readouterr()
+        assert main([*common, "--out", str(tmp_path / out), *(["--constrained-states"] if constrained else [])]) == 1
+        err = capfd.readouterr().err
+        assert "game stopped: turn 0 ('Qiqi runs'): malformed state generation" in err
+        assert ("plays through with --constrained-states" in err) != constrained

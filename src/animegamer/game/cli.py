@@ -25,6 +25,7 @@ from animegamer.game.models import load_game_models, read_level_flow
 from animegamer.game.preflight import input_problems
 from animegamer.game.writer import unfinished_game
 from animegamer.game.scheduler import play_game
+from animegamer.mllm.sequence import MALFORMED
 from animegamer.utils.command import program_name
 from animegamer.utils.folder_lock import folder_lock
 from animegamer.utils.logging import setup_logging
@@ -128,7 +129,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    overwrite=args.overwrite, resume=not args.overwrite,
                                    extra={"turn_limit": args.max_turns or None})
             except ValueError as error:
-                log.error("game stopped: %s", error)
+                way_on = "" if args.constrained_states or MALFORMED not in str(error) else (
+                    "; a briefly trained MLLM plays through with --constrained-states (the states decoded within "
+                    "the layout), or train phase (b) longer")
+                log.error("game stopped: %s%s", error, way_on)
                 return 1
     if record is None:
         if made_out:

@@ -38,6 +38,8 @@ from animegamer.mllm.tokens import (
     TokenIds,
 )
 
+MALFORMED = "malformed state generation"  # what a state generation outside the layout is called
+
 IGNORE_INDEX = -100  # labels not in the loss (torch cross_entropy's default ignore_index)
 STATE_RANGE = (STRENGTH_MIN, STRENGTH_MAX)  # SC, ET, ST (usually SC/ET in {0, 1}, ST in {-1, +1})
 NUM_STATE_TOKENS = 12  # <Strength_m></ML><SC><Strength_s></SC><ET><Strength_e></ET><ST><Strength_t></ST></TURN>
@@ -252,7 +254,7 @@ def parse_states(ids: TokenIds, generated_ids: Iterable[int], tokenizer=None) ->
 
     def fail(why: str):
         text = describe_ids(ids, generated, tokenizer)
-        return ValueError(f"malformed state generation ({why}): {text!r}")
+        return ValueError(f"{MALFORMED} ({why}): {text!r}")
 
     if len(head) < NUM_STATE_TOKENS:
         raise fail(f"{len(head)} tokens, expected {NUM_STATE_TOKENS}")
