@@ -362,3 +362,15 @@ def test_sweep_jobs_train_into_distinct_folders():
     from animegamer.training.sweep import job_output_dir
 
     assert job_output_dir("outputs/x") == "outputs/x"  # a single run keeps its folder
+
+
+def test_a_max_steps_below_the_checkpoints_step_says_nothing_is_trained(tmp_path, caplog):
+    """A resume goes on from its checkpoint: a shorter phase.max_steps cannot take the run back, and says so."""
+    check_run_folder(tmp_path, _resolved("phase.max_steps=60"), None, allow_changes=False, samples=SAMPLES,
+                     writer=True)
+    with caplog.at_level("WARNING"):
+        decision = check_run_folder(tmp_path, _resolved("phase.max_steps=30"), 60, allow_changes=False,
+                                    samples=SAMPLES, writer=True)
+    assert decision.changes == [Change("phase.max_steps", 60, 30)]
+    assert "phase.max_steps=30 is below the step its checkpoint reached (60): nothing is trained and its export " \
+           "stays at step 60; a shorter run needs a new folder" in caplog.text

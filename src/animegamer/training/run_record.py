@@ -315,6 +315,11 @@ def check_run_folder(folder: str | Path, config: dict, resume_step: int | None, 
         raise RunFolderChanged(folder, source, refusals, finished=finished)
     if not changes:
         return Decision([], None if "data" in record else make_record(config, record.get("changes", []), now))
+    shorter = [c for c in changes if c.key == MAX_STEPS_KEY and isinstance(c.new, int) and c.new < resume_step]
+    if shorter and writer:  # a resume goes on from its checkpoint: it cannot train fewer steps than it has
+        log.warning("%s: %s=%d is below the step its checkpoint reached (%d): nothing is trained and its export "
+                    "stays at step %d; a shorter run needs a new folder", folder, MAX_STEPS_KEY, shorter[0].new,
+                    resume_step, resume_step)
     if finished and refusals:  # forced with resume_with_changes=true
         log.warning("%s: %s, so nothing is trained and the changed settings have no effect on its export; train "
                     "into a new folder, or raise %s", folder, finished, MAX_STEPS_KEY)
