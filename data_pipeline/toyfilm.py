@@ -74,6 +74,8 @@ from typing import Any, Iterator, Sequence
 import cv2
 import numpy as np
 
+from animegamer.config.validate import SEED_RANGE
+from animegamer.errors import UserError, exit_on_user_error
 from animegamer.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -862,9 +864,27 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+MIN_SIDE = 16  # pixels: the smallest frame side the command draws into
+
+
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """The command's options that would stop the drawing: each named with what it must be."""
+    low, high = SEED_RANGE
+    problems = [f"--{name} {value}: must be an even number of pixels, at least {MIN_SIDE}"
+                for name, value in (("width", args.width), ("height", args.height))
+                if value < MIN_SIDE or value % 2]
+    problems += [] if args.fps >= 1 else [f"--fps {args.fps}: must be at least 1"]
+    problems += [] if low <= args.seed <= high else [f"--seed {args.seed}: must be in [{low}, {high}]"]
+    problems += [] if args.variant >= 0 else [f"--variant {args.variant}: must be 0 or more"]
+    return problems
+
+
+@exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     setup_logging("INFO")
+    if problems := option_problems(args):
+        raise UserError("; ".join(problems))
     film = make_toy_film(
         args.out_dir, film_id=args.film_id, seed=args.seed, width=args.width,
         height=args.height, fps=args.fps, variant=args.variant,

@@ -226,3 +226,19 @@ def test_a_fixed_pan_direction_changes_the_pans_and_nothing_else(tmp_path: Path)
     assert ToyFilm.load(film.truth_path).pan_direction == 1
     with pytest.raises(ValueError, match="pan_direction"):
         make_toy_film(tmp_path, film_id="bad", width=160, height=96, pan_direction=2)
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--width", "0"], "--width 0: must be an even number of pixels, at least 16"),
+    (["--height", "33"], "--height 33: must be an even number of pixels, at least 16"),
+    (["--fps", "-5"], "--fps -5: must be at least 1"),
+    (["--seed", "-1", "--variant", "-2"], "--seed -1: must be in [0, 4294967295]; --variant -2: must be 0 or more"),
+])
+def test_the_commands_options_are_checked_before_anything_is_drawn(tmp_path, capsys, options, words):
+    from data_pipeline.toyfilm import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "film"), *options])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and words in err and "Traceback" not in err
+    assert not (tmp_path / "film").exists()

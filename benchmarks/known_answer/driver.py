@@ -562,7 +562,9 @@ def write_result(out: Path, result: dict, started: float) -> None:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.known_answer", description=doc_summary(__doc__))
     parser.add_argument("out", type=Path, help="folder for the films, pipeline, VAE, runs and results")
-    parser.add_argument("--size", choices=sorted(SIZES), default=CPU_SIZE)
+    parser.add_argument("--size", choices=sorted(SIZES), default=CPU_SIZE,
+                        help=f"{CPU_SIZE}: tiny presets on a CPU in minutes; gpu: the small preset, a trained VAE and "
+                             "longer stages on one CUDA GPU (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="training and evaluation seed (data and VAE are shared)")
     parser.add_argument("--words", choices=CAPTION_WORDS, default=LEVEL_WORDS,
                         help="how the films' captions name the motion (each choice its own OUT): "
