@@ -12,10 +12,12 @@ import logging
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import OmegaConf
 
+from animegamer.config.compose import literal
 from animegamer.config.schema import PipelineConfig
 from animegamer.contracts.shards import (ATTEMPTS, CAPTION, CAPTIONER, CLIP, END, ERROR, FILM, FLOW, FPS, FRAMES, HEIGHT,
                                          INSTRUCTION, KEY, MOTION, MOTION_TEXT, NAME, SHOT, SOURCE, SOURCE_FRAMES,
@@ -43,7 +45,17 @@ def as_pipeline_config(cfg) -> PipelineConfig:
     """Pool jobs receive plain dicts (cheap to pickle); rebuild the typed config."""
     if isinstance(cfg, PipelineConfig):
         return cfg
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), cfg))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), _literal(cfg)))
+
+
+def _literal(value: Any) -> Any:
+    """``value`` with every ``${`` escaped: the dict holds resolved values (a folder may be named
+    ``run ${x}``), which OmegaConf would otherwise read as interpolations."""
+    if isinstance(value, dict):
+        return {key: _literal(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_literal(item) for item in value]
+    return literal(value) if isinstance(value, str) else value
 
 
 def _with_clip_count(record: dict, cfg: PipelineConfig) -> dict:

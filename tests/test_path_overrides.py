@@ -150,3 +150,26 @@ def test_the_known_answer_search_path_reads_any_folder_back(tmp_path, monkeypatc
     monkeypatch.setattr(experiments, "CONFIGS", Path(tmp_path / WEIRD))
     parsed = OverridesParser.create().parse_override(experiments.search_path(experiments.TRAIN)).value()
     assert parsed == [f"file://{tmp_path / WEIRD / folder}" for folder in ("train", "pipeline")]
+
+
+def test_a_folder_named_like_an_interpolation_reaches_the_pipelines_workers_as_it_is():
+    """The workers rebuild the typed config from a plain dict of resolved values: ``${`` in a folder's name is
+    kept, not read as an interpolation."""
+    from data_pipeline.process import as_pipeline_config
+
+    odd = "/tmp/run ${phase.name} 'x'"
+    rebuilt = as_pipeline_config({"output": odd, "inputs": [odd + "/film.mp4"]})
+    assert rebuilt.output == odd and rebuilt.inputs == [odd + "/film.mp4"]
+
+
+def test_the_train_commands_own_output_dir_keeps_a_folder_named_like_an_interpolation(tmp_path, monkeypatch):
+    """The train command sets its output folder back into the config once resolved (a --multirun job's own
+    sub-folder): a ``${`` in the folder's name stays text, so every stage writes where it was told."""
+    from animegamer.phases import preflight
+
+    monkeypatch.setattr(preflight, "validate_train_run", lambda cfg, machine=False: None)
+    for name in NAMES:
+        out = tmp_path / name / "a_joint"
+        cfg = preflight.prepare_train_run(_stage("train", *TINY, "experiment=quickstart_a",
+                                                 path_override("output_dir", out)))
+        assert cfg.output_dir == str(out)

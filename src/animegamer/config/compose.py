@@ -377,6 +377,12 @@ def quoted(value: str, raw_suffix: str = "") -> str:
     return f"'{text}{raw_suffix}'"
 
 
+def literal(value: str) -> str:
+    """``value`` (a resolved path, say) as a config node's text that OmegaConf reads back as it is: ``${``
+    escaped, so that a folder named ``run ${x}`` is not read as an interpolation when set into a config."""
+    return re.sub(r"(\\*)(\$\{)", lambda m: m.group(1) * 2 + "\\${", value)
+
+
 def path_override(key: str, path: str | os.PathLike) -> str:
     """``key=<path>``, the path quoted (:func:`quoted`): any folder name reaches the stage as it is."""
     return f"{key}={quoted(str(path))}"

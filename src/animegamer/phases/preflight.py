@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from animegamer.checkpoints.export import export_folder_problems
 from animegamer.checkpoints.export_checks import check_export_sizes
+from animegamer.config.compose import literal
 from animegamer.config.disk_checks import check_weight_folders
 from animegamer.config.validate import (ACCELERATORS, ConfigError, check_bad_sample_budget, check_checkpoints,
                                         check_encoders, check_gpu_available, check_seeds, choice, local_folder,
@@ -161,7 +162,7 @@ def prepare_train_run(cfg: DictConfig) -> DictConfig:
     """What ``train.py`` does before Lightning or any network loads: logging, a ``--multirun`` job's own
     sub-folder, then every problem of the run at once (:class:`ConfigError`). Returns ``cfg``."""
     setup_logging(cfg.log_level)
-    cfg.output_dir = job_output_dir(cfg.output_dir)
+    cfg.output_dir = literal(job_output_dir(cfg.output_dir))  # resolved: a folder named like ${x} stays as it is
     validate_train_run(cfg, machine=True)
     for warning in schedule_warnings(cfg.phase):
         log.warning("phase %s: %s", cfg.phase.name, warning)
