@@ -331,3 +331,16 @@ def test_a_start_trained_in_the_same_data_folder_holds_out_as_much(tmp_path, fil
     recipes = _run(monkeypatch, [*argv, "data.val_fraction=0.1"], {})
     finetune.cli()
     assert len(recipes) == 1
+
+
+def test_a_short_phase_warms_up_over_a_share_of_its_steps(start, tmp_path):
+    """The experiment's warm-up holds for a long fine-tune; a short one warms up over a tenth of its steps, so
+    it reaches phase.lr; an override of phase.warmup_steps holds for every phase."""
+    from animegamer.recipe import stage_configs
+
+    made = finetune_recipe("f.mp4", "f.jsonl", start, tmp_path / "ft", "tiny", (2, 30, 2000))
+    warmups = {cfg.phase.name: cfg.phase.warmup_steps for cfg in stage_configs(made)}
+    assert warmups == {"a_joint": 0, "b": 3, "c": 100}
+    forced = finetune_recipe("f.mp4", "f.jsonl", start, tmp_path / "ft", "tiny", (2, 30, 2000),
+                             extra=("phase.warmup_steps=1",))
+    assert {cfg.phase.warmup_steps for cfg in stage_configs(forced)} == {1}

@@ -55,6 +55,9 @@ FINETUNED = (A_JOINT, PHASE_B, PHASE_C)  # the phases a fine-tune trains, in the
 # encoder and decoder that already reconstruct clips and meets only the film's look; phases (b) and (c)
 # meet its states and the new MLLM's outputs.
 STEP_SHARES = {A_JOINT: Fraction(1, 40), PHASE_B: Fraction(1, 10), PHASE_C: Fraction(1, 10)}
+# At most this share of a phase's steps warms its learning rate up: a short fine-tune still reaches phase.lr
+# (the experiment's warm-up holds for long ones; a phase.warmup_steps override holds for every phase).
+WARMUP_SHARE = Fraction(1, 10)
 PAPER = "paper"
 # The run finished but its game played nothing: a failed result, not a bad input (which exits with 2).
 NOTHING_PLAYED_EXIT_CODE = 1
@@ -144,16 +147,19 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
         raise MissingInputError(f"{start_a}: not an export folder ({why}); --from names a run folder "
                                 f"holding a_joint/export and b/export")
     common = ["experiment=finetune_film", f"model={model}", *out_overrides(out), *size.overrides()]
+    configured = int(compose_config("train", common[:2]).phase.warmup_steps)
+    a_steps, b_steps, c_steps = ([f"phase.max_steps={n}", f"phase.warmup_steps={warmup}"] for n in steps
+                                 for warmup in [min(configured, math.floor(n * WARMUP_SHARE))])
     start_b = "" if official_mllm else str(start / "b" / "export")
-    phase_b = [*common, "phase=b", f"phase.max_steps={steps[1]}"]
+    phase_b = [*common, "phase=b", *b_steps]
     if official_mllm:
         phase_b.append(path_override("model.mllm.official_checkpoint", official_mllm))
     return Recipe(  # each command takes the common settings it reads
         pipeline=[*stage_overrides("pipeline", common), f"pipeline.inputs=[{quoted(film)}]",
                   *([path_override("pipeline.caption.path", captions)] if captions else [])],
-        phase_a=[*common, f"phase.max_steps={steps[0]}"],
+        phase_a=[*common, *a_steps],
         phase_b=phase_b,
-        phase_c=[*common, "phase=c", f"phase.max_steps={steps[2]}"],
+        phase_c=[*common, "phase=c", *c_steps],
         evaluation=[*stage_overrides("evaluate", common), "evaluation.games=2"],
         start_a=str(start_a),
         start_b=start_b,
