@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tiers import is_slow
+from tiers import is_slow, schedule_rank
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach a model hub
@@ -27,10 +27,12 @@ SMALL_CLIPS = ["pipeline.clips.height=64", "pipeline.clips.width=96"]
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook selects by marker (-m)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tier: the tests tests/tiers.py names, and those using its slow fixtures, get the ``slow`` marker."""
+    """The slow tier: the tests tests/tiers.py names, and those using its slow fixtures, get the ``slow`` marker;
+    the longest files come first (tests/tiers.py, ``LONGEST_FIRST``), each file's tests in their own order."""
     for item in items:
         if is_slow(item.nodeid, getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: schedule_rank(item.nodeid))  # stable: the rest keep the collection's order
 
 
 @pytest.fixture(scope="session")

@@ -71,3 +71,11 @@ def test_a_test_using_a_slow_fixture_is_slow_without_an_entry():
     default = {line.partition("::")[2] for line in _collected(file=file)}
     assert default == {node.name for node in tests} - users
     assert is_slow(f"tests/{file}::test_x", ["tmp_path", *SLOW_FIXTURES]) and not is_slow(f"tests/{file}::test_x")
+
+
+def test_the_longest_files_are_handed_out_first_and_each_exists():
+    from tiers import LONGEST_FIRST, schedule_rank
+
+    assert all((TESTS / name).is_file() for name in LONGEST_FIRST) and len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    ids = ["tests/test_zz_other.py::t", f"tests/{LONGEST_FIRST[1]}::t", f"tests/{LONGEST_FIRST[0]}::t[x]"]
+    assert sorted(ids, key=schedule_rank) == [ids[2], ids[1], ids[0]]
