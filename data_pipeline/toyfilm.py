@@ -74,7 +74,7 @@ from typing import Any, Iterator, Sequence
 import cv2
 import numpy as np
 
-from animegamer.config.validate import SEED_RANGE
+from animegamer.config.validate import seed_problems
 from animegamer.errors import UserError, exit_on_user_error
 from animegamer.utils.logging import setup_logging
 
@@ -869,12 +869,11 @@ MIN_SIDE = 16  # pixels: the smallest frame side the command draws into
 
 def option_problems(args: argparse.Namespace) -> list[str]:
     """The command's options that would stop the drawing: each named with what it must be."""
-    low, high = SEED_RANGE
     problems = [f"--{name} {value}: must be an even number of pixels, at least {MIN_SIDE}"
                 for name, value in (("width", args.width), ("height", args.height))
                 if value < MIN_SIDE or value % 2]
     problems += [] if args.fps >= 1 else [f"--fps {args.fps}: must be at least 1"]
-    problems += [] if low <= args.seed <= high else [f"--seed {args.seed}: must be in [{low}, {high}]"]
+    problems += seed_problems(f"--seed {args.seed}:", args.seed)
     problems += [] if args.variant >= 0 else [f"--variant {args.variant}: must be 0 or more"]
     return problems
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from animegamer.config.compose import path_override, quoted
 from animegamer.config.schema import INIT_FROM_KEY
-from animegamer.config.validate import SEED_RANGE, ConfigError
+from animegamer.config.validate import ConfigError, seed_problems
 from animegamer.contracts.files import ADAPTATION_DIR, METRICS_FILE, REPRESENTATIONS_DIR
 from animegamer.contracts.shards import PRED_REP, REP
 from animegamer.data.shards import folder_shards, iter_samples
@@ -472,8 +472,8 @@ def run_benchmark(out: str | Path, size: str = CPU_SIZE, seed: int = 0, extra: S
     (:data:`benchmarks.known_answer.data.CAPTION_WORDS`); ``vae_from``: a VAE folder trained elsewhere, used by
     every stage instead of the size's VAE stage (``vae`` then must be empty)."""
     check_words(words)
-    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:  # before the films: the stages would check it after them
-        raise UserError(f"--seed {seed} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+    if problems := seed_problems(f"--seed {seed}", seed):  # before the films: the stages would check it after them
+        raise UserError(problems[0])
     if vae_from is not None and vae:
         raise InvalidInputError(f"{VAE_FROM} {vae_from} uses a trained VAE as it is: the VAE training options "
                                 f"({'/'.join(VAE_TRAINING_OPTIONS)}) do not apply to it; give one or the other")

@@ -136,6 +136,12 @@ def schedules(start: Path, model: str, official_mllm: str = "", steps: tuple[int
     return planned
 
 
+def schedule_overrides(steps: int, configured_warmup: int) -> list[str]:
+    """A phase's length, and its warm-up: the experiment's, or :data:`WARMUP_SHARE` of its steps where fewer."""
+    warmup = min(configured_warmup, math.floor(steps * WARMUP_SHARE))
+    return [f"phase.max_steps={steps}", f"phase.warmup_steps={warmup}"]
+
+
 def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str, steps: tuple[int, int, int],
                     official_mllm: str = "", extra: tuple[str, ...] = ()) -> Recipe:
     """The fine-tune's stages; ``captions``: the caption import's file ("": the captions come from the
@@ -147,9 +153,8 @@ def finetune_recipe(film: str, captions: str, start: Path, out: Path, model: str
         raise MissingInputError(f"{start_a}: not an export folder ({why}); --from names a run folder "
                                 f"holding a_joint/export and b/export")
     common = ["experiment=finetune_film", f"model={model}", *out_overrides(out), *size.overrides()]
-    configured = int(compose_config("train", common[:2]).phase.warmup_steps)
-    a_steps, b_steps, c_steps = ([f"phase.max_steps={n}", f"phase.warmup_steps={warmup}"] for n in steps
-                                 for warmup in [min(configured, math.floor(n * WARMUP_SHARE))])
+    configured = int(compose_config("train", ["experiment=finetune_film", f"model={model}"]).phase.warmup_steps)
+    a_steps, b_steps, c_steps = (schedule_overrides(n, configured) for n in steps)
     start_b = "" if official_mllm else str(start / "b" / "export")
     phase_b = [*common, "phase=b", *b_steps]
     if official_mllm:

@@ -243,9 +243,14 @@ def check_pipeline_devices(p: PipelineConfig, steps: Iterable[str]) -> list[str]
 SEED_RANGE = (0, 2**32 - 1)  # what numpy, torch and Lightning's seed_everything take
 
 
+def seed_problems(named: str, value: int) -> list[str]:
+    """A seed out of :data:`SEED_RANGE`, named as the user set it (``seed=-1``, ``--seed -1``)."""
+    low, high = SEED_RANGE
+    return [] if low <= value <= high else [f"{named} must be in [{low}, {high}]"]
+
+
 def check_seeds(cfg) -> list[str]:
     """The command's ``seed`` and the random builds' ``model.encoders.seed``, in :data:`SEED_RANGE` (a seed out of
     it would stop the run only once the first stage seeds its draws)."""
-    low, high = SEED_RANGE
-    return [f"{key}={value} must be in [{low}, {high}]" for key, value in
-            (("seed", cfg.seed), ("model.encoders.seed", cfg.model.encoders.seed)) if not low <= value <= high]
+    return [problem for key, value in (("seed", cfg.seed), ("model.encoders.seed", cfg.model.encoders.seed))
+            for problem in seed_problems(f"{key}={value}", value)]
